@@ -1,0 +1,252 @@
+"""The coordinator service: the groups this broker coordinates, one task tree each.
+
+It creates a :class:`~.group.GroupRunner` per group in its own nursery (the
+"coordinator service nursery" of the design), routes group requests to it,
+keeps track of which members live on which connection (so that a lost
+connection removes exactly its members), rebalances the groups subscribed to
+a topic that appears or grows, replays durable records into group state, and
+sweeps away groups that stayed empty, with no offsets, for the retention
+period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from ..core.assignors import ASSIGNORS, Assignor
+from ..core.group import Group, GroupLimits, GroupState
+from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record
+from ..core.validation import validate_group_id
+from ..protocol.connection import Connection
+from ..protocol.errors import GroupAlreadyExistsError, GroupNotFoundError, NonEmptyGroupError
+from ..protocol.messages import (
+    GroupDescription,
+    GroupSummary,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    OffsetCommitRequest,
+    PartitionOffset,
+    TopicPartition,
+)
+from ..store.base import StoreError
+from .group import GroupRunner
+from .persistence import RecordWriter
+from .topics import TopicManager
+
+__all__ = ["CoordinatorConfig", "CoordinatorService"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Settings of the coordinator service (see ``BrokerConfig`` for their meaning)."""
+
+    limits: GroupLimits = field(default_factory=GroupLimits)
+    group_retention: float = 600.0
+    position_flush_interval: float = 1.0
+
+
+class CoordinatorService:
+    """All groups of this broker; see the module docstring."""
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        topics: TopicManager,
+        config: CoordinatorConfig,
+        *,
+        assignors: dict[str, Assignor] | None = None,
+        on_event: Callable[[str, dict[str, object]], None] | None = None,
+    ) -> None:
+        self._writer = writer
+        self._topics = topics
+        self._config = config
+        self._assignors = dict(assignors or ASSIGNORS)
+        self._on_event = on_event
+        self._runners: dict[str, GroupRunner] = {}
+        self._by_conn: dict[Connection, dict[str, str]] = {}  # conn → {member id: group id}
+        self._nursery: trio.Nursery | None = None
+        topics.add_listener(self._topic_changed)
+
+    # -- lifetime ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the group tasks and the retention sweeper until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for runner in self._runners.values():  # groups loaded before start
+                await nursery.start(runner.run)
+            nursery.start_soon(self._sweep_empty_groups)
+            task_status.started()
+
+    def _new_runner(self, group: Group) -> GroupRunner:
+        runner = GroupRunner(
+            group,
+            writer=self._writer,
+            topics=self._topics,
+            assignors=self._assignors,
+            limits=self._config.limits,
+            position_flush_interval=self._config.position_flush_interval,
+            on_event=self._on_event,
+            bind_connection=self._bind_connection,
+        )
+        self._runners[group.group_id] = runner
+        if self._nursery is not None:
+            self._nursery.start_soon(runner.run)
+        return runner
+
+    async def _runner_ready(self, group_id: str, *, create: bool) -> GroupRunner:
+        runner = self._runners.get(group_id)
+        if runner is None:
+            if not create:
+                raise GroupNotFoundError(f"group {group_id!r} does not exist on this coordinator")
+            validate_group_id(group_id)
+            runner = self._new_runner(Group(group_id, now=trio.current_time()))
+        await runner.ready.wait()
+        return runner
+
+    # -- replay (called by the record writer once a record is durable) -----------------
+
+    def replay(self, record: Record) -> None:
+        """Apply one durable group or offset record to the group it belongs to."""
+        assert isinstance(record, GroupRecord | OffsetRecord | GroupTombstone)
+        runner = self._runners.get(record.group_id)
+        if runner is None:
+            if isinstance(record, GroupTombstone):
+                return
+            runner = self._new_runner(Group(record.group_id, now=trio.current_time()))
+        runner.group.replay(record, now=trio.current_time())
+        if isinstance(record, GroupTombstone):
+            del self._runners[record.group_id]
+            runner.close()
+
+    def committed_offset(self, group_id: str, tp: TopicPartition) -> int | None:
+        """The durable committed offset of ``group_id`` on ``tp`` (None if none)."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            return None
+        record = runner.group.offsets.get(tp)
+        return None if record is None else record.offset
+
+    # -- connections -------------------------------------------------------------------
+
+    def _bind_connection(self, conn: Connection, member_id: str, group_id: str | None) -> None:
+        members = self._by_conn.setdefault(conn, {})
+        if group_id is None:
+            members.pop(member_id, None)
+            if not members:
+                del self._by_conn[conn]
+        else:
+            members[member_id] = group_id
+
+    def connection_lost(self, conn: Connection) -> None:
+        """Remove every member that lived on ``conn`` (each as a failure, not a leave)."""
+        for member_id, group_id in list(self._by_conn.pop(conn, {}).items()):
+            runner = self._runners.get(group_id)
+            if runner is not None:
+                runner.connection_lost(member_id)
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+        """Admit a member to a group, creating the group on first join."""
+        runner = await self._runner_ready(request.group, create=True)
+        return runner.join(request, conn)
+
+    def heartbeat(self, request: HeartbeatRequest) -> None:
+        """Accept a heartbeat or raise the fencing error (synchronous and O(1))."""
+        runner = self._runners.get(request.group)
+        if runner is None:
+            raise GroupNotFoundError(
+                f"group {request.group!r} does not exist on this coordinator; rejoin"
+            )
+        runner.heartbeat(request)
+
+    async def leave(self, request: LeaveGroupRequest) -> None:
+        """A member leaves its group cleanly."""
+        runner = await self._runner_ready(request.group, create=False)
+        await runner.leave(request)
+
+    async def commit(self, request: OffsetCommitRequest) -> None:
+        """Durably commit offsets for a member or a standalone committer."""
+        runner = await self._runner_ready(request.group, create=True)
+        await runner.commit(request)
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None
+    ) -> list[PartitionOffset]:
+        """A group's committed offsets (all, or those of ``partitions``)."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            return []
+        offsets = runner.group.offsets
+        wanted = sorted(offsets) if partitions is None else partitions
+        return [
+            PartitionOffset(tp.topic, tp.partition, offsets[tp].offset, offsets[tp].metadata)
+            for tp in wanted
+            if tp in offsets
+        ]
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Every group this broker coordinates, sorted by id."""
+        return [self._runners[g].group.summary() for g in sorted(self._runners)]
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """One group's state, members, assignment and offsets."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            raise GroupNotFoundError(f"group {group_id!r} does not exist")
+        return runner.group.describe()
+
+    async def create_group(self, group_id: str) -> None:
+        """Create an empty group, durably."""
+        validate_group_id(group_id)
+        if group_id in self._runners:
+            raise GroupAlreadyExistsError(f"group {group_id!r} exists already")
+        await self._writer.write([GroupRecord(group_id, 0, "", [])])
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete an empty group and its offsets."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            raise GroupNotFoundError(f"group {group_id!r} does not exist")
+        if runner.group.members:
+            raise NonEmptyGroupError(
+                f"group {group_id!r} has {len(runner.group.members)} active member(s); "
+                "stop its consumers before deleting it"
+            )
+        await self._writer.write([GroupTombstone(group_id)])
+
+    def runner(self, group_id: str) -> GroupRunner | None:
+        """The runner of a group, if this broker has one (for tests and tools)."""
+        return self._runners.get(group_id)
+
+    # -- reactions ---------------------------------------------------------------------
+
+    def _topic_changed(self, topic: str) -> None:
+        count = self._topics.partitions.get(topic)
+        for runner in self._runners.values():
+            group = runner.group
+            if group.state is not GroupState.EMPTY and any(
+                topic in m.topics for m in group.members.values()
+            ):
+                runner.request_rebalance(f"topic {topic} now has {count} partitions")
+
+    async def _sweep_empty_groups(self) -> None:
+        retention = self._config.group_retention
+        while True:
+            await trio.sleep(max(retention / 4, 0.01))
+            now = trio.current_time()
+            for group_id in [g for g, r in self._runners.items() if r.is_removable(now, retention)]:
+                log.info("removing group %s: empty with no offsets for %gs", group_id, retention)
+                try:
+                    await self._writer.write([GroupTombstone(group_id)])
+                except StoreError as exc:
+                    log.warning("could not remove empty group %s: %s", group_id, exc)

@@ -1,0 +1,437 @@
+"""The group task: one Trio task tree per consumer group, driving the pure group state.
+
+A :class:`GroupRunner` owns one :class:`~trio_coord.core.group.Group` and is
+its only writer. Its nursery holds, per member, a liveness task whose cancel
+scope deadline *is* the session deadline (a heartbeat moves it: O(1), no
+allocation, no store write), and the rebalance loop. Each rebalance runs in
+its own cancel scope through the phases of the stop/start design::
+
+    stop fetchers (all members, in parallel)  →  commit their positions
+      →  assign (pure core) and persist the generation  →  start fetchers, await acks
+
+Each member's answer in a phase is awaited under that member's rebalance
+timeout; one that does not answer in time is expelled at that very moment.
+Any membership change (join, leave, session expiry, lost connection,
+expulsion) or a topic growing cancels the in-flight rebalance scope at once
+and the loop starts the next one: nothing waits for a timeout to learn what
+is already known. This is where cancel scopes replace Kafka's purgatories.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..core.assignors import Assignor
+from ..core.fencing import check_commit, check_heartbeat
+from ..core.group import Group, GroupLimits, GroupState, Member, StartPlan
+from ..core.records import GroupRecord, OffsetRecord, Record
+from ..protocol.connection import Connection
+from ..protocol.errors import (
+    ConnectionClosedError,
+    CoordError,
+    UnknownMemberError,
+)
+from ..protocol.messages import (
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    OffsetCommitRequest,
+    StartFetchersRequest,
+    StopFetchersRequest,
+    StopFetchersResponse,
+)
+from ..store.base import StoreError
+
+if TYPE_CHECKING:
+    from .persistence import RecordWriter
+    from .topics import TopicManager
+
+__all__ = ["GroupRunner", "RebalanceEvent"]
+
+log = logging.getLogger(__name__)
+
+RebalanceEvent = tuple[str, str, dict[str, object]]
+"""(group id, what happened, details): what a runner reports to observers (tests, bench)."""
+
+
+class GroupRunner:
+    """Runs one group: liveness deadlines, the rebalance loop, requests; see the module doc."""
+
+    def __init__(
+        self,
+        group: Group,
+        *,
+        writer: RecordWriter,
+        topics: TopicManager,
+        assignors: dict[str, Assignor],
+        limits: GroupLimits,
+        position_flush_interval: float,
+        store_retry_backoff: float = 1.0,
+        on_event: Callable[[str, dict[str, object]], None] | None = None,
+        bind_connection: Callable[[Connection, str, str | None], None],
+    ) -> None:
+        self.group = group
+        self._writer = writer
+        self._topics = topics
+        self._assignors = assignors
+        self._limits = limits
+        self._flush_interval = position_flush_interval
+        self._retry_backoff = store_retry_backoff
+        self._on_event = on_event
+        self._bind = bind_connection
+        self._conns: dict[str, Connection] = {}
+        self._liveness: dict[str, trio.CancelScope] = {}
+        self._kick = trio.Event()
+        self._rebalance_scope: trio.CancelScope | None = None
+        self._positions_dirty = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.ready = trio.Event()
+        """Set once the group task runs and can admit members."""
+        self.rebalances = 0
+        """How many rebalances completed (for tests and benchmarks)."""
+
+    @property
+    def group_id(self) -> str:
+        """The id of the group this runner drives."""
+        return self.group.group_id
+
+    def _emit(self, what: str, **details: object) -> None:
+        if self._on_event is not None:
+            self._on_event(what, {"group": self.group_id, "time": trio.current_time(), **details})
+
+    # -- lifetime --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The group task: runs until cancelled (group deleted, or broker shutdown)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._rebalance_loop)
+            nursery.start_soon(self._position_flusher)
+            self.ready.set()
+            task_status.started()
+
+    def close(self) -> None:
+        """Stop the group task (after the group was deleted)."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- membership --------------------------------------------------------------
+
+    def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+        """Admit a member (a new one, a live one rejoining, or one known from before a restart)."""
+        group = self.group
+        member_id = request.member_id
+        if (
+            member_id
+            and member_id not in group.members
+            and not group.knows_former_member(member_id)
+        ):
+            raise UnknownMemberError(
+                f"member {member_id!r} is not known to group {self.group_id}; rejoin with an "
+                "empty member id to get a new one"
+            )
+        session_timeout = request.session_timeout_ms / 1000
+        group.validate_join(
+            member_id=member_id,
+            topics=request.topics,
+            session_timeout=session_timeout,
+            rebalance_timeout=request.rebalance_timeout_ms / 1000,
+            assignors=request.assignors,
+            offset_reset=request.offset_reset,
+            limits=self._limits,
+            available=self._assignors,
+        )
+        if not member_id:
+            member_id = f"{request.client_id or 'member'}-{uuid.uuid4().hex[:12]}"
+        old_conn = self._conns.get(member_id)
+        if old_conn is not None and old_conn is not conn:
+            self._bind(old_conn, member_id, None)
+        group.add_member(
+            trio.current_time(),
+            member_id=member_id,
+            client_id=request.client_id,
+            host=conn.peer,
+            topics=request.topics,
+            session_timeout=session_timeout,
+            rebalance_timeout=request.rebalance_timeout_ms / 1000,
+            assignors=request.assignors,
+            auto_commit=request.auto_commit,
+            offset_reset=request.offset_reset,
+        )
+        self._conns[member_id] = conn
+        self._bind(conn, member_id, self.group_id)
+        self._watch_liveness(member_id, session_timeout)
+        self._emit("joined", member_id=member_id)
+        self.request_rebalance(f"member {member_id} joined")
+        return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
+
+    def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
+        old = self._liveness.pop(member_id, None)
+        if old is not None:
+            old.cancel()
+        scope = trio.CancelScope(deadline=trio.current_time() + session_timeout)
+        self._liveness[member_id] = scope
+        assert self._nursery is not None
+        self._nursery.start_soon(self._liveness_task, member_id, scope)
+
+    async def _liveness_task(self, member_id: str, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep_forever()
+        # Cancelled: either the deadline passed (a session expiry) or the member went
+        # away by other means, in which case its scope was unregistered first.
+        if self._liveness.get(member_id) is scope:
+            self.remove_member(member_id, "session timeout expired", stopped=False)
+
+    def heartbeat(self, request: HeartbeatRequest) -> None:
+        """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
+        member = check_heartbeat(self.group, request.member_id, request.generation)
+        now = trio.current_time()
+        self.group.heartbeat(now, member, request.positions)
+        self._liveness[member.member_id].deadline = now + member.session_timeout
+        if request.positions and self.group.positions and not self._positions_dirty.is_set():
+            self._positions_dirty.set()
+
+    async def leave(self, request: LeaveGroupRequest) -> None:
+        """A member leaves after stopping its fetchers; its final positions are committed."""
+        member = self.group.members.get(request.member_id)
+        if member is None:
+            raise UnknownMemberError(
+                f"member {request.member_id!r} is not in group {self.group_id}"
+            )
+        self.group.member_stopped(member.member_id, request.positions)
+        reason = f"left the group{': ' + request.reason if request.reason else ''}"
+        self.remove_member(member.member_id, reason, stopped=True)
+        await self._commit_positions()
+
+    def remove_member(self, member_id: str, reason: str, *, stopped: bool) -> None:
+        """Remove a member for ``reason`` and restart the rebalance without it, at once."""
+        if member_id not in self.group.members:
+            return
+        now = trio.current_time()
+        member = self.group.remove_member(now, member_id, stopped=stopped)
+        scope = self._liveness.pop(member_id, None)
+        if scope is not None:
+            scope.cancel()
+        conn = self._conns.pop(member_id, None)
+        if conn is not None:
+            self._bind(conn, member_id, None)
+        log.info("group %s: member %s removed: %s", self.group_id, member_id, reason)
+        fence = self.group.fences.get(member_id)
+        self._emit(
+            "removed",
+            member_id=member_id,
+            reason=reason,
+            fenced_until=fence.until if fence else None,
+            partitions=sorted(member.may_own),
+        )
+        self.request_rebalance(f"member {member_id} {reason}")
+
+    def connection_lost(self, member_id: str) -> None:
+        """The member's connection ended without a LeaveGroup."""
+        self.remove_member(member_id, "lost its connection", stopped=False)
+
+    def request_rebalance(self, reason: str) -> None:
+        """Start a rebalance soon; cancel the one in flight, which is now out of date."""
+        log.debug("group %s: rebalance requested: %s", self.group_id, reason)
+        self._kick.set()
+        if self._rebalance_scope is not None:
+            self._rebalance_scope.cancel()
+
+    # -- offsets -----------------------------------------------------------------------
+
+    async def commit(self, request: OffsetCommitRequest) -> None:
+        """Validate and durably commit offsets (acknowledged only once durable)."""
+        check_commit(
+            self.group,
+            request.member_id,
+            request.generation,
+            request.offsets,
+            allow_regression=request.allow_regression,
+        )
+        now_ms = round(trio.current_time() * 1000)
+        records: list[Record] = [
+            OffsetRecord(
+                self.group_id,
+                o.topic,
+                o.partition,
+                o.offset,
+                o.metadata,
+                now_ms,
+                request.allow_regression,
+            )
+            for o in request.offsets
+        ]
+        await self._writer.write(records)
+
+    async def _commit_positions(self) -> None:
+        records = self.group.drain_positions(round(trio.current_time() * 1000))
+        if records:
+            await self._writer.write(list(records))
+
+    async def _position_flusher(self) -> None:
+        """Commit the positions heartbeats carried, at most once per flush interval."""
+        while True:
+            await self._positions_dirty.wait()
+            await trio.sleep(self._flush_interval)
+            self._positions_dirty = trio.Event()
+            try:
+                await self._commit_positions()
+            except StoreError:
+                log.warning("group %s: could not commit positions; will retry", self.group_id)
+                self._positions_dirty.set()
+
+    # -- the rebalance -------------------------------------------------------------------
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick = trio.Event()
+            if not self.group.members:
+                continue
+            with trio.CancelScope() as scope:
+                self._rebalance_scope = scope
+                try:
+                    await self._rebalance()
+                except StoreError as exc:
+                    log.error(
+                        "group %s: rebalance could not persist its state (%s); retrying in %gs",
+                        self.group_id,
+                        exc,
+                        self._retry_backoff,
+                    )
+                    self._emit("rebalance_failed", error=str(exc))
+                    await trio.sleep(self._retry_backoff)
+                    self._kick.set()
+                finally:
+                    self._rebalance_scope = None
+            if scope.cancelled_caught:
+                self._emit("rebalance_restarted")
+
+    async def _rebalance(self) -> None:
+        group = self.group
+        started = trio.current_time()
+        members = group.begin_rebalance()
+        self._emit("rebalance_started", members=len(members))
+        # Phase 1: every member stops all its fetchers and hands back its positions.
+        await self._in_parallel(members, self._stop_member)
+        # Phase 2: the positions collected become durable offsets.
+        await self._commit_positions()
+        # Phase 3: the new generation's assignment, durable before anyone hears of it.
+        plan = group.plan_assignment(
+            trio.current_time(),
+            partitions=self._subscribed_partitions(),
+            available=self._assignors,
+            log_offsets=self._topics.log_offsets,
+        )
+        with trio.CancelScope(shield=True):
+            # Shielded: once written, the record is replayed; a cancelled rebalance must
+            # not leave the next one computing the same generation number.
+            await self._writer.write([plan.record])
+        group.begin_starting()
+        # Phase 4: start fetchers, each member once its partitions are certainly free.
+        by_id = {s.member_id: s for s in plan.starts}
+        await self._in_parallel(
+            [group.members[s.member_id] for s in plan.starts],
+            lambda m: self._start_member(m, by_id[m.member_id], plan.record),
+            not_before={s.member_id: s.not_before for s in plan.starts},
+        )
+        group.complete_rebalance()
+        self.rebalances += 1
+        elapsed = trio.current_time() - started
+        log.info(
+            "group %s: generation %d stable with %d member(s) after %.1f ms",
+            self.group_id,
+            group.generation,
+            len(group.members),
+            elapsed * 1000,
+        )
+        self._emit(
+            "stable",
+            generation=group.generation,
+            elapsed=elapsed,
+            ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
+        )
+
+    def _subscribed_partitions(self) -> dict[str, int]:
+        topics: set[str] = set()
+        for member in self.group.members.values():
+            topics |= member.topics
+        return {t: self._topics.partitions[t] for t in topics if t in self._topics.partitions}
+
+    async def _in_parallel(
+        self,
+        members: list[Member],
+        call: Callable[[Member], Awaitable[None]],
+        not_before: dict[str, float] | None = None,
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            for member in members:
+                start_at = not_before.get(member.member_id, 0.0) if not_before else 0.0
+                nursery.start_soon(self._answer_in_time, member, call, start_at)
+
+    async def _answer_in_time(
+        self, member: Member, call: Callable[[Member], Awaitable[None]], start_at: float
+    ) -> None:
+        """Run one member's part of a phase; expel it if it does not answer in time.
+
+        Waiting until ``start_at`` (a departed owner's lease) is not the
+        member's fault: its rebalance timeout starts after that.
+        """
+        if start_at > trio.current_time():
+            self._emit("start_delayed", member_id=member.member_id, until=start_at)
+            await trio.sleep_until(start_at)
+        with trio.move_on_after(member.rebalance_timeout) as deadline:
+            try:
+                await call(member)
+            except ConnectionClosedError:
+                self.connection_lost(member.member_id)
+            except CoordError as exc:
+                self.remove_member(member.member_id, f"refused the rebalance: {exc}", stopped=False)
+        if deadline.cancelled_caught:
+            self.remove_member(
+                member.member_id,
+                f"did not answer within its rebalance timeout ({member.rebalance_timeout:g}s)",
+                stopped=False,
+            )
+
+    async def _stop_member(self, member: Member) -> None:
+        conn = self._conns[member.member_id]
+        response = await conn.request(
+            StopFetchersRequest(self.group_id, member.member_id, self.group.generation)
+        )
+        assert isinstance(response, StopFetchersResponse)
+        self.group.member_stopped(member.member_id, response.positions)
+
+    async def _start_member(self, member: Member, plan: StartPlan, record: GroupRecord) -> None:
+        conn = self._conns[member.member_id]
+        self.group.member_starting(member.member_id)
+        await conn.request(
+            StartFetchersRequest(
+                self.group_id, member.member_id, record.generation, plan.partitions
+            )
+        )
+        self.group.member_started(member.member_id)
+        self._emit(
+            "started",
+            member_id=member.member_id,
+            generation=record.generation,
+            partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions],
+        )
+
+    # -- views ---------------------------------------------------------------------------
+
+    def is_removable(self, now: float, retention: float) -> bool:
+        """True if the group is empty, has no offsets, and has been so for ``retention``."""
+        g = self.group
+        return (
+            g.state is GroupState.EMPTY
+            and not g.offsets
+            and g.empty_since is not None
+            and now - g.empty_since >= retention
+        )

@@ -1,0 +1,145 @@
+"""The broker's side of one client connection: requests in, answers out.
+
+A :class:`BrokerHandler` is bound to one :class:`~trio_coord.protocol.Connection`
+and routes each request to the topic manager or the coordinator service. It
+decides nothing itself. Cheap requests (Heartbeat first of all, and the
+read-only Metadata, ListGroups, DescribeGroup, OffsetFetch) are answered inline
+by ``handle_now``, without spawning a task; the rest run in a handler task.
+When the connection ends, the members that lived on it are removed as failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..protocol.connection import Connection, RequestHandler
+from ..protocol.errors import BrokerShuttingDownError, UnsupportedMessageError
+from ..protocol.messages import (
+    AddPartitionsRequest,
+    AddPartitionsResponse,
+    CreateGroupRequest,
+    CreateGroupResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    RequestBody,
+    ResponseBody,
+)
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+__all__ = ["BrokerHandler"]
+
+_HEARTBEAT_OK = HeartbeatResponse()
+
+
+class BrokerHandler(RequestHandler):
+    """Routes one connection's requests; see the module docstring."""
+
+    def __init__(self, broker: Broker, conn: Connection) -> None:
+        self._broker = broker
+        self._coordinator = broker.coordinator
+        self._topics = broker.topics
+        self._conn = conn
+        self._now: dict[type, Callable[[Any], ResponseBody]] = {
+            HeartbeatRequest: self._heartbeat,
+            MetadataRequest: self._metadata,
+            ListGroupsRequest: self._list_groups,
+            DescribeGroupRequest: self._describe_group,
+            OffsetFetchRequest: self._fetch_offsets,
+        }
+        self._later: dict[type, Callable[[Any], Awaitable[ResponseBody]]] = {
+            JoinGroupRequest: self._join,
+            LeaveGroupRequest: self._leave,
+            OffsetCommitRequest: self._commit,
+            CreateTopicRequest: self._create_topic,
+            AddPartitionsRequest: self._add_partitions,
+            CreateGroupRequest: self._create_group,
+            DeleteGroupRequest: self._delete_group,
+        }
+
+    def handle_now(self, body: RequestBody) -> ResponseBody | None:
+        """Answer the cheap, synchronous requests inline."""
+        answer = self._now.get(type(body))
+        return None if answer is None else answer(body)
+
+    async def handle(self, body: RequestBody) -> ResponseBody:
+        """Answer a request that may wait (joins, writes)."""
+        answer = self._later.get(type(body))
+        if answer is None:
+            raise UnsupportedMessageError(f"a broker does not accept {type(body).__name__}")
+        if self._broker.shutting_down:
+            raise BrokerShuttingDownError("the broker is shutting down; use another broker")
+        return await answer(body)
+
+    def connection_lost(self) -> None:
+        """Remove the members that lived on this connection."""
+        self._coordinator.connection_lost(self._conn)
+
+    # -- inline ------------------------------------------------------------------
+
+    def _heartbeat(self, body: HeartbeatRequest) -> ResponseBody:
+        self._coordinator.heartbeat(body)
+        return _HEARTBEAT_OK
+
+    def _metadata(self, body: MetadataRequest) -> ResponseBody:
+        info = self._broker.info
+        return MetadataResponse(
+            [info],
+            self._topics.describe(body.topics),
+            info if body.group else None,
+        )
+
+    def _list_groups(self, body: ListGroupsRequest) -> ResponseBody:
+        return ListGroupsResponse(self._coordinator.list_groups())
+
+    def _describe_group(self, body: DescribeGroupRequest) -> ResponseBody:
+        return DescribeGroupResponse(self._coordinator.describe_group(body.group))
+
+    def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
+        return OffsetFetchResponse(self._coordinator.fetch_offsets(body.group, body.partitions))
+
+    # -- in a task -----------------------------------------------------------------
+
+    async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+        return await self._coordinator.join(body, self._conn)
+
+    async def _leave(self, body: LeaveGroupRequest) -> ResponseBody:
+        await self._coordinator.leave(body)
+        return LeaveGroupResponse()
+
+    async def _commit(self, body: OffsetCommitRequest) -> ResponseBody:
+        await self._coordinator.commit(body)
+        return OffsetCommitResponse()
+
+    async def _create_topic(self, body: CreateTopicRequest) -> ResponseBody:
+        return CreateTopicResponse(await self._topics.create_topic(body.name, body.partitions))
+
+    async def _add_partitions(self, body: AddPartitionsRequest) -> ResponseBody:
+        return AddPartitionsResponse(await self._topics.add_partitions(body.topic, body.total))
+
+    async def _create_group(self, body: CreateGroupRequest) -> ResponseBody:
+        await self._coordinator.create_group(body.group)
+        return CreateGroupResponse()
+
+    async def _delete_group(self, body: DeleteGroupRequest) -> ResponseBody:
+        await self._coordinator.delete_group(body.group)
+        return DeleteGroupResponse()

@@ -1,0 +1,248 @@
+"""Making records durable: the one writer between the coordinator and the metadata store.
+
+Every record the broker keeps (topics, group generations, offsets, group
+deletions) goes through :class:`RecordWriter`. Callers ``await
+writer.write(records)``; a single flusher task takes everything queued since
+its last write and makes it durable in **one** atomic store ``multi``
+(group commit: a thousand members auto-committing cost one write, not a
+thousand), then replays the records, in the order they were queued, into the
+in-memory state, and only then wakes the callers. So an acknowledged record
+is durable, and the in-memory state always equals what a restart would load
+(:func:`load_records` reads it back; the broker replays it the same way).
+
+The store layout::
+
+    /topics/<topic>                        TopicRecord
+    /groups/<group>                        GroupRecord (empty data: created, no generation yet)
+    /groups/<group>/offsets/<topic>~<p>    OffsetRecord
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from ..core.records import (
+    GroupRecord,
+    GroupTombstone,
+    OffsetRecord,
+    Record,
+    TopicRecord,
+    decode_record,
+    encode_record,
+)
+from ..protocol.messages import TopicPartition
+from ..store.base import Create, Delete, MetadataStore, NoNodeError, Op, SetData, StoreError
+
+__all__ = ["RecordWriter", "group_path", "load_records", "offset_path", "topic_path"]
+
+log = logging.getLogger(__name__)
+
+TOPICS = "/topics"
+GROUPS = "/groups"
+
+
+def topic_path(topic: str) -> str:
+    """Where a topic's record lives."""
+    return f"{TOPICS}/{topic}"
+
+
+def group_path(group_id: str) -> str:
+    """Where a group's generation record lives (the root of its subtree)."""
+    return f"{GROUPS}/{group_id}"
+
+
+def offset_path(group_id: str, tp: TopicPartition) -> str:
+    """Where one committed offset lives ('~' cannot occur in topic names)."""
+    return f"{GROUPS}/{group_id}/offsets/{tp.topic}~{tp.partition}"
+
+
+async def load_records(store: MetadataStore) -> tuple[list[Record], set[str]]:
+    """Read every record back from the store, and the set of paths that exist.
+
+    Topics come first, then each group's record followed by its offsets, the
+    order in which replay needs them.
+    """
+    records: list[Record] = []
+    paths: set[str] = set()
+    for root in (TOPICS, GROUPS):
+        if await store.exists(root) is None:
+            await store.create(root, make_parents=True)
+        paths.add(root)
+    for name in await store.children(TOPICS):
+        data, _ = await store.get(topic_path(name))
+        records.append(decode_record(data))
+        paths.add(topic_path(name))
+    for group_id in await store.children(GROUPS):
+        base = group_path(group_id)
+        data, _ = await store.get(base)
+        paths.add(base)
+        if data:
+            records.append(decode_record(data))
+        offsets_root = f"{base}/offsets"
+        try:
+            names = await store.children(offsets_root)
+        except NoNodeError:
+            continue
+        paths.add(offsets_root)
+        for name in names:
+            path = f"{offsets_root}/{name}"
+            data, _ = await store.get(path)
+            records.append(decode_record(data))
+            paths.add(path)
+    return records, paths
+
+
+@dataclass(slots=True)
+class _Batch:
+    records: list[Record] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+    error: StoreError | None = None
+
+
+class RecordWriter:
+    """Batches records into atomic store writes, then replays them; see the module doc.
+
+    ``replay`` applies one durable record to the in-memory state;
+    ``committed_offset`` returns the durable offset for (group, partition),
+    so that a batch never writes an offset that replay would refuse (a
+    non-reset commit below the current one), which keeps store and memory
+    equal.
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        *,
+        existing_paths: set[str],
+        replay: Callable[[Record], None],
+        committed_offset: Callable[[str, TopicPartition], int | None],
+        max_batch_records: int = 5000,
+    ) -> None:
+        self._store = store
+        self._paths = existing_paths
+        self._replay = replay
+        self._committed = committed_offset
+        self._max_batch = max_batch_records
+        self._queue: list[_Batch] = []
+        self._wakeup = trio.Event()
+        self.writes = 0
+        """How many store transactions the writer has made (for tests and benchmarks)."""
+
+    async def write(self, records: Sequence[Record]) -> None:
+        """Return once ``records`` are durable and replayed; StoreError if the write failed."""
+        if not records:
+            return
+        batch = _Batch(list(records))
+        self._queue.append(batch)
+        self._wakeup.set()
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    def add_existing_paths(self, paths: set[str]) -> None:
+        """Tell the writer which store paths exist already (after loading)."""
+        self._paths |= paths
+
+    async def drain(self) -> None:
+        """Return once every record queued before this call is durable (or failed)."""
+        batch = _Batch()
+        self._queue.append(batch)
+        self._wakeup.set()
+        await batch.done.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The flusher task: write queued batches together, forever."""
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._queue:
+                batches, size = [], 0
+                while self._queue and (not batches or size < self._max_batch):
+                    size += len(self._queue[0].records)
+                    batches.append(self._queue.pop(0))
+                await self._flush(batches)
+
+    async def _flush(self, batches: list[_Batch]) -> None:
+        records = [r for b in batches for r in b.records]
+        error: StoreError | None = None
+        try:
+            ops, created, deleted = self._ops(records)
+            if ops:
+                await self._store.multi(ops)
+                self.writes += 1
+        except StoreError as exc:
+            log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
+            error = exc
+        else:
+            self._paths |= created
+            self._paths -= deleted
+            for record in records:
+                self._replay(record)
+        for batch in batches:
+            batch.error = error
+            batch.done.set()
+
+    def _ops(self, records: list[Record]) -> tuple[list[Op], set[str], set[str]]:
+        """The store operations that leave the store as replaying ``records`` leaves memory."""
+        final: dict[str, Record | None] = {}  # path -> record to write (None: delete)
+        exists = set(self._paths)
+        latest: dict[str, OffsetRecord] = {}
+        for record in records:
+            if isinstance(record, OffsetRecord):
+                path = offset_path(record.group_id, record.tp)
+                kept = latest.get(path)
+                floor = (
+                    kept.offset if kept is not None else self._committed(record.group_id, record.tp)
+                )
+                if record.reset or floor is None or record.offset >= floor:
+                    latest[path] = record
+                    final[path] = record
+            elif isinstance(record, TopicRecord):
+                final[topic_path(record.name)] = record
+            elif isinstance(record, GroupRecord):
+                final[group_path(record.group_id)] = record
+            elif isinstance(record, GroupTombstone):
+                base = group_path(record.group_id)
+                for path in list(final):
+                    if path == base or path.startswith(base + "/"):
+                        del final[path]
+                for path in sorted(exists, key=len, reverse=True):
+                    if path == base or path.startswith(base + "/"):
+                        final[path] = None
+        ops: list[Op] = []
+        created: set[str] = set()
+        deleted: set[str] = set()
+        # Deletions deepest first; then writes, creating missing parents on the way.
+        for path in sorted((p for p, r in final.items() if r is None), key=len, reverse=True):
+            ops.append(Delete(path))
+            exists.discard(path)
+            deleted.add(path)
+        for path, record in final.items():
+            if record is None:
+                continue
+            for parent in _ancestors(path):
+                if parent not in exists:
+                    ops.append(Create(parent))
+                    exists.add(parent)
+                    created.add(parent)
+                    deleted.discard(parent)
+            data = encode_record(record)
+            if path in exists:
+                ops.append(SetData(path, data))
+            else:
+                ops.append(Create(path, data))
+                exists.add(path)
+                created.add(path)
+            deleted.discard(path)
+        return ops, created, deleted
+
+
+def _ancestors(path: str) -> list[str]:
+    """The proper ancestors of ``path`` below the root, outermost first."""
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]

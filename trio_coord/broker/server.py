@@ -1,0 +1,235 @@
+"""The broker: its configuration, its nursery tree, and ``open_broker``.
+
+``open_broker`` builds the tree of the design and tears it down gracefully::
+
+    broker nursery
+    ├── store session (the embedded store in the data dir)
+    ├── record writer (group commit of every durable record)
+    ├── coordinator service → one group task per group
+    └── listener → one reader task per connection
+
+On start it loads every record from the store and replays it (topics, group
+generations, offsets), so a restarted broker continues where it stopped. On
+exit it stops accepting connections, refuses new work with
+BROKER_SHUTTING_DOWN, lets queued writes become durable (bounded by
+``shutdown_grace``), then cancels the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import trio
+
+from .._aio import unwrap_lone_exception
+from ..core.group import GroupLimits
+from ..core.records import Record, TopicRecord
+from ..protocol.connection import Connection
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from ..protocol.messages import BrokerInfo
+from ..store import open_embedded_store
+from ..store.base import MetadataStore
+from .coordinator import CoordinatorConfig, CoordinatorService
+from .handler import BrokerHandler
+from .persistence import RecordWriter, load_records
+from .topics import TopicManager
+
+__all__ = ["Broker", "BrokerConfig", "open_broker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything a broker can be told; every field has a sane default.
+
+    Times are in seconds. ``min_session_timeout``/``max_session_timeout``
+    bound what consumers may ask for; ``group_retention`` is how long an
+    empty group without offsets is kept; ``position_flush_interval`` is how
+    often positions carried by heartbeats (auto-commit) are made durable;
+    ``max_in_flight`` bounds concurrent requests per connection and so,
+    with ``max_frame_size``, its memory.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    broker_id: int = 0
+    min_session_timeout: float = 1.0
+    max_session_timeout: float = 1800.0
+    max_group_size: int = 1000
+    max_partitions: int = 10_000
+    group_retention: float = 600.0
+    position_flush_interval: float = 1.0
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_in_flight: int = 64
+    shutdown_grace: float = 5.0
+    on_event: Callable[[str, dict[str, object]], None] | None = field(default=None, repr=False)
+    """Observer of group events (joined, removed, stable, ...), for tools and tests."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first setting that makes no sense."""
+        if not 0 < self.min_session_timeout <= self.max_session_timeout:
+            raise ValueError(
+                "min_session_timeout must be positive and not above max_session_timeout"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not between 0 and 65535")
+        for name in ("max_group_size", "max_partitions", "max_frame_size", "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("group_retention", "position_flush_interval", "shutdown_grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+
+class Broker:
+    """A running broker, as ``open_broker`` yields it.
+
+    ``address`` is the (host, port) it listens on (the real port when 0 was
+    asked for) and ``bootstrap`` the same as ``"host:port"``, ready for
+    clients. ``topics`` and ``coordinator`` are its services (for embedding
+    applications and tests).
+    """
+
+    def __init__(self, config: BrokerConfig, store: MetadataStore) -> None:
+        self.config = config
+        self.store = store
+        self.writer = RecordWriter(
+            store,
+            existing_paths=set(),
+            replay=self._replay,
+            committed_offset=lambda g, tp: self.coordinator.committed_offset(g, tp),
+        )
+        self.topics = TopicManager(self.writer, max_partitions=config.max_partitions)
+        self.coordinator = CoordinatorService(
+            self.writer,
+            self.topics,
+            CoordinatorConfig(
+                limits=GroupLimits(
+                    config.min_session_timeout,
+                    config.max_session_timeout,
+                    config.max_group_size,
+                ),
+                group_retention=config.group_retention,
+                position_flush_interval=config.position_flush_interval,
+            ),
+            on_event=config.on_event,
+        )
+        self.address: tuple[str, int] = (config.host, config.port)
+        self.shutting_down = False
+        self._connections: set[Connection] = set()
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of this broker, for a client's bootstrap list."""
+        return f"{self.address[0]}:{self.address[1]}"
+
+    @property
+    def info(self) -> BrokerInfo:
+        """This broker as Metadata describes it."""
+        return BrokerInfo(self.config.broker_id, self.address[0], self.address[1])
+
+    def _replay(self, record: Record) -> None:
+        if isinstance(record, TopicRecord):
+            self.topics.replay(record)
+        else:
+            self.coordinator.replay(record)
+
+    async def _load(self) -> None:
+        records, paths = await load_records(self.store)
+        self.writer.add_existing_paths(paths)
+        for record in records:
+            self._replay(record)
+        log.info(
+            "loaded %d topic(s) and %d group(s) from the store",
+            len(self.topics.partitions),
+            len(self.coordinator.list_groups()),
+        )
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = Connection(
+            stream,
+            max_frame_size=self.config.max_frame_size,
+            max_in_flight=self.config.max_in_flight,
+        )
+        conn.handler = BrokerHandler(self, conn)
+        self._connections.add(conn)
+        try:
+            await conn.serve()
+        finally:
+            self._connections.discard(conn)
+
+    def connection_count(self) -> int:
+        """How many client connections are open."""
+        return len(self._connections)
+
+
+@asynccontextmanager
+async def open_broker(
+    data_dir: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    config: BrokerConfig | None = None,
+    **settings: Any,
+) -> AsyncIterator[Broker]:
+    """Run a broker on the embedded store in ``data_dir`` for the life of the block.
+
+    ``settings`` override fields of ``config`` (or of the defaults), e.g.
+    ``open_broker(d, min_session_timeout=0.1)``. The block is entered once
+    the broker has loaded its state and listens; ``broker.bootstrap`` is its
+    address. Raises ``StoreError`` if the data dir is in use by another broker
+    and ``OSError`` if the address cannot be bound.
+    """
+    config = replace(config or BrokerConfig(), host=host, port=port, **settings)
+    config.validate()
+    with unwrap_lone_exception():
+        async with _broker_tree(config, data_dir) as broker:
+            yield broker
+
+
+@asynccontextmanager
+async def _broker_tree(
+    config: BrokerConfig, data_dir: str | os.PathLike[str]
+) -> AsyncIterator[Broker]:
+    async with open_embedded_store(data_dir) as store:
+        broker = Broker(config, store)
+        await broker._load()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(broker.writer.run)
+            await nursery.start(broker.coordinator.run)
+            listening = trio.CancelScope()
+            listeners = await nursery.start(_listen, broker, listening, nursery)
+            broker.address = listeners[0].socket.getsockname()[:2]
+            log.info("broker %d listening on %s", config.broker_id, broker.bootstrap)
+            try:
+                yield broker
+            finally:
+                broker.shutting_down = True
+                listening.cancel()
+                with trio.move_on_after(config.shutdown_grace) as grace:
+                    grace.shield = True
+                    await broker.writer.drain()
+                nursery.cancel_scope.cancel()
+
+
+async def _listen(
+    broker: Broker,
+    scope: trio.CancelScope,
+    handler_nursery: trio.Nursery,
+    *,
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        await trio.serve_tcp(
+            broker._serve_connection,
+            broker.config.port,
+            host=broker.config.host,
+            handler_nursery=handler_nursery,
+            task_status=task_status,
+        )

@@ -1,0 +1,103 @@
+"""Fencing: which heartbeats and offset commits a group accepts.
+
+A request from a member the coordinator does not know (never joined, expelled,
+timed out, or known only to a coordinator that has since restarted), or from
+a generation the group has left behind, is refused with a code that tells the
+client what to do: UNKNOWN_MEMBER_ID (rejoin with no member id),
+ILLEGAL_GENERATION (rejoin), REBALANCE_IN_PROGRESS (retry once stable),
+PARTITION_NOT_OWNED (the partition moved), OFFSET_REGRESSION (pass
+``allow_regression`` to rewind on purpose). These are pure checks: they raise
+or return, and change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..protocol.errors import (
+    IllegalGenerationError,
+    InvalidRequestError,
+    OffsetRegressionError,
+    PartitionNotOwnedError,
+    RebalanceInProgressError,
+    UnknownMemberError,
+)
+from ..protocol.messages import PartitionOffset
+from .group import Group, GroupState, Member
+
+__all__ = ["STANDALONE_GENERATION", "check_commit", "check_heartbeat", "check_member"]
+
+STANDALONE_GENERATION = -1
+"""The generation a standalone committer (not a group member) sends, with member id ""."""
+
+
+def check_member(group: Group, member_id: str) -> Member:
+    """Return the live member ``member_id`` or raise UNKNOWN_MEMBER_ID."""
+    member = group.members.get(member_id)
+    if member is None:
+        raise UnknownMemberError(
+            f"member {member_id!r} is not in group {group.group_id} (it left, timed out, was "
+            "expelled, or the coordinator restarted); rejoin the group"
+        )
+    return member
+
+
+def check_heartbeat(group: Group, member_id: str, generation: int) -> Member:
+    """Return the member if a heartbeat from it in ``generation`` is current, else raise.
+
+    A heartbeat may carry the generation the member last acknowledged or the
+    group's current one (the StartFetchers of a new generation and a
+    heartbeat may cross on the wire).
+    """
+    member = check_member(group, member_id)
+    if generation != member.generation and generation != group.generation:
+        raise IllegalGenerationError(
+            f"generation {generation} is stale: group {group.group_id} is at generation "
+            f"{group.generation}; rejoin the group"
+        )
+    return member
+
+
+def check_commit(
+    group: Group,
+    member_id: str,
+    generation: int,
+    offsets: Sequence[PartitionOffset],
+    *,
+    allow_regression: bool,
+) -> None:
+    """Raise unless this commit may be made durable as it is."""
+    if member_id == "" and generation == STANDALONE_GENERATION:
+        if group.members:
+            raise UnknownMemberError(
+                f"group {group.group_id} has {len(group.members)} active member(s); a "
+                "standalone committer may only commit to a group without members"
+            )
+    else:
+        member = check_member(group, member_id)
+        if generation != group.generation:
+            raise IllegalGenerationError(
+                f"commit for generation {generation} is stale: group {group.group_id} is at "
+                f"generation {group.generation}; its partitions may have moved"
+            )
+        if group.state in (GroupState.STOPPING, GroupState.ASSIGNING) or (
+            member.generation != generation
+        ):
+            raise RebalanceInProgressError(
+                f"group {group.group_id} is rebalancing; commit again once the member has "
+                "its new assignment (positions are collected by the rebalance itself)"
+            )
+        for offset in offsets:
+            if offset.tp not in member.assignment:
+                raise PartitionNotOwnedError(
+                    f"member {member_id!r} does not own {offset.tp} in generation {generation}"
+                )
+    for offset in offsets:
+        if offset.offset < 0:
+            raise InvalidRequestError(f"offset {offset.offset} for {offset.tp} is negative")
+        current = group.offsets.get(offset.tp)
+        if not allow_regression and current is not None and offset.offset < current.offset:
+            raise OffsetRegressionError(
+                f"committing {offset.offset} for {offset.tp} would move the group's offset "
+                f"back from {current.offset}; pass allow_regression=True to rewind on purpose"
+            )

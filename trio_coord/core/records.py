@@ -1,0 +1,98 @@
+"""Records: everything the coordinator persists, and their encoding.
+
+A handler in the core never writes state it must keep; it returns records.
+The broker makes them durable in the metadata store and then applies them
+with the same ``replay`` that loading runs after a restart or a failover
+(:meth:`trio_coord.core.group.Group.replay` for a group's records), so the
+state after a restart is, by construction, the state before it. Records are
+msgspec Structs tagged by a short name and encoded as msgpack; like wire
+messages, their fields are only ever appended, with defaults.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..protocol.messages import TopicPartition
+
+__all__ = [
+    "GroupRecord",
+    "GroupTombstone",
+    "MemberRecord",
+    "OffsetRecord",
+    "Record",
+    "TopicRecord",
+    "decode_record",
+    "encode_record",
+]
+
+
+class _Rec(msgspec.Struct, frozen=True, array_like=True):
+    pass
+
+
+class TopicRecord(_Rec, tag="topic"):
+    """A topic exists with ``partitions`` partitions."""
+
+    name: str
+    partitions: int
+
+
+class MemberRecord(_Rec):
+    """A member of a group's generation, as persisted with the generation."""
+
+    member_id: str
+    client_id: str
+    host: str
+    topics: list[str]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    partitions: list[TopicPartition]
+
+
+class GroupRecord(_Rec, tag="group"):
+    """A group's generation: its number, assignor and members with their partitions."""
+
+    group_id: str
+    generation: int
+    assignor: str
+    members: list[MemberRecord]
+
+
+class OffsetRecord(_Rec, tag="offset"):
+    """A committed offset. ``reset`` marks an explicit rewind, the only kind that may go back."""
+
+    group_id: str
+    topic: str
+    partition: int
+    offset: int
+    metadata: str = ""
+    commit_time_ms: int = 0
+    reset: bool = False
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition this offset is for."""
+        return TopicPartition(self.topic, self.partition)
+
+
+class GroupTombstone(_Rec, tag="group-deleted"):
+    """The group and all its offsets are deleted."""
+
+    group_id: str
+
+
+Record = TopicRecord | GroupRecord | OffsetRecord | GroupTombstone
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode a record for the metadata store."""
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> Record:
+    """Decode a record written by :func:`encode_record` (raises msgspec.DecodeError)."""
+    return _decoder.decode(data)

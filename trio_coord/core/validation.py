@@ -1,0 +1,45 @@
+"""Validation of the names users choose: topic names and group ids.
+
+The rules are Kafka's, so that names move between the systems: 1 to 249
+characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They also keep
+names safe as metadata-store path segments.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..protocol.errors import InvalidGroupIdError, InvalidTopicError
+
+__all__ = ["MAX_NAME_LENGTH", "validate_group_id", "validate_topic_name"]
+
+MAX_NAME_LENGTH = 249
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def _problem(name: str) -> str | None:
+    if not name:
+        return "is empty"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"is longer than {MAX_NAME_LENGTH} characters"
+    if name in (".", ".."):
+        return "may not be '.' or '..'"
+    if not _LEGAL.fullmatch(name):
+        return "may only contain letters, digits, '.', '_' and '-'"
+    return None
+
+
+def validate_topic_name(name: str) -> str:
+    """Return ``name`` if it is a legal topic name, else raise INVALID_TOPIC."""
+    problem = _problem(name)
+    if problem:
+        raise InvalidTopicError(f"topic name {name!r} {problem}")
+    return name
+
+
+def validate_group_id(group_id: str) -> str:
+    """Return ``group_id`` if it is a legal group id, else raise INVALID_GROUP_ID."""
+    problem = _problem(group_id)
+    if problem:
+        raise InvalidGroupIdError(f"group id {group_id!r} {problem}")
+    return group_id

@@ -1,0 +1,319 @@
+"""A full-duplex, multiplexed connection: both ends send requests, matched by id.
+
+The coordinator pushes StopFetchers and StartFetchers to members over the same
+socket the members use for JoinGroup and Heartbeat, so neither side is only a
+client. A :class:`Connection` owns one stream and runs one reader task
+(:meth:`Connection.serve`): responses wake the :meth:`Connection.request` call
+waiting on their correlation id; requests go to a :class:`RequestHandler`,
+answered inline when the handler can do so at once (``handle_now``: a
+heartbeat is O(1) and spawns no task) and otherwise in a handler task, at most
+``max_in_flight`` at a time (the reader stops reading beyond that, which is
+the per-connection memory bound). Writes are serialized by one lock. A
+protocol violation (a frame too large, truncated, undecodable or of an
+unknown type) is answered with a :class:`~.messages.Goodbye` naming the error
+and closes this connection only. When the connection ends, every waiting
+request fails with :class:`~.errors.ConnectionClosedError` and in-flight
+handler tasks are cancelled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from .._aio import unwrap_lone_exception
+from .errors import (
+    ConnectionClosedError,
+    CoordError,
+    ErrorCode,
+    UnknownServerError,
+    UnsupportedMessageError,
+    error_for,
+)
+from .framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec, FrameReader
+from .messages import Goodbye, Request, RequestBody, Response, ResponseBody
+
+__all__ = ["Connection", "RequestHandler", "connect_tcp", "open_connection", "serving"]
+
+log = logging.getLogger(__name__)
+
+_GOODBYE_GRACE = 1.0
+
+
+class RequestHandler:
+    """Answers the requests a peer sends on a connection.
+
+    Override :meth:`handle`, and :meth:`handle_now` for requests that can be
+    answered synchronously. Raise a :class:`~.errors.CoordError` to answer
+    with its code and message; any other exception is a bug, logged and
+    answered with UNKNOWN_SERVER_ERROR.
+    """
+
+    def handle_now(self, body: RequestBody) -> ResponseBody | None:
+        """Answer ``body`` at once, or return None to have :meth:`handle` called in a task."""
+        return None
+
+    async def handle(self, body: RequestBody) -> ResponseBody:
+        """Answer ``body``; may wait (it runs in its own task)."""
+        raise UnsupportedMessageError(f"{type(body).__name__} is not accepted by this peer")
+
+    def connection_lost(self) -> None:
+        """Called once when the connection has ended, from the reader task."""
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "response")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.response: Response | None = None
+        self.error: CoordError | None = None
+
+
+class Connection:
+    """One framed, multiplexed connection over a Trio stream.
+
+    Run :meth:`serve` in a nursery (``await nursery.start(conn.serve)``), then
+    call :meth:`request` from any task. ``name`` is used in logs and errors;
+    ``peer`` is the remote address when known.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        handler: RequestHandler | None = None,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_in_flight: int = 64,
+        name: str = "",
+    ) -> None:
+        self._stream = stream
+        self.handler = handler if handler is not None else RequestHandler()
+        self._codec = FrameCodec(max_frame_size)
+        self._reader = FrameReader(stream, max_frame_size)
+        self._send_lock = trio.Lock()
+        self._slots = trio.Semaphore(max_in_flight)
+        self._corr_ids = itertools.count(1)
+        self._waiters: dict[int, _Waiter] = {}
+        self._closed = trio.Event()
+        self._close_reason: CoordError | None = None
+        self.name = name or _peer_name(stream)
+        self.peer = _peer_name(stream)
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.name}{' closed' if self.closed else ''}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection has ended (for any reason)."""
+        return self._closed.is_set()
+
+    async def wait_closed(self) -> None:
+        """Return when the connection has ended."""
+        await self._closed.wait()
+
+    # -- outgoing ----------------------------------------------------------
+
+    async def request(self, body: RequestBody) -> ResponseBody | None:
+        """Send a request and return the response body.
+
+        Raises the typed :class:`~.errors.CoordError` for the error code the
+        peer answered with, or :class:`~.errors.ConnectionClosedError` if the
+        connection ends first. Bound the wait with a cancel scope
+        (``trio.move_on_after``); cancellation forgets the request.
+        """
+        if self._close_reason is not None:
+            raise type(self._close_reason)(str(self._close_reason))
+        corr_id = next(self._corr_ids)
+        waiter = _Waiter()
+        self._waiters[corr_id] = waiter
+        try:
+            await self._send(Request(corr_id, body))
+            await waiter.done.wait()
+        finally:
+            del self._waiters[corr_id]
+        if waiter.error is not None:
+            raise waiter.error
+        response = waiter.response
+        assert response is not None
+        if response.error != ErrorCode.NONE:
+            raise error_for(response.error, response.message)
+        return response.body
+
+    async def _send(self, frame: Request | Response | Goodbye) -> None:
+        async with self._send_lock:
+            data = self._codec.encode(frame)
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._fail(ConnectionClosedError(f"connection to {self.name} lost: {exc}"))
+                raise ConnectionClosedError(f"connection to {self.name} lost") from None
+
+    # -- the reader --------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read frames until the peer closes or breaks the protocol, then close.
+
+        Returns normally when the connection ends; it never raises for the
+        peer's mistakes or disconnects.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                try:
+                    await self._read_loop(nursery)
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._fail(ConnectionClosedError(f"connection to {self.name} closed"))
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._stream)
+            try:
+                self.handler.connection_lost()
+            except Exception:  # a bug in the handler must not mask the close
+                log.exception("connection_lost handler failed for %s", self.name)
+
+    async def _read_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                body = await self._reader.read_frame()
+                if body is None:
+                    return
+                frame = self._codec.decode(body)
+            except CoordError as exc:
+                log.warning("closing %s: %s", self.name, exc)
+                await self._say_goodbye(exc)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if isinstance(frame, Response):
+                waiter = self._waiters.get(frame.corr_id)
+                if waiter is not None and not waiter.done.is_set():
+                    waiter.response = frame
+                    waiter.done.set()
+            elif isinstance(frame, Request):
+                if not await self._dispatch(frame, nursery):
+                    return
+            else:
+                log.warning("%s said goodbye: %s %s", self.name, frame.error.name, frame.message)
+                self._fail(error_for(frame.error, frame.message))
+                return
+
+    async def _dispatch(self, request: Request, nursery: trio.Nursery) -> bool:
+        """Answer inline if the handler can; else spawn. False if the connection broke."""
+        try:
+            body = self.handler.handle_now(request.body)
+        except Exception as exc:
+            return await self._reply_error(request.corr_id, exc)
+        if body is None:
+            await self._slots.acquire()
+            nursery.start_soon(self._handle_in_task, request)
+            return True
+        try:
+            await self._send(Response(request.corr_id, ErrorCode.NONE, "", body))
+        except ConnectionClosedError:
+            return False
+        return True
+
+    async def _handle_in_task(self, request: Request) -> None:
+        try:
+            try:
+                body = await self.handler.handle(request.body)
+            except Exception as exc:
+                await self._reply_error(request.corr_id, exc)
+            else:
+                await self._send(Response(request.corr_id, ErrorCode.NONE, "", body))
+        except ConnectionClosedError:
+            pass
+        finally:
+            self._slots.release()
+
+    async def _reply_error(self, corr_id: int, exc: Exception) -> bool:
+        if not isinstance(exc, CoordError):
+            log.exception("handler failed on %s", self.name, exc_info=exc)
+            exc = UnknownServerError(f"internal error: {type(exc).__name__}: {exc}")
+        try:
+            await self._send(Response(corr_id, exc.code, str(exc), None))
+        except ConnectionClosedError:
+            return False
+        return True
+
+    async def _say_goodbye(self, exc: CoordError) -> None:
+        self._fail(exc)
+        with trio.move_on_after(_GOODBYE_GRACE):
+            try:
+                await self._send(Goodbye(exc.code, str(exc)))
+            except ConnectionClosedError:
+                pass
+
+    def _fail(self, reason: CoordError) -> None:
+        """Mark the connection ended and fail every waiting request with ``reason``."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        for waiter in self._waiters.values():
+            if not waiter.done.is_set():
+                waiter.error = type(reason)(str(reason))
+                waiter.done.set()
+        self._closed.set()
+
+    async def aclose(self) -> None:
+        """Close the connection; the reader task ends and waiting requests fail."""
+        self._fail(ConnectionClosedError(f"connection to {self.name} closed locally"))
+        await trio.aclose_forcefully(self._stream)
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return "memory-stream"
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "socket"
+    return f"{host}:{port}"
+
+
+async def connect_tcp(host: str, port: int) -> trio.SocketStream:
+    """Open a TCP stream, or raise :class:`~.errors.ConnectionClosedError` (retriable)."""
+    try:
+        return await trio.open_tcp_stream(host, port)
+    except OSError as exc:
+        raise ConnectionClosedError(
+            f"cannot connect to {host}:{port}: {exc.strerror or exc}; is a broker running there?"
+        ) from None
+
+
+@asynccontextmanager
+async def serving(conn: Connection) -> AsyncIterator[Connection]:
+    """Run ``conn``'s reader for the life of the block, and close it after."""
+    with unwrap_lone_exception():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(conn.serve)
+            try:
+                yield conn
+            finally:
+                await conn.aclose()
+                nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_connection(
+    host: str,
+    port: int,
+    handler: RequestHandler | None = None,
+    *,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+) -> AsyncIterator[Connection]:
+    """Connect over TCP and serve the connection for the life of the block.
+
+    Raises :class:`~.errors.ConnectionClosedError` (retriable) if the peer
+    cannot be reached. Leaving the block closes the connection.
+    """
+    stream = await connect_tcp(host, port)
+    conn = Connection(stream, handler, max_frame_size=max_frame_size, name=f"{host}:{port}")
+    async with serving(conn):
+        yield conn

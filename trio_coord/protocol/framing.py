@@ -1,0 +1,130 @@
+"""Length-prefixed framing and the msgpack codec for :data:`~.messages.Frame`.
+
+A frame is a 4-byte big-endian unsigned length followed by that many bytes of
+msgpack. The length is checked against the connection's maximum frame size
+*before* any buffer is grown for the body, so a peer cannot make us allocate
+what it claims; a short read at end of stream is a truncated frame. One
+:class:`FrameCodec` per connection reuses one msgspec ``Encoder`` and one
+typed ``Decoder``; encoding writes the prefix and the body into one reused
+buffer, so sending a heartbeat allocates only the bytes object handed to the
+socket.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import trio
+
+from .errors import CorruptMessageError, FrameTooLargeError, UnsupportedMessageError
+from .messages import Frame
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "HEADER_SIZE",
+    "FrameCodec",
+    "FrameReader",
+    "TruncatedFrameError",
+]
+
+HEADER_SIZE = 4
+DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
+_RECEIVE_CHUNK = 64 * 1024
+
+
+class TruncatedFrameError(CorruptMessageError):
+    """The stream ended in the middle of a frame."""
+
+
+class FrameCodec:
+    """Encodes frames with their length prefix and decodes frame bodies."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(Frame)
+        self._buffer = bytearray()
+
+    def encode(self, frame: Frame) -> bytes:
+        """Return ``frame`` as wire bytes, prefix included.
+
+        Raises :class:`FrameTooLargeError` if the body exceeds the maximum
+        frame size (the peer would refuse it anyway).
+        """
+        buf = self._buffer
+        self._encoder.encode_into(frame, buf, HEADER_SIZE)
+        size = len(buf) - HEADER_SIZE
+        if size > self.max_frame_size:
+            raise FrameTooLargeError(
+                f"frame of {size} bytes exceeds the maximum frame size of "
+                f"{self.max_frame_size} bytes; send smaller batches"
+            )
+        buf[:HEADER_SIZE] = size.to_bytes(HEADER_SIZE, "big")
+        return bytes(buf)
+
+    def decode(self, body: bytes | bytearray | memoryview) -> Frame:
+        """Decode one frame body (without its prefix).
+
+        Raises :class:`UnsupportedMessageError` for a well-formed frame whose
+        message type (tag) this version does not know, and
+        :class:`CorruptMessageError` for anything else that fails to decode.
+        """
+        try:
+            return self._decoder.decode(body)
+        except msgspec.ValidationError as exc:
+            if _is_unknown_tag(exc):
+                raise UnsupportedMessageError(f"unknown message type: {exc}") from None
+            raise CorruptMessageError(f"invalid message: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise CorruptMessageError(f"undecodable frame: {exc}") from None
+
+
+def _is_unknown_tag(exc: msgspec.ValidationError) -> bool:
+    # msgspec reports an unknown union tag as "Invalid value N - at `$[...][0]`".
+    text = str(exc)
+    return text.startswith("Invalid value") and text.rstrip("`").endswith("[0]")
+
+
+class FrameReader:
+    """Reads whole frames from a Trio receive stream.
+
+    ``await reader.read_frame()`` returns the body bytes of the next frame, or
+    None at a clean end of stream (between frames). It raises
+    :class:`FrameTooLargeError` for a length over the limit (before reading
+    the body) and :class:`TruncatedFrameError` when the stream ends mid-frame.
+    """
+
+    def __init__(self, stream: trio.abc.ReceiveStream, max_frame_size: int) -> None:
+        self._stream = stream
+        self._max = max_frame_size
+        self._buf = bytearray()
+
+    async def _fill(self, needed: int) -> bool:
+        """Receive until the buffer holds ``needed`` bytes; False at end of stream."""
+        while len(self._buf) < needed:
+            chunk = await self._stream.receive_some(max(_RECEIVE_CHUNK, needed - len(self._buf)))
+            if not chunk:
+                return False
+            self._buf += chunk
+        return True
+
+    async def read_frame(self) -> bytes | None:
+        """Return the next frame's body, or None at a clean end of stream."""
+        if not await self._fill(HEADER_SIZE):
+            if self._buf:
+                raise TruncatedFrameError(
+                    f"stream ended inside a frame header ({len(self._buf)} of 4 bytes)"
+                )
+            return None
+        size = int.from_bytes(self._buf[:HEADER_SIZE], "big")
+        if size > self._max:
+            raise FrameTooLargeError(
+                f"frame of {size} bytes exceeds the maximum frame size of {self._max} bytes"
+            )
+        total = HEADER_SIZE + size
+        if not await self._fill(total):
+            raise TruncatedFrameError(
+                f"stream ended inside a frame ({len(self._buf) - HEADER_SIZE} of {size} bytes)"
+            )
+        body = bytes(self._buf[HEADER_SIZE:total])
+        del self._buf[:total]
+        return body
