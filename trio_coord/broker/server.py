@@ -151,7 +151,13 @@ class Broker:
             len(self.coordinator.list_groups()),
         )
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def serve_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one client connection over any Trio stream until it closes.
+
+        The TCP listener calls this for every accepted socket; an embedding
+        application can hand it other streams (TLS, UNIX sockets), and tests
+        hand it in-memory streams so that they can run on a virtual clock.
+        """
         conn = Connection(
             stream,
             max_frame_size=self.config.max_frame_size,
@@ -227,7 +233,7 @@ async def _listen(
 ) -> None:
     with scope:
         await trio.serve_tcp(
-            broker._serve_connection,
+            broker.serve_stream,
             broker.config.port,
             host=broker.config.host,
             handler_nursery=handler_nursery,

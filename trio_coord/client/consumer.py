@@ -24,7 +24,7 @@ import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import trio
@@ -165,9 +165,33 @@ class Consumer:
         self._handler = _PushHandler(self)
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
+        self._lifetime: AbstractAsyncContextManager[Consumer] | None = None
 
     def __repr__(self) -> str:
         return f"<Consumer {self.group_id}/{self.member_id or '?'} {self.state}>"
+
+    async def __aenter__(self) -> Consumer:
+        if self._lifetime is not None:
+            raise RuntimeError("a Consumer can be entered only once")
+        self._lifetime = self._run_for_block()
+        return await self._lifetime.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._lifetime is not None
+        return await self._lifetime.__aexit__(*exc_info)
+
+    @asynccontextmanager
+    async def _run_for_block(self) -> AsyncIterator[Consumer]:
+        with unwrap_lone_exception():
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._run)
+                try:
+                    yield self
+                finally:
+                    with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
+                        scope.shield = True
+                        await self._leave()
+                    nursery.cancel_scope.cancel()
 
     # -- what the application reads ----------------------------------------------------
 
@@ -434,14 +458,13 @@ class Consumer:
         self._state.value = ConsumerState.UNJOINED
 
 
-@asynccontextmanager
-async def open_consumer(
+def open_consumer(
     bootstrap: str | Sequence[str],
     group_id: str,
     topics: Iterable[str],
     **options: Any,
-) -> AsyncIterator[Consumer]:
-    """Join ``group_id`` as a consumer of ``topics`` for the life of the block.
+) -> Consumer:
+    """Join ``group_id`` as a consumer of ``topics``: ``async with open_consumer(...) as c``.
 
     ``bootstrap`` is ``"host:port[,host:port...]"``. Options (with defaults):
     ``session_timeout=10.0`` and ``rebalance_timeout=30.0`` seconds,
@@ -455,16 +478,8 @@ async def open_consumer(
     :meth:`Consumer.wait_assigned` for its partitions); while no broker is
     reachable it keeps retrying, so bound it with ``trio.fail_after`` if you
     must. A setting the broker refuses (say, a session timeout outside its
-    limits) raises the typed error at once.
+    limits) raises the typed error at once. Leaving the block leaves the
+    group cleanly. (The :class:`Consumer` this returns is itself the async
+    context manager, so callbacks can refer to it before it is entered.)
     """
-    consumer = Consumer(bootstrap, group_id, topics, **options)
-    with unwrap_lone_exception():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(consumer._run)
-            try:
-                yield consumer
-            finally:
-                with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
-                    scope.shield = True
-                    await consumer._leave()
-                nursery.cancel_scope.cancel()
+    return Consumer(bootstrap, group_id, topics, **options)
