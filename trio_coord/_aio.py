@@ -29,4 +29,10 @@ def unwrap_lone_exception() -> Iterator[None]:
             lone = lone.exceptions[0]
         if lone is group:
             raise
-        raise lone from lone.__cause__
+        # Raise the very object (asynccontextmanager recognizes its own exception by
+        # identity), and keep the context it had rather than the group we are in.
+        context, suppress = lone.__context__, lone.__suppress_context__
+        try:
+            raise lone
+        finally:
+            lone.__context__, lone.__suppress_context__ = context, suppress

@@ -320,8 +320,12 @@ class GroupRunner:
         self._emit("rebalance_started", members=len(members))
         # Phase 1: every member stops all its fetchers and hands back its positions.
         await self._in_parallel(members, self._stop_member)
+        # A member removed in a phase cancels this scope, but a nursery whose tasks
+        # all ended need not checkpoint: make sure an outdated rebalance stops here.
+        await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 2: the positions collected become durable offsets.
         await self._commit_positions()
+        await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
         plan = group.plan_assignment(
             trio.current_time(),
@@ -341,6 +345,7 @@ class GroupRunner:
             lambda m: self._start_member(m, by_id[m.member_id], plan.record),
             not_before={s.member_id: s.not_before for s in plan.starts},
         )
+        await trio.lowlevel.checkpoint_if_cancelled()
         group.complete_rebalance()
         self.rebalances += 1
         elapsed = trio.current_time() - started

@@ -177,7 +177,7 @@ class Broker:
 
 @asynccontextmanager
 async def open_broker(
-    data_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] | None,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
@@ -185,6 +185,9 @@ async def open_broker(
     **settings: Any,
 ) -> AsyncIterator[Broker]:
     """Run a broker on the embedded store in ``data_dir`` for the life of the block.
+
+    ``data_dir=None`` runs an ephemeral broker whose store lives in memory:
+    nothing survives it (for tests and throw-away demos).
 
     ``settings`` override fields of ``config`` (or of the defaults), e.g.
     ``open_broker(d, min_session_timeout=0.1)``. The block is entered once
@@ -201,7 +204,7 @@ async def open_broker(
 
 @asynccontextmanager
 async def _broker_tree(
-    config: BrokerConfig, data_dir: str | os.PathLike[str]
+    config: BrokerConfig, data_dir: str | os.PathLike[str] | None
 ) -> AsyncIterator[Broker]:
     async with open_embedded_store(data_dir) as store:
         broker = Broker(config, store)

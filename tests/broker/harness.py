@@ -1,0 +1,247 @@
+"""A harness for exact-time broker tests: fake members over in-memory streams.
+
+A :class:`FakeMember` speaks the real protocol to a real broker (an
+ephemeral one: in-memory store, no threads) through
+``trio.testing.memory_stream_pair``, so that the whole exchange runs on
+Trio's virtual clock (``autojump_clock``) and a test can assert the exact
+time at which the coordinator did something. A fake member answers
+StopFetchers and StartFetchers itself, or holds them (``hold_stop``) to play
+a member that hangs, and records when it owned what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+import trio.testing
+
+from trio_coord import Broker, open_broker
+from trio_coord.protocol import (
+    Connection,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    RequestBody,
+    RequestHandler,
+    ResponseBody,
+    StartFetchersRequest,
+    StartFetchersResponse,
+    StopFetchersRequest,
+    StopFetchersResponse,
+    TopicPartition,
+)
+
+
+@dataclass
+class Ownership:
+    """One member's ownership interval of one partition (end None: still owned)."""
+
+    member: str
+    tp: TopicPartition
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class Timeline:
+    """Who owned which partition when, as the members themselves saw it."""
+
+    intervals: list[Ownership] = field(default_factory=list)
+
+    def start(self, member: str, tps: list[TopicPartition]) -> None:
+        now = trio.current_time()
+        self.intervals.extend(Ownership(member, tp, now) for tp in tps)
+
+    def stop(self, member: str) -> None:
+        now = trio.current_time()
+        for interval in self.intervals:
+            if interval.member == member and interval.end is None:
+                interval.end = now
+
+    def overlaps(self) -> list[tuple[Ownership, Ownership]]:
+        """Pairs of intervals in which two members owned one partition at once."""
+        found = []
+        by_tp: dict[TopicPartition, list[Ownership]] = {}
+        for interval in self.intervals:
+            by_tp.setdefault(interval.tp, []).append(interval)
+        for intervals in by_tp.values():
+            for i, a in enumerate(intervals):
+                for b in intervals[i + 1 :]:
+                    if a.member == b.member:
+                        continue
+                    a_end = a.end if a.end is not None else float("inf")
+                    b_end = b.end if b.end is not None else float("inf")
+                    if a.start < b_end and b.start < a_end:
+                        found.append((a, b))
+        return found
+
+
+class FakeMember(RequestHandler):
+    """A group member under the test's control; see the module docstring."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        group: str,
+        topics: list[str],
+        *,
+        session_timeout: float = 10.0,
+        rebalance_timeout: float = 5.0,
+        timeline: Timeline | None = None,
+        name: str = "",
+    ) -> None:
+        self.broker = broker
+        self.group = group
+        self.topics = topics
+        self.session_timeout = session_timeout
+        self.rebalance_timeout = rebalance_timeout
+        self.timeline = timeline if timeline is not None else Timeline()
+        self.name = name
+        self.member_id = ""
+        self.generation = -1
+        self.owned: list[TopicPartition] = []
+        self.pushes: list[tuple[float, str]] = []
+        self.hold_stop = False
+        self.hold_start = False
+        self.conn: Connection | None = None
+        self.dead = False
+
+    async def handle(self, body: RequestBody) -> ResponseBody:
+        now = trio.current_time()
+        if isinstance(body, StopFetchersRequest):
+            self.pushes.append((now, "stop"))
+            if self.hold_stop:
+                await trio.sleep_forever()
+            self.timeline.stop(self.member_id)
+            self.owned = []
+            return StopFetchersResponse()
+        if isinstance(body, StartFetchersRequest):
+            self.pushes.append((now, "start"))
+            if self.hold_start:
+                await trio.sleep_forever()
+            self.generation = body.generation
+            self.owned = [p.tp for p in body.partitions]
+            self.timeline.start(self.member_id, self.owned)
+            return StartFetchersResponse()
+        return await super().handle(body)
+
+    async def join(self) -> JoinGroupResponse:
+        assert self.conn is not None
+        response = await self.conn.request(
+            JoinGroupRequest(
+                self.group,
+                self.member_id,
+                self.topics,
+                round(self.session_timeout * 1000),
+                round(self.rebalance_timeout * 1000),
+                ["range"],
+                client_id=self.name or "fake",
+            )
+        )
+        assert isinstance(response, JoinGroupResponse)
+        self.member_id = response.member_id
+        if self.generation < 0:
+            self.generation = response.generation
+        return response
+
+    async def heartbeat(self) -> None:
+        assert self.conn is not None
+        await self.conn.request(HeartbeatRequest(self.group, self.member_id, self.generation))
+
+    async def leave(self) -> None:
+        assert self.conn is not None
+        self.timeline.stop(self.member_id)
+        await self.conn.request(LeaveGroupRequest(self.group, self.member_id))
+
+    async def crash(self) -> None:
+        """Drop the connection without a word (the process died).
+
+        Ownership, as the member saw it, ends only when its lease would have:
+        a crashed process owns nothing, but a cut-off one keeps fetching until
+        then, and that is the case the coordinator must be safe against.
+        """
+        assert self.conn is not None
+        self.dead = True
+        await self.conn.aclose()
+
+
+@asynccontextmanager
+async def ephemeral_broker(**settings: Any) -> AsyncIterator[Broker]:
+    """A broker on an in-memory store, safe to use on the virtual clock."""
+    settings.setdefault("min_session_timeout", 0.01)
+    async with open_broker(None, **settings) as broker:
+        yield broker
+
+
+@asynccontextmanager
+async def connected(member: FakeMember) -> AsyncIterator[FakeMember]:
+    """Connect ``member`` to its broker over an in-memory stream pair."""
+    client_side, broker_side = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(member.broker.serve_stream, broker_side)
+        member.conn = Connection(client_side, member, name=f"fake-{member.name}")
+        await nursery.start(member.conn.serve)
+        try:
+            yield member
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def heartbeat_forever(member: FakeMember, interval: float) -> None:
+    """Heartbeat every ``interval`` until cancelled or the member is dead."""
+    while not member.dead:
+        await member.heartbeat()
+        await trio.sleep(interval)
+
+
+class Recorder:
+    """Collects the broker's group events (``BrokerConfig.on_event``) and awaits them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self._changed = trio.Event()
+
+    def __call__(self, what: str, details: dict[str, Any]) -> None:
+        self.events.append((what, details))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def mark(self) -> int:
+        """A position in the event list, for ``wait_for(..., since=mark)``."""
+        return len(self.events)
+
+    def all(self, what: str, since: int = 0) -> list[dict[str, Any]]:
+        """Every event named ``what`` after ``since``."""
+        return [d for w, d in self.events[since:] if w == what]
+
+    async def wait_for(
+        self, what: str, since: int = 0, *, within: float = 600.0, **match: Any
+    ) -> dict[str, Any]:
+        """Return the first event ``what`` after ``since`` whose details match.
+
+        Fails (rather than hangs) if it has not happened ``within`` seconds of
+        virtual time, listing the events seen.
+        """
+        with trio.move_on_after(within):
+            while True:
+                for name, details in self.events[since:]:
+                    if name == what and all(details.get(k) == v for k, v in match.items()):
+                        return details
+                await self._changed.wait()
+        seen = "\n".join(f"  {w} {d}" for w, d in self.events[since:])
+        raise AssertionError(f"no {what} event matching {match} within {within}s; saw:\n{seen}")
+
+
+def _stop_at(self: Timeline, member: str, when: float) -> None:
+    """End ``member``'s open intervals at ``when`` (a crashed member's lease end)."""
+    for interval in self.intervals:
+        if interval.member == member and interval.end is None:
+            interval.end = when
+
+
+Timeline.stop_at = _stop_at  # type: ignore[attr-defined]

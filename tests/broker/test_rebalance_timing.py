@@ -1,0 +1,245 @@
+"""The coordinator's timing, asserted exactly on Trio's virtual clock.
+
+These are the promises of the design's invariants 1 and 5: a member's death
+restarts an in-flight rebalance at the moment it is known (not at a
+timeout), a member that does not answer is expelled at its rebalance
+timeout exactly, a silent member is declared dead at its session timeout
+exactly, and a dead member's partitions reach a new owner only once its
+lease has certainly ended.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import IllegalGenerationError, InvalidSessionTimeoutError, UnknownMemberError
+from trio_coord.protocol import HeartbeatRequest, OffsetCommitRequest, PartitionOffset
+
+from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
+
+S = 10.0  # session timeout of the fake members
+R = 5.0  # their rebalance timeout
+
+
+def members(broker, timeline, *names, group="g", topics=("t",)):
+    return [
+        FakeMember(
+            broker,
+            group,
+            list(topics),
+            session_timeout=S,
+            rebalance_timeout=R,
+            timeline=timeline,
+            name=name,
+        )
+        for name in names
+    ]
+
+
+async def join_one_by_one(rec: Recorder, *fakes: FakeMember) -> None:
+    """Join each member and wait for the group to be stable with it."""
+    for fake in fakes:
+        mark = rec.mark()
+        await fake.join()
+        await rec.wait_for("stable", since=mark, group=fake.group)
+
+
+async def heartbeat_at(member: FakeMember, times: list[float]) -> None:
+    """Heartbeat at exactly these virtual times."""
+    for t in times:
+        await trio.sleep_until(t)
+        await member.heartbeat()
+
+
+async def test_join_and_leave_rebalance_at_once(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b = members(broker, timeline, "a", "b")
+        async with connected(a), connected(b):
+            await a.join()
+            first = await rec.wait_for("stable", generation=1)
+            assert first["time"] == 0.0
+            assert a.owned == [("t", 0), ("t", 1), ("t", 2), ("t", 3)]
+            await trio.sleep(1.0)
+            await b.join()
+            second = await rec.wait_for("stable", generation=2)
+            assert second["time"] == 1.0
+            assert sorted(a.owned + b.owned) == [("t", p) for p in range(4)]
+            assert not set(a.owned) & set(b.owned)
+            await trio.sleep(1.0)
+            await b.leave()
+            third = await rec.wait_for("stable", generation=3)
+            assert third["time"] == 2.0  # a clean leave is no reason to wait
+            assert a.owned == [("t", p) for p in range(4)]
+        assert timeline.overlaps() == []
+
+
+async def test_death_during_stop_restarts_the_rebalance_at_that_moment(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b, c = members(broker, timeline, "a", "b", "c")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a, b)
+            b_had = list(b.owned)
+            nursery.start_soon(heartbeat_at, b, [0.5, 1.5])
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(30)])
+            await trio.sleep_until(2.0)
+            b.hold_stop = True  # b will hang on the coming StopFetchers
+            mark = rec.mark()
+            await c.join()  # a rebalance starts at t=2 and waits on b
+            nursery.start_soon(heartbeat_at, c, [x + 2.5 for x in range(30)])
+            await rec.wait_for("rebalance_started", since=mark)
+            await trio.sleep_until(3.0)
+            await b.crash()
+            removed = await rec.wait_for("removed", since=mark, member_id=b.member_id)
+            assert removed["time"] == 3.0
+            assert removed["reason"] == "lost its connection"
+            # b's lease: its last heartbeat (t=1.5) plus its session timeout.
+            assert removed["fenced_until"] == 1.5 + S
+            stable = await rec.wait_for("stable", since=mark)
+            restarted = rec.all("rebalance_started", since=mark)
+            assert [e["time"] for e in restarted] == [2.0, 3.0]  # not at 2.0 + R
+            # b's partitions could go to a new owner only when its lease ended.
+            assert stable["time"] == 1.5 + S
+            assert sorted(a.owned + c.owned) == [("t", p) for p in range(6)]
+            assert set(b_had) <= set(a.owned + c.owned)
+            nursery.cancel_scope.cancel()
+        # A crashed member might only have been cut off: it fetches until its lease ends.
+        timeline.stop_at(b.member_id, removed["fenced_until"])
+        assert timeline.overlaps() == []
+
+
+async def test_member_that_never_answers_is_expelled_at_its_rebalance_timeout(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b, c = members(broker, timeline, "a", "b", "c")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a, b)
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(30)])
+            nursery.start_soon(heartbeat_at, b, [0.5, 1.5, 2.5, 3.5, 4.5, 5.5])
+            await trio.sleep_until(1.0)
+            b.hold_stop = True
+            mark = rec.mark()
+            await c.join()
+            nursery.start_soon(heartbeat_at, c, [x + 1.5 for x in range(30)])
+            removed = await rec.wait_for("removed", since=mark, member_id=b.member_id)
+            assert removed["time"] == 1.0 + R
+            assert "did not answer within its rebalance timeout" in removed["reason"]
+            assert removed["fenced_until"] == 5.5 + S  # last accepted heartbeat + S
+            stable = await rec.wait_for("stable", since=mark)
+            assert stable["time"] == 5.5 + S
+            assert len(stable["ownership"]) == 4
+            assert set(stable["ownership"].values()) == {a.member_id, c.member_id}
+            with pytest.raises(UnknownMemberError):
+                await b.heartbeat()  # expelled: its lease can no longer be renewed
+            nursery.cancel_scope.cancel()
+        timeline.stop_at(b.member_id, removed["fenced_until"])
+        assert timeline.overlaps() == []
+
+
+async def test_silent_member_is_declared_dead_at_its_session_timeout(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b = members(broker, timeline, "a", "b")
+        async with connected(a), connected(b), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a, b)
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(40)])
+            await heartbeat_at(b, [1.0, 2.25])  # then silence
+            removed = await rec.wait_for("removed", member_id=b.member_id)
+            assert removed["time"] == 2.25 + S
+            assert removed["reason"] == "session timeout expired"
+            stable = await rec.wait_for("stable", generation=3)
+            assert stable["time"] == 2.25 + S  # the lease had ended: no further wait
+            assert a.owned == [("t", p) for p in range(4)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_adding_partitions_rebalances_subscribed_groups_only(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        await broker.topics.create_topic("u", 2)
+        (a,) = members(broker, timeline, "a", group="on-t")
+        (z,) = members(broker, timeline, "z", group="on-u", topics=("u",))
+        async with connected(a), connected(z):
+            await join_one_by_one(rec, a, z)
+            await trio.sleep(1.0)
+            mark = rec.mark()
+            await broker.topics.add_partitions("t", 5)
+            stable = await rec.wait_for("stable", since=mark, group="on-t")
+            assert stable["time"] == 1.0
+            assert a.owned == [("t", p) for p in range(5)]
+            await trio.sleep(1.0)
+            assert rec.all("rebalance_started", since=mark) == [
+                e for e in rec.all("rebalance_started", since=mark) if e["group"] == "on-t"
+            ]
+
+
+async def test_fencing_of_heartbeats_and_commits(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        a, b = members(broker, timeline, "a", "b")
+        async with connected(a), connected(b):
+            await join_one_by_one(rec, a, b)
+            conn = a.conn
+            with pytest.raises(IllegalGenerationError, match="stale"):
+                await conn.request(HeartbeatRequest("g", a.member_id, 0))
+            with pytest.raises(UnknownMemberError, match="rejoin"):
+                await conn.request(HeartbeatRequest("g", "nobody", 2))
+            owned = a.owned[0]
+            offset = PartitionOffset(owned.topic, owned.partition, 7)
+            with pytest.raises(IllegalGenerationError):
+                await conn.request(OffsetCommitRequest("g", a.member_id, 1, [offset]))
+            with pytest.raises(UnknownMemberError):
+                await conn.request(OffsetCommitRequest("g", "nobody", 2, [offset]))
+            await conn.request(OffsetCommitRequest("g", a.member_id, 2, [offset]))
+            assert broker.coordinator.committed_offset("g", owned) == 7
+
+
+async def test_session_timeout_outside_the_broker_limits_is_refused(autojump_clock):
+    async with ephemeral_broker(min_session_timeout=1.0, max_session_timeout=60.0) as broker:
+        await broker.topics.create_topic("t", 1)
+        timeline = Timeline()
+        (a,) = members(broker, timeline, "a")
+        a.session_timeout = 0.5
+        async with connected(a):
+            with pytest.raises(InvalidSessionTimeoutError, match=r"\[1s, 60s\]"):
+                await a.join()
+
+
+async def test_member_ids_are_unique(autojump_clock):
+    async with ephemeral_broker() as broker:
+        await broker.topics.create_topic("t", 1)
+        fakes = members(broker, Timeline(), *"abcdefgh")
+        ids = set()
+        for fake in fakes:
+            async with connected(fake):
+                ids.add((await fake.join()).member_id)
+        assert len(ids) == len(fakes)
+
+
+async def test_empty_group_without_offsets_is_removed_after_retention(autojump_clock):
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, group_retention=60.0) as broker:
+        await broker.topics.create_topic("t", 1)
+        a, b = members(broker, Timeline(), "a", "b")
+        b.group = "keeps-offsets"
+        async with connected(a), connected(b):
+            await join_one_by_one(rec, a, b)
+            await b.conn.request(
+                OffsetCommitRequest("keeps-offsets", b.member_id, 1, [PartitionOffset("t", 0, 3)])
+            )
+            await a.leave()
+            await b.leave()
+        assert broker.coordinator.runner("g") is not None
+        await trio.sleep(59.0)
+        assert broker.coordinator.runner("g") is not None
+        await trio.sleep(60.0 / 4 + 1.0)
+        assert broker.coordinator.runner("g") is None
+        assert broker.coordinator.runner("keeps-offsets") is not None
