@@ -337,6 +337,7 @@ class GroupRunner:
             # Shielded: once written, the record is replayed; a cancelled rebalance must
             # not leave the next one computing the same generation number.
             await self._writer.write([plan.record])
+        await trio.lowlevel.checkpoint_if_cancelled()
         group.begin_starting()
         # Phase 4: start fetchers, each member once its partitions are certainly free.
         by_id = {s.member_id: s for s in plan.starts}

@@ -123,6 +123,8 @@ class Broker:
         self.address: tuple[str, int] = (config.host, config.port)
         self.shutting_down = False
         self._connections: set[Connection] = set()
+        self._services = trio.CancelScope()
+        self._listening = trio.CancelScope()
 
     @property
     def bootstrap(self) -> str:
@@ -170,6 +172,50 @@ class Broker:
         finally:
             self._connections.discard(conn)
 
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the broker's services; shielded once listening, stopped by :meth:`_shutdown`.
+
+        The shield makes shutdown orderly even when the embedding block is
+        cancelled: the record writer must still be there to drain.
+        """
+        with self._services:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.writer.run)
+                await nursery.start(self.coordinator.run)
+                listeners = await nursery.start(self._listen, nursery)
+                self.address = listeners[0].socket.getsockname()[:2]
+                log.info("broker %d listening on %s", self.config.broker_id, self.bootstrap)
+                self._services.shield = True
+                task_status.started()
+
+    async def _listen(
+        self,
+        handler_nursery: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with self._listening:
+            await trio.serve_tcp(
+                self.serve_stream,
+                self.config.port,
+                host=self.config.host,
+                handler_nursery=handler_nursery,
+                task_status=task_status,
+            )
+
+    async def _shutdown(self) -> None:
+        """Stop accepting, refuse new work, let queued writes land (bounded), then stop."""
+        self.shutting_down = True
+        self._listening.cancel()
+        with trio.move_on_after(self.config.shutdown_grace) as grace:
+            grace.shield = True
+            await self.writer.drain()
+        if grace.cancelled_caught:
+            log.warning("shutdown: writes still pending after %gs", self.config.shutdown_grace)
+        self._services.cancel()
+
     def connection_count(self) -> int:
         """How many client connections are open."""
         return len(self._connections)
@@ -198,47 +244,12 @@ async def open_broker(
     config = replace(config or BrokerConfig(), host=host, port=port, **settings)
     config.validate()
     with unwrap_lone_exception():
-        async with _broker_tree(config, data_dir) as broker:
-            yield broker
-
-
-@asynccontextmanager
-async def _broker_tree(
-    config: BrokerConfig, data_dir: str | os.PathLike[str] | None
-) -> AsyncIterator[Broker]:
-    async with open_embedded_store(data_dir) as store:
-        broker = Broker(config, store)
-        await broker._load()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(broker.writer.run)
-            await nursery.start(broker.coordinator.run)
-            listening = trio.CancelScope()
-            listeners = await nursery.start(_listen, broker, listening, nursery)
-            broker.address = listeners[0].socket.getsockname()[:2]
-            log.info("broker %d listening on %s", config.broker_id, broker.bootstrap)
-            try:
-                yield broker
-            finally:
-                broker.shutting_down = True
-                listening.cancel()
-                with trio.move_on_after(config.shutdown_grace) as grace:
-                    grace.shield = True
-                    await broker.writer.drain()
-                nursery.cancel_scope.cancel()
-
-
-async def _listen(
-    broker: Broker,
-    scope: trio.CancelScope,
-    handler_nursery: trio.Nursery,
-    *,
-    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    with scope:
-        await trio.serve_tcp(
-            broker.serve_stream,
-            broker.config.port,
-            host=broker.config.host,
-            handler_nursery=handler_nursery,
-            task_status=task_status,
-        )
+        async with open_embedded_store(data_dir) as store:
+            broker = Broker(config, store)
+            await broker._load()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(broker._serve)
+                try:
+                    yield broker
+                finally:
+                    await broker._shutdown()

@@ -165,6 +165,7 @@ class Consumer:
         self._handler = _PushHandler(self)
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
+        self._tasks = trio.CancelScope()
         self._lifetime: AbstractAsyncContextManager[Consumer] | None = None
 
     def __repr__(self) -> str:
@@ -188,10 +189,12 @@ class Consumer:
                 try:
                     yield self
                 finally:
+                    # The session survives a cancelled block (it is shielded once
+                    # joined), so the goodbye goes out on a live connection.
                     with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
                         scope.shield = True
                         await self._leave()
-                    nursery.cancel_scope.cancel()
+                    self._tasks.cancel()
 
     # -- what the application reads ----------------------------------------------------
 
@@ -340,25 +343,31 @@ class Consumer:
     # -- the tasks -------------------------------------------------------------------------
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep a session with the coordinator until cancelled; reconnect when it breaks."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watchdog)
-            while True:
-                with trio.CancelScope() as self._session_scope:
-                    try:
-                        await self._session(task_status)
-                    except _Reconnect as exc:
-                        log.info("consumer %s: %s; rejoining", self.member_id or "?", exc)
-                        if exc.forget_member:
-                            await self._lose(str(exc))
-                            self.member_id = ""
-                    except CoordError as exc:
-                        if not exc.retriable:
-                            raise  # a setting the broker refuses: tell the application
-                        log.info("consumer %s: %s; reconnecting", self.member_id or "?", exc)
-                self._conn = None
-                self._member_ready = trio.Event()
-                await self._backoff.sleep()
+        """Keep a session with the coordinator until stopped; reconnect when it breaks.
+
+        Runs in :attr:`_tasks`, which is shielded once the first join succeeds:
+        cancelling the application's block must not cut the connection before
+        the consumer has left the group; ``_run_for_block`` cancels it after.
+        """
+        with self._tasks, unwrap_lone_exception():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watchdog)
+                while True:
+                    with trio.CancelScope() as self._session_scope:
+                        try:
+                            await self._session(task_status)
+                        except _Reconnect as exc:
+                            log.info("consumer %s: %s; rejoining", self.member_id or "?", exc)
+                            if exc.forget_member:
+                                await self._lose(str(exc))
+                                self.member_id = ""
+                        except CoordError as exc:
+                            if not exc.retriable:
+                                raise  # a setting the broker refuses: tell the application
+                            log.info("consumer %s: %s; reconnecting", self.member_id or "?", exc)
+                    self._conn = None
+                    self._member_ready = trio.Event()
+                    await self._backoff.sleep()
 
     async def _session(self, task_status: trio.TaskStatus[None]) -> None:
         """One connection to the coordinator: join, then heartbeat until it breaks."""
@@ -369,6 +378,7 @@ class Consumer:
                 await self._join(conn)
                 if not self._started:
                     self._started = True
+                    self._tasks.shield = True
                     task_status.started()
                 await self._heartbeat(conn)
 

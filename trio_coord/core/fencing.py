@@ -45,12 +45,14 @@ def check_member(group: Group, member_id: str) -> Member:
 def check_heartbeat(group: Group, member_id: str, generation: int) -> Member:
     """Return the member if a heartbeat from it in ``generation`` is current, else raise.
 
-    A heartbeat may carry the generation the member last acknowledged or the
-    group's current one (the StartFetchers of a new generation and a
-    heartbeat may cross on the wire).
+    A heartbeat may carry any generation from the one the member last
+    acknowledged to the group's current one: a StartFetchers and a heartbeat
+    may cross on the wire, and a member may have started a generation whose
+    acknowledgement a restarted rebalance never collected. A heartbeat only
+    proves liveness; commits are fenced strictly (:func:`check_commit`).
     """
     member = check_member(group, member_id)
-    if generation != member.generation and generation != group.generation:
+    if not member.generation <= generation <= group.generation:
         raise IllegalGenerationError(
             f"generation {generation} is stale: group {group.group_id} is at generation "
             f"{group.generation}; rejoin the group"
@@ -66,7 +68,29 @@ def check_commit(
     *,
     allow_regression: bool,
 ) -> None:
-    """Raise unless this commit may be made durable as it is."""
+    """Raise unless this commit may be made durable as it is.
+
+    The rules, in the order they are checked:
+
+    * A standalone committer (member id ``""``, generation
+      :data:`STANDALONE_GENERATION`) may commit only to a group without
+      members (UNKNOWN_MEMBER_ID otherwise).
+    * Any other committer must be a live member (UNKNOWN_MEMBER_ID) and send
+      the group's current generation (ILLEGAL_GENERATION).
+    * While fetchers are being stopped or the assignment computed (STOPPING,
+      ASSIGNING), a member may commit only partitions it may still be
+      fetching (``member.may_own``): this is how it commits its progress in
+      ``on_revoked``, before it acknowledges the stop. A partition it has
+      already stopped gets REBALANCE_IN_PROGRESS (its position travelled with
+      the stop acknowledgement); one it does not own at all gets
+      PARTITION_NOT_OWNED.
+    * Otherwise (STABLE, STARTING) the member must have acknowledged the
+      current generation (``member.generation == generation ==
+      group.generation``; REBALANCE_IN_PROGRESS until it has) and may commit
+      only partitions of its assignment in it (PARTITION_NOT_OWNED).
+    * Every offset must be non-negative (INVALID_REQUEST) and, unless
+      ``allow_regression``, not behind the committed one (OFFSET_REGRESSION).
+    """
     if member_id == "" and generation == STANDALONE_GENERATION:
         if group.members:
             raise UnknownMemberError(
@@ -80,18 +104,30 @@ def check_commit(
                 f"commit for generation {generation} is stale: group {group.group_id} is at "
                 f"generation {group.generation}; its partitions may have moved"
             )
-        if group.state in (GroupState.STOPPING, GroupState.ASSIGNING) or (
-            member.generation != generation
-        ):
-            raise RebalanceInProgressError(
-                f"group {group.group_id} is rebalancing; commit again once the member has "
-                "its new assignment (positions are collected by the rebalance itself)"
-            )
-        for offset in offsets:
-            if offset.tp not in member.assignment:
+        if group.state in (GroupState.STOPPING, GroupState.ASSIGNING):
+            for offset in offsets:
+                if offset.tp in member.may_own:
+                    continue
+                if offset.tp in member.assignment:
+                    raise RebalanceInProgressError(
+                        f"group {group.group_id} is rebalancing and member {member_id!r} has "
+                        f"already stopped {offset.tp}; its position was collected with the "
+                        "stop, commit again once the member has its new assignment"
+                    )
                 raise PartitionNotOwnedError(
                     f"member {member_id!r} does not own {offset.tp} in generation {generation}"
                 )
+        else:
+            if member.generation != generation:
+                raise RebalanceInProgressError(
+                    f"group {group.group_id} is rebalancing; commit again once the member has "
+                    "its new assignment (positions are collected by the rebalance itself)"
+                )
+            for offset in offsets:
+                if offset.tp not in member.assignment:
+                    raise PartitionNotOwnedError(
+                        f"member {member_id!r} does not own {offset.tp} in generation {generation}"
+                    )
     for offset in offsets:
         if offset.offset < 0:
             raise InvalidRequestError(f"offset {offset.offset} for {offset.tp} is negative")

@@ -246,8 +246,16 @@ class Group:
         auto_commit: bool,
         offset_reset: str,
     ) -> Member:
-        """Admit a member (validated by :meth:`validate_join`); replaces one with the same id."""
+        """Admit a member (validated by :meth:`validate_join`); replaces one with the same id.
+
+        A former member rejoining with its id while fenced (it lost its
+        connection, or this coordinator took over) may still be fetching what
+        the fence covers, and its rejoin renews its lease: those partitions
+        become its ``may_own``, so that they stay fenced if it goes away again
+        before acknowledging a stop.
+        """
         old = self.members.get(member_id)
+        fence = self.fences.get(member_id)
         member = Member(
             member_id=member_id,
             client_id=client_id,
@@ -264,6 +272,8 @@ class Group:
         if old is not None:
             member.may_own = old.may_own
             member.assignment = old.assignment
+        elif fence is not None and fence.until > now:
+            member.may_own = set(fence.partitions)
         self.members[member_id] = member
         self.empty_since = None
         return member

@@ -1,0 +1,250 @@
+"""The server-side assignors: exact examples, edge cases and properties.
+
+A user relies on an assignor being complete (no subscribed partition left
+unconsumed), exclusive (no partition consumed twice), deterministic (every
+coordinator computes the same assignment from the same group) and balanced
+within what each strategy promises.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_coord.core.assignors import (
+    ASSIGNORS,
+    Assignment,
+    GroupSpec,
+    MemberSpec,
+    RangeAssignor,
+    RoundRobinAssignor,
+    choose_assignor,
+)
+from trio_coord.protocol.messages import TopicPartition as TP
+
+
+def spec(members: dict[str, set[str]], partitions: dict[str, int]) -> GroupSpec:
+    return GroupSpec(
+        members={m: MemberSpec(m, frozenset(topics)) for m, topics in members.items()},
+        partitions=partitions,
+    )
+
+
+def tps(*names: str) -> list[TP]:
+    """``tps("t-0", "u-1")`` → [TP("t", 0), TP("u", 1)]."""
+    out = []
+    for name in names:
+        topic, _, partition = name.rpartition("-")
+        out.append(TP(topic, int(partition)))
+    return out
+
+
+range_ = RangeAssignor()
+roundrobin = RoundRobinAssignor()
+
+
+# -- the worked examples of the module docstring ------------------------------------------
+
+
+def test_range_docstring_example() -> None:
+    result = range_.assign(spec({"a": {"t"}, "b": {"t"}}, {"t": 5}))
+    assert result == {"a": tps("t-0", "t-1", "t-2"), "b": tps("t-3", "t-4")}
+
+
+def test_roundrobin_docstring_example() -> None:
+    result = roundrobin.assign(spec({"a": {"t", "u"}, "b": {"t", "u"}}, {"t": 3, "u": 2}))
+    assert result == {"a": tps("t-0", "t-2", "u-1"), "b": tps("t-1", "u-0")}
+
+
+def test_registry_holds_both_assignors_by_name() -> None:
+    assert set(ASSIGNORS) == {"range", "roundrobin"}
+    assert all(name == assignor.name for name, assignor in ASSIGNORS.items())
+
+
+# -- range ------------------------------------------------------------------------------------
+
+
+def test_range_gives_larger_blocks_to_the_first_members_per_topic() -> None:
+    result = range_.assign(spec({"a": {"t"}, "b": {"t"}, "c": {"t"}}, {"t": 7}))
+    assert result == {
+        "a": tps("t-0", "t-1", "t-2"),
+        "b": tps("t-3", "t-4"),
+        "c": tps("t-5", "t-6"),
+    }
+
+
+def test_range_splits_each_topic_among_its_own_subscribers() -> None:
+    result = range_.assign(spec({"a": {"t", "u"}, "b": {"u"}, "c": {"t"}}, {"t": 3, "u": 4}))
+    assert result == {
+        "a": tps("t-0", "t-1", "u-0", "u-1"),
+        "b": tps("u-2", "u-3"),
+        "c": tps("t-2"),
+    }
+
+
+def test_range_more_members_than_partitions_leaves_the_last_ones_idle() -> None:
+    result = range_.assign(spec({"a": {"t"}, "b": {"t"}, "c": {"t"}}, {"t": 2}))
+    assert result == {"a": tps("t-0"), "b": tps("t-1"), "c": []}
+
+
+# -- roundrobin ------------------------------------------------------------------------------
+
+
+def test_roundrobin_skips_members_that_do_not_subscribe() -> None:
+    # Dealing order a, b, c, a, ...: t-0 a, t-1 b, t-2 a (c skipped), then u continues the
+    # circle at b: u-0 b (skipping nothing), u-1 c.
+    result = roundrobin.assign(spec({"a": {"t"}, "b": {"t", "u"}, "c": {"u"}}, {"t": 3, "u": 2}))
+    assert result == {"a": tps("t-0", "t-2"), "b": tps("t-1", "u-0"), "c": tps("u-1")}
+
+
+def test_roundrobin_deals_across_topics_not_per_topic() -> None:
+    # Per topic a range/restart would give a both t-0 and u-0; dealing continues instead.
+    result = roundrobin.assign(spec({"a": {"t", "u"}, "b": {"t", "u"}}, {"t": 1, "u": 1}))
+    assert result == {"a": tps("t-0"), "b": tps("u-0")}
+
+
+# -- both -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+def test_members_without_an_existing_subscribed_topic_get_nothing(assignor) -> None:
+    result = assignor.assign(
+        spec({"a": {"t"}, "b": {"missing"}, "c": {"u"}}, {"t": 2, "u": 0, "other": 3})
+    )
+    assert result == {"a": tps("t-0", "t-1"), "b": [], "c": []}
+
+
+@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+def test_unsubscribed_topics_are_not_assigned(assignor) -> None:
+    result = assignor.assign(spec({"a": {"t"}}, {"t": 1, "u": 5}))
+    assert result == {"a": tps("t-0")}
+
+
+@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+def test_no_members_no_assignment(assignor) -> None:
+    assert assignor.assign(spec({}, {"t": 3})) == {}
+
+
+@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+def test_result_is_independent_of_dict_insertion_order(assignor) -> None:
+    members = {"b": {"t", "u"}, "a": {"u"}, "c": {"t", "v"}, "d": {"v", "u"}}
+    partitions = {"v": 2, "t": 5, "u": 3}
+    forward = assignor.assign(spec(members, partitions))
+    backward = assignor.assign(
+        spec(dict(reversed(members.items())), dict(reversed(partitions.items())))
+    )
+    assert forward == backward
+    assert list(forward) == ["a", "b", "c", "d"]
+
+
+# -- choose_assignor ----------------------------------------------------------------------------
+
+
+def test_choose_takes_the_first_members_order_among_common_names() -> None:
+    prefs = [("roundrobin", "range"), ("range", "roundrobin")]
+    assert choose_assignor(prefs, ASSIGNORS) == "roundrobin"
+    assert choose_assignor(list(reversed(prefs)), ASSIGNORS) == "range"
+
+
+def test_choose_skips_names_not_common_to_every_member() -> None:
+    prefs = [("sticky", "roundrobin", "range"), ("range", "sticky")]
+    assert choose_assignor(prefs, ASSIGNORS) == "range"
+
+
+def test_choose_skips_names_the_broker_does_not_have() -> None:
+    prefs = [("sticky", "range"), ("sticky", "range")]
+    assert choose_assignor(prefs, ASSIGNORS) == "range"
+
+
+@pytest.mark.parametrize(
+    "prefs",
+    [
+        [],
+        [()],
+        [("range",), ("roundrobin",)],
+        [("sticky",), ("sticky",)],
+        [("range", "roundrobin"), ()],
+    ],
+)
+def test_choose_returns_none_without_a_usable_common_name(prefs) -> None:
+    assert choose_assignor(prefs, ASSIGNORS) is None
+
+
+def test_choose_accepts_any_iterable_of_lists() -> None:
+    assert choose_assignor(iter([["range"], ("range", "roundrobin")]), ASSIGNORS) == "range"
+
+
+# -- properties -----------------------------------------------------------------------------
+
+TOPICS = ["t0", "t1", "t2", "t3"]
+member_ids = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
+subscriptions = st.frozensets(st.sampled_from([*TOPICS, "absent"]), min_size=1, max_size=5)
+
+
+@st.composite
+def group_specs(draw, *, identical: bool = False) -> GroupSpec:
+    ids = draw(st.lists(member_ids, min_size=1, max_size=8, unique=True))
+    if identical:
+        topics = draw(subscriptions)
+        members = {m: MemberSpec(m, topics) for m in ids}
+    else:
+        members = {m: MemberSpec(m, draw(subscriptions)) for m in ids}
+    partitions = draw(
+        st.dictionaries(st.sampled_from(TOPICS), st.integers(min_value=0, max_value=12))
+    )
+    return GroupSpec(members=members, partitions=partitions)
+
+
+def expected_partitions(s: GroupSpec) -> set[TP]:
+    wanted = set().union(*(m.topics for m in s.members.values()))
+    return {TP(t, p) for t, n in s.partitions.items() if t in wanted for p in range(n)}
+
+
+def check_complete_and_exclusive(s: GroupSpec, result: Assignment) -> None:
+    assert set(result) == set(s.members), "every member appears in the result"
+    assigned = [tp for owned in result.values() for tp in owned]
+    counts = Counter(assigned)
+    assert not [tp for tp, n in counts.items() if n > 1], "a partition was assigned twice"
+    assert set(assigned) == expected_partitions(s)
+    for member_id, owned in result.items():
+        assert owned == sorted(owned)
+        for tp in owned:
+            assert tp.topic in s.members[member_id].topics, f"{member_id} got {tp} unsubscribed"
+
+
+def shuffled(s: GroupSpec, data: st.DataObject) -> GroupSpec:
+    members = data.draw(st.permutations(list(s.members.items())))
+    partitions = data.draw(st.permutations(list(s.partitions.items())))
+    return GroupSpec(members=dict(members), partitions=dict(partitions))
+
+
+@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@settings(max_examples=150, deadline=None)
+@given(s=group_specs(), data=st.data())
+def test_property_complete_exclusive_deterministic(assignor, s: GroupSpec, data) -> None:
+    result = assignor.assign(s)
+    check_complete_and_exclusive(s, result)
+    assert assignor.assign(s) == result
+    assert assignor.assign(shuffled(s, data)) == result
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=group_specs())
+def test_property_range_is_balanced_per_topic(s: GroupSpec) -> None:
+    result = range_.assign(s)
+    for topic in s.topics():
+        counts = [sum(1 for tp in result[m] if tp.topic == topic) for m in s.subscribers(topic)]
+        assert max(counts) - min(counts) <= 1, (topic, counts)
+        # Larger blocks first: the counts never increase down the sorted member list.
+        assert counts == sorted(counts, reverse=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(s=group_specs(identical=True))
+def test_property_roundrobin_is_balanced_with_identical_subscriptions(s: GroupSpec) -> None:
+    result = roundrobin.assign(s)
+    counts = [len(owned) for owned in result.values()]
+    assert max(counts) - min(counts) <= 1, counts

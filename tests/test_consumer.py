@@ -1,0 +1,197 @@
+"""The group consumer against a real broker over real sockets (real time, short timeouts).
+
+What an application relies on: joining spreads the partitions, every
+rebalance leaves each partition with exactly one owner, leaving the block
+(or being cancelled) leaves the group at once, commits survive a broker
+restart, a consumer rejoins by itself after its coordinator restarts, and a
+bad setting fails loudly at ``open_consumer``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import trio
+
+from trio_coord import (
+    ConsumerState,
+    InvalidSessionTimeoutError,
+    OffsetRegressionError,
+    TopicPartition,
+    open_admin,
+    open_broker,
+    open_consumer,
+)
+
+S = 0.6  # session timeout for these tests (seconds of real time)
+
+
+def ownership(consumers) -> Counter:
+    return Counter(tp for c in consumers for tp in c.assignment)
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def complete_and_exclusive(consumers, partitions: int, topic: str = "t") -> bool:
+    owners = ownership(consumers)
+    return all(c.state is ConsumerState.STABLE for c in consumers) and owners == Counter(
+        {TopicPartition(topic, p): 1 for p in range(partitions)}
+    )
+
+
+async def test_members_join_leave_and_partitions_stay_complete_and_exclusive(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 12)
+    opts = dict(session_timeout=S)
+    async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as a:
+        assert len(await a.wait_assigned()) == 12
+        async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as b:
+            async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as c:
+                await wait_until(lambda: complete_and_exclusive([a, b, c], 12))
+                assert sorted(len(x.assignment) for x in (a, b, c)) == [4, 4, 4]
+                async with open_admin(broker.bootstrap) as admin:
+                    desc = await admin.describe_group("g")
+                assert desc.state == "STABLE"
+                assert {m.member_id for m in desc.members} == {x.member_id for x in (a, b, c)}
+                for m in desc.members:
+                    mine = [x for x in (a, b, c) if x.member_id == m.member_id][0]
+                    assert sorted(m.partitions) == sorted(mine.assignment)
+            # c left by leaving its block: a and b share everything at once.
+            await wait_until(lambda: complete_and_exclusive([a, b], 12), timeout=S / 2)
+        await wait_until(lambda: complete_and_exclusive([a], 12), timeout=S / 2)
+
+
+async def test_callbacks_see_every_revoke_before_the_next_assignment(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 4)
+    log: list[tuple[str, str, list]] = []
+
+    def callbacks(name):
+        return dict(
+            on_assigned=lambda ps: log.append((name, "assigned", ps)),
+            on_revoked=lambda ps: log.append((name, "revoked", ps)),
+        )
+
+    async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S, **callbacks("a")) as a:
+        await a.wait_assigned()
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=S, **callbacks("b")
+        ) as b:
+            await wait_until(lambda: complete_and_exclusive([a, b], 4))
+    # Replay the callbacks: no partition is ever assigned to two members at once.
+    owner: dict[TopicPartition, str] = {}
+    for name, what, partitions in log:
+        for tp in partitions:
+            if what == "assigned":
+                assert tp not in owner, f"{tp} assigned to {name} while {owner.get(tp)} owns it"
+                owner[tp] = name
+            else:
+                assert owner.pop(tp) == name
+    assert ("a", "revoked", [TopicPartition("t", p) for p in range(4)]) in log
+
+
+async def test_cancelling_the_consumer_leaves_the_group_cleanly(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 2)
+    async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=30.0) as stays:
+        with trio.CancelScope() as scope:
+            async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=30.0) as goes:
+                await wait_until(lambda: complete_and_exclusive([stays, goes], 2))
+                scope.cancel()
+                await trio.sleep_forever()
+        # Its session timeout is 30 s: only a real LeaveGroup explains a quick handover.
+        await wait_until(lambda: complete_and_exclusive([stays], 2), timeout=2.0)
+
+
+async def test_commits_survive_a_broker_restart(tmp_path):
+    data = tmp_path / "data"
+    async with open_broker(data, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 3)
+        async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S) as consumer:
+            await consumer.wait_assigned()
+            await consumer.commit({("t", 0): 10, ("t", 1): 20})
+            assert await consumer.committed() == {
+                TopicPartition("t", 0): 10,
+                TopicPartition("t", 1): 20,
+                TopicPartition("t", 2): 0,  # the start offset auto-commit reported
+            } or (await consumer.committed())[TopicPartition("t", 1)] == 20
+            with pytest.raises(OffsetRegressionError, match="allow_regression"):
+                await consumer.commit({("t", 0): 5})
+            await consumer.commit({("t", 0): 5}, allow_regression=True)
+    async with open_broker(data) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            committed = await admin.committed_offsets("g")
+            desc = await admin.describe_group("g")
+    assert committed[TopicPartition("t", 0)] == 5
+    assert committed[TopicPartition("t", 1)] == 20
+    assert desc.generation >= 1
+    # A consumer joining after the restart starts from the committed offsets.
+    async with open_broker(data, min_session_timeout=0.05) as broker:
+        async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S) as consumer:
+            assignment = await consumer.wait_assigned()
+    assert assignment[TopicPartition("t", 0)] == 5
+    assert assignment[TopicPartition("t", 1)] == 20
+
+
+async def test_consumer_rejoins_by_itself_after_its_coordinator_restarts(tmp_path):
+    data = tmp_path / "data"
+    async with open_broker(data, min_session_timeout=0.05) as broker:
+        port = broker.address[1]
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+    events: list[str] = []
+    async with trio.open_nursery() as nursery:
+        restarted = trio.Event()
+
+        async def run_broker(task_status=trio.TASK_STATUS_IGNORED):
+            async with open_broker(data, port=port, min_session_timeout=0.05):
+                task_status.started()
+                await restarted.wait()
+            async with open_broker(data, port=port, min_session_timeout=0.05):
+                await trio.sleep_forever()
+
+        await nursery.start(run_broker)
+        async with open_consumer(
+            f"127.0.0.1:{port}",
+            "g",
+            ["t"],
+            session_timeout=2.0,
+            on_lost=lambda ps: events.append("lost"),
+        ) as consumer:
+            await consumer.wait_assigned()
+            member_id, generation = consumer.member_id, consumer.generation
+            restarted.set()  # the broker stops and starts again on the same port
+            await wait_until(
+                lambda: consumer.generation > generation
+                and consumer.state is ConsumerState.STABLE,
+                timeout=10.0,
+            )
+            assert len(consumer.assignment) == 2
+            # It kept its partitions through the short outage (its lease never ran out).
+            assert events == []
+            # The restarted coordinator recognized the member from its persisted generation.
+            assert consumer.member_id == member_id
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_setting_the_broker_refuses_fails_at_open(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 1)
+    with pytest.raises(InvalidSessionTimeoutError, match="outside this broker's limits"):
+        async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=10_000.0):
+            pass  # pragma: no cover - never entered
+
+
+async def test_bad_arguments_are_refused_before_any_connection():
+    with pytest.raises(ValueError, match="host:port"):
+        open_consumer("localhost", "g", ["t"])
+    with pytest.raises(ValueError, match="offset_reset"):
+        open_consumer("127.0.0.1:1", "g", ["t"], offset_reset="oldest")
+    with pytest.raises(ValueError, match="at least one topic"):
+        open_consumer("127.0.0.1:1", "g", [])
