@@ -59,7 +59,7 @@ async def test_members_join_leave_and_partitions_stay_complete_and_exclusive(bro
                 assert desc.state == "STABLE"
                 assert {m.member_id for m in desc.members} == {x.member_id for x in (a, b, c)}
                 for m in desc.members:
-                    mine = [x for x in (a, b, c) if x.member_id == m.member_id][0]
+                    mine = next(x for x in (a, b, c) if x.member_id == m.member_id)
                     assert sorted(m.partitions) == sorted(mine.assignment)
             # c left by leaving its block: a and b share everything at once.
             await wait_until(lambda: complete_and_exclusive([a, b], 12), timeout=S / 2)
@@ -77,7 +77,8 @@ async def test_callbacks_see_every_revoke_before_the_next_assignment(broker):
             on_revoked=lambda ps: log.append((name, "revoked", ps)),
         )
 
-    async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S, **callbacks("a")) as a:
+    opts = dict(session_timeout=S)
+    async with open_consumer(broker.bootstrap, "g", ["t"], **opts, **callbacks("a")) as a:
         await a.wait_assigned()
         async with open_consumer(
             broker.bootstrap, "g", ["t"], session_timeout=S, **callbacks("b")
@@ -116,11 +117,15 @@ async def test_commits_survive_a_broker_restart(tmp_path):
         async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S) as consumer:
             await consumer.wait_assigned()
             await consumer.commit({("t", 0): 10, ("t", 1): 20})
-            assert await consumer.committed() == {
-                TopicPartition("t", 0): 10,
-                TopicPartition("t", 1): 20,
-                TopicPartition("t", 2): 0,  # the start offset auto-commit reported
-            } or (await consumer.committed())[TopicPartition("t", 1)] == 20
+            assert (
+                await consumer.committed()
+                == {
+                    TopicPartition("t", 0): 10,
+                    TopicPartition("t", 1): 20,
+                    TopicPartition("t", 2): 0,  # the start offset auto-commit reported
+                }
+                or (await consumer.committed())[TopicPartition("t", 1)] == 20
+            )
             with pytest.raises(OffsetRegressionError, match="allow_regression"):
                 await consumer.commit({("t", 0): 5})
             await consumer.commit({("t", 0): 5}, allow_regression=True)
@@ -168,8 +173,7 @@ async def test_consumer_rejoins_by_itself_after_its_coordinator_restarts(tmp_pat
             member_id, generation = consumer.member_id, consumer.generation
             restarted.set()  # the broker stops and starts again on the same port
             await wait_until(
-                lambda: consumer.generation > generation
-                and consumer.state is ConsumerState.STABLE,
+                lambda: consumer.generation > generation and consumer.state is ConsumerState.STABLE,
                 timeout=10.0,
             )
             assert len(consumer.assignment) == 2

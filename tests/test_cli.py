@@ -1,0 +1,260 @@
+"""The ``trio-coord`` command line and the documented examples, run as a user runs them.
+
+These start real processes: a broker (``trio-coord broker --port 0 --json``),
+consumers (``trio-coord consume --events json``), the admin commands, the
+demo, and the README's code. The central test is the acceptance check of the
+core issue: three consumers on twelve partitions, one killed with SIGKILL,
+and the two survivors own every partition exactly once within the session
+timeout plus one second, as ``groups describe --json`` confirms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "trio_coord"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def run(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ENV, check=False
+    )
+
+
+def ok(*args: str) -> str:
+    result = run(*args)
+    assert result.returncode == 0, f"{args} failed: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture
+def broker_process(tmp_path):
+    """A broker in its own process; yields its bootstrap address."""
+    process = subprocess.Popen(
+        [*CLI, "broker", "--data-dir", str(tmp_path / "data"), "--port", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line, f"broker did not start: {process.stderr.read()}"
+        yield json.loads(line)["address"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
+            process.kill()
+            raise
+
+
+class ConsumerProcess:
+    """``trio-coord consume --events json`` in a subprocess, its events collected."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, session_timeout: float) -> None:
+        self.process = subprocess.Popen(
+            [
+                *CLI,
+                "consume",
+                topic,
+                "--group",
+                group,
+                "--session-timeout",
+                str(session_timeout),
+                "--events",
+                "json",
+                "-b",
+                bootstrap,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=ENV,
+        )
+        self.events: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.strip():
+                self.events.append(json.loads(line))
+
+    @property
+    def owned(self) -> list[tuple[str, int]]:
+        owned: list[tuple[str, int]] = []
+        for event in self.events:
+            if event["event"] == "assigned":
+                owned = [tuple(p) for p in event["partitions"]]
+            elif event["event"] in ("revoked", "lost"):
+                owned = []
+        return owned
+
+    @property
+    def member_id(self) -> str:
+        return self.events[0]["member_id"] if self.events else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=10)
+        self._reader.join(timeout=5)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.02) -> float:
+    """Poll until ``predicate()``; return the seconds it took (fail at ``timeout``)."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_sigkill_one_of_three_consumers_the_others_own_everything_exactly_once(broker_process):
+    bootstrap = broker_process
+    session_timeout = 3.0
+    ok("topics", "create", "t", "--partitions", "12", "-b", bootstrap)
+    consumers = [ConsumerProcess(bootstrap, "t", "g", session_timeout) for _ in range(3)]
+    try:
+
+        def exactly_once(members) -> bool:
+            counts = Counter(tp for c in members for tp in c.owned)
+            return counts == Counter({("t", p): 1 for p in range(12)})
+
+        wait_for(lambda: exactly_once(consumers) and all(c.owned for c in consumers), 15.0)
+        victim, survivors = consumers[1], [consumers[0], consumers[2]]
+        victim.process.send_signal(signal.SIGKILL)
+        took = wait_for(lambda: exactly_once(survivors), session_timeout + 1.0)
+        assert took <= session_timeout + 1.0
+
+        described = json.loads(ok("groups", "describe", "g", "--json", "-b", bootstrap))
+        assert described["state"] == "STABLE"
+        by_member = {
+            m["member_id"]: sorted(map(tuple, m["partitions"])) for m in described["members"]
+        }
+        assert by_member == {c.member_id: sorted(c.owned) for c in survivors}
+    finally:
+        for consumer in consumers:
+            if consumer.process.poll() is None:
+                consumer.stop()
+    # The survivors left cleanly on SIGTERM and said so.
+    for consumer in survivors:
+        assert consumer.events[-1]["event"] == "left"
+
+
+def test_admin_commands_print_tables_and_json(broker_process):
+    bootstrap = broker_process
+    assert "created topic orders with 3 partition(s)" in ok(
+        "topics", "create", "orders", "--partitions", "3", "-b", bootstrap
+    )
+    assert json.loads(ok("topics", "list", "--json", "-b", bootstrap)) == [
+        {"topic": "orders", "partitions": 3}
+    ]
+    assert re.search(r"orders\s+3", ok("topics", "describe", "orders", "-b", bootstrap))
+    ok("topics", "add-partitions", "orders", "--total", "5", "-b", bootstrap)
+    assert json.loads(ok("topics", "describe", "orders", "--json", "-b", bootstrap)) == [
+        {"topic": "orders", "partitions": 5}
+    ]
+    ok("groups", "create", "g", "-b", bootstrap)
+    listed = json.loads(ok("groups", "list", "--json", "-b", bootstrap))
+    assert listed == [{"group": "g", "state": "EMPTY", "generation": 0, "members": 0}]
+    assert "group g: EMPTY" in ok("groups", "describe", "g", "-b", bootstrap)
+    ok("groups", "delete", "g", "-b", bootstrap)
+    assert json.loads(ok("groups", "list", "--json", "-b", bootstrap)) == []
+
+
+def test_user_mistakes_get_one_clear_line_and_status_1(broker_process, tmp_path):
+    bootstrap = broker_process
+    result = run("topics", "create", "bad name!", "--partitions", "1", "-b", bootstrap)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: topic name 'bad name!' may only contain letters, digits, '.', '_' and '-'"
+    )
+    result = run("groups", "describe", "nope", "-b", bootstrap)
+    assert result.returncode == 1 and "does not exist" in result.stderr
+    result = run("topics", "list", "-b", "127.0.0.1:1", "--timeout", "0.5")
+    assert result.returncode == 1
+    assert "no broker answered at 127.0.0.1:1 within 0.5s" in result.stderr
+    result = run("topics", "list", "-b", "nonsense")
+    assert result.returncode == 1 and "host:port" in result.stderr
+    # A second broker on the same data dir is refused, naming the way out.
+    result = run("broker", "--data-dir", str(tmp_path / "data"), "--port", "0")
+    assert result.returncode == 1 and "in use by another process" in result.stderr
+
+
+def test_every_command_has_help():
+    top = ok("--help")
+    for command in ("broker", "topics", "groups", "consume", "demo"):
+        assert command in top
+    for args in (
+        ["broker"],
+        ["topics", "create"],
+        ["topics", "list"],
+        ["groups", "describe"],
+        ["consume"],
+        ["demo"],
+    ):
+        text = ok(*args, "--help")
+        assert "usage: trio-coord" in text and "--" in text
+
+
+@pytest.mark.slow
+def test_demo_runs_and_tells_its_story():
+    result = run("demo", timeout=60.0)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for heading in (
+        "Three consumers join",
+        "A fourth consumer arrives",
+        "Consumer B crashes (SIGKILL",
+        "shut down cleanly",
+    ):
+        assert heading in out
+    assert re.search(r"stable again [0-9.]+ s after the crash", out)
+
+
+def test_readme_example_runs(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=ENV,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "TopicPartition(topic='events', partition=0)" in result.stdout
+
+
+def test_quickstart_example_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=ENV,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in result.stdout
