@@ -30,6 +30,7 @@ from .errors import (
     ConnectionClosedError,
     CoordError,
     ErrorCode,
+    FrameTooLargeError,
     UnknownServerError,
     UnsupportedMessageError,
     error_for,
@@ -199,8 +200,9 @@ class Connection:
                 if not await self._dispatch(frame, nursery):
                     return
             else:
-                log.warning("%s said goodbye: %s %s", self.name, frame.error.name, frame.message)
-                self._fail(error_for(frame.error, frame.message))
+                reason = error_for(frame.error, frame.message)
+                log.warning("%s said goodbye: %s: %s", self.name, type(reason).__name__, reason)
+                self._fail(reason)
                 return
 
     async def _dispatch(self, request: Request, nursery: trio.Nursery) -> bool:
@@ -213,11 +215,7 @@ class Connection:
             await self._slots.acquire()
             nursery.start_soon(self._handle_in_task, request)
             return True
-        try:
-            await self._send(Response(request.corr_id, ErrorCode.NONE, "", body))
-        except ConnectionClosedError:
-            return False
-        return True
+        return await self._reply(request.corr_id, body)
 
     async def _handle_in_task(self, request: Request) -> None:
         try:
@@ -226,18 +224,29 @@ class Connection:
             except Exception as exc:
                 await self._reply_error(request.corr_id, exc)
             else:
-                await self._send(Response(request.corr_id, ErrorCode.NONE, "", body))
-        except ConnectionClosedError:
-            pass
+                await self._reply(request.corr_id, body)
         finally:
             self._slots.release()
+
+    async def _reply(self, corr_id: int, body: ResponseBody) -> bool:
+        """Send an answer; one that cannot be encoded (too large) is answered as an error."""
+        try:
+            await self._send(Response(corr_id, ErrorCode.NONE, "", body))
+        except ConnectionClosedError:
+            return False
+        except Exception as exc:  # nothing was sent; the connection is intact
+            return await self._reply_error(corr_id, exc)
+        return True
 
     async def _reply_error(self, corr_id: int, exc: Exception) -> bool:
         if not isinstance(exc, CoordError):
             log.exception("handler failed on %s", self.name, exc_info=exc)
             exc = UnknownServerError(f"internal error: {type(exc).__name__}: {exc}")
         try:
-            await self._send(Response(corr_id, exc.code, str(exc), None))
+            try:
+                await self._send(Response(corr_id, exc.code, str(exc), None))
+            except FrameTooLargeError:  # the message alone is too long: send the bare code
+                await self._send(Response(corr_id, exc.code, "", None))
         except ConnectionClosedError:
             return False
         return True

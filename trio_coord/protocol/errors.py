@@ -123,12 +123,14 @@ class CoordError(Exception):
     Each subclass binds one code and registers itself for :func:`error_for`.
     """
 
-    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+    code: int = ErrorCode.UNKNOWN_SERVER_ERROR
+    """The wire code: an :class:`ErrorCode`, or a bare number from a newer peer."""
     retriable: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        _BY_CODE[cls.code] = cls
+        if "code" in cls.__dict__:  # a refinement that inherits its code does not take it over
+            _BY_CODE[cls.code] = cls
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or hint(self.code))
@@ -323,12 +325,14 @@ def error_for(code: int, message: str = "") -> CoordError:
     """Build the typed exception for a non-zero wire error code.
 
     An unknown code (from a newer peer) becomes a plain :class:`CoordError`
-    that still carries the number and the peer's message.
+    with the peer's message and the number as its ``code``.
     """
     try:
         cls = _BY_CODE[ErrorCode(code)]
     except (ValueError, KeyError):
-        return CoordError(message or f"error code {code}")
+        unknown = CoordError(message or f"error code {code}, unknown to this version")
+        unknown.code = code
+        return unknown
     return cls(message)
 
 

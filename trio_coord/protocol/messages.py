@@ -26,8 +26,6 @@ from typing import NamedTuple
 
 import msgspec
 
-from .errors import ErrorCode
-
 __all__ = [
     "NO_OFFSET",
     "AddPartitionsRequest",
@@ -413,18 +411,23 @@ class Request(_Wire, tag=1):
 
 
 class Response(_Wire, tag=2):
-    """The answer to the request with ``corr_id``; ``body`` is None on error."""
+    """The answer to the request with ``corr_id``; ``body`` is None on error.
+
+    ``error`` is an :class:`~.errors.ErrorCode` value, typed ``int`` so that a
+    code only a newer peer knows still decodes (``error_for`` maps it to a
+    plain ``CoordError``) instead of failing the whole frame as corrupt.
+    """
 
     corr_id: int
-    error: ErrorCode
+    error: int
     message: str = ""
     body: ResponseBody | None = None
 
 
 class Goodbye(_Wire, tag=3):
-    """Sent before closing a connection over a protocol violation."""
+    """Sent before closing a connection over a protocol violation (``error`` as in Response)."""
 
-    error: ErrorCode
+    error: int
     message: str
 
 

@@ -1,0 +1,217 @@
+"""Invariant 6 (Bounded) against a real broker: bad input costs only its own connection.
+
+Each test opens a real broker on 127.0.0.1 and a well-behaved admin client, then misbehaves
+on a raw socket. The broker must answer the bad connection (a Goodbye, or an error Response
+where the frame itself was valid), close only that one, and keep serving the bystander that
+was connected all along and a client that connects afterwards. Real sockets: no autojump
+clock; every wait is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from trio_coord.broker.server import Broker, open_broker
+from trio_coord.client.admin import Admin, open_admin
+from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.errors import ErrorCode, FrameTooLargeError
+from trio_coord.protocol.framing import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameCodec, FrameReader
+from trio_coord.protocol.messages import (
+    Goodbye,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionOffset,
+    Request,
+    Response,
+    StartFetchersRequest,
+    TopicInfo,
+    TopicPartition,
+)
+
+TIMEOUT = 5
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(HEADER_SIZE, "big") + payload
+
+
+async def _read_until_closed(stream: trio.SocketStream) -> list[object]:
+    """Every frame the broker sends until it closes the connection."""
+    codec = FrameCodec()
+    reader = FrameReader(stream, DEFAULT_MAX_FRAME_SIZE)
+    frames = []
+    while (body := await reader.read_frame()) is not None:
+        frames.append(codec.decode(body))
+    return frames
+
+
+async def _read_one(reader: FrameReader) -> object:
+    body = await reader.read_frame()
+    assert body is not None, "the broker closed the connection"
+    return FrameCodec().decode(body)
+
+
+async def _wait_connections(broker: Broker, count: int) -> None:
+    # The broker exposes only a count (no event to wait on), so poll; callers bound it.
+    while broker.connection_count() != count:
+        await trio.sleep(0.01)
+
+
+async def _still_served(broker: Broker, bystander: Admin, topic: str) -> None:
+    """The bystander connected all along, and a brand-new client, are both served."""
+    assert await bystander.create_topic(topic, 2) == TopicInfo(topic, 2)
+    assert TopicInfo(topic, 2) in await bystander.list_topics()
+    async with open_admin(broker.bootstrap) as fresh:
+        assert TopicInfo(topic, 2) in await fresh.list_topics()
+        assert await fresh.create_topic(f"{topic}-fresh", 1) == TopicInfo(f"{topic}-fresh", 1)
+    assert TopicInfo(f"{topic}-fresh", 1) in await bystander.list_topics()
+
+
+GOODBYE_CASES = [
+    pytest.param(b"\xff\xff\xff\xff", ErrorCode.FRAME_TOO_LARGE, "4294967295 bytes", id="4GiB"),
+    pytest.param(
+        (DEFAULT_MAX_FRAME_SIZE + 1).to_bytes(HEADER_SIZE, "big"),
+        ErrorCode.FRAME_TOO_LARGE,
+        f"{DEFAULT_MAX_FRAME_SIZE + 1} bytes exceeds the maximum frame size",
+        id="max+1",
+    ),
+    pytest.param(_frame(b"\xc1\xc1\xc1"), ErrorCode.CORRUPT_MESSAGE, "malformed", id="bad-msgpack"),
+    pytest.param(
+        _frame(msgspec.msgpack.encode({"corr_id": 1})),
+        ErrorCode.CORRUPT_MESSAGE,
+        "invalid message",
+        id="not-an-array",
+    ),
+    pytest.param(
+        _frame(msgspec.msgpack.encode([77, 1, "?"])),
+        ErrorCode.UNSUPPORTED_MESSAGE,
+        "unknown message type",
+        id="unknown-frame-tag",
+    ),
+    pytest.param(
+        _frame(msgspec.msgpack.encode([1, 1, [99, "x"]])),
+        ErrorCode.UNSUPPORTED_MESSAGE,
+        "unknown message type",
+        id="unknown-request-tag",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "code", "message"), GOODBYE_CASES)
+async def test_bad_frame_gets_a_goodbye_and_costs_only_its_connection(
+    tmp_path: Path, data: bytes, code: ErrorCode, message: str
+) -> None:
+    async with open_broker(tmp_path, port=0) as broker, open_admin(broker.bootstrap) as bystander:
+        with trio.fail_after(TIMEOUT):
+            await _wait_connections(broker, 1)
+            stream = await trio.open_tcp_stream(*broker.address)
+            await _wait_connections(broker, 2)
+            # Only this is ever sent (for an oversized length: no body at all), and our side
+            # stays open: the broker must answer and close on what it has.
+            await stream.send_all(data)
+            frames = await _read_until_closed(stream)
+            assert len(frames) == 1, frames
+            goodbye = frames[0]
+            assert isinstance(goodbye, Goodbye)
+            assert goodbye.error == code
+            assert message in goodbye.message
+            await _wait_connections(broker, 1)
+            await stream.aclose()
+            await _still_served(broker, bystander, "after-goodbye")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x00\x00", _frame(msgspec.msgpack.encode([1, 1, [1]]))[:-1]],
+    ids=["inside-header", "inside-body"],
+)
+async def test_truncated_frame_then_half_close_gets_a_goodbye(tmp_path: Path, data: bytes) -> None:
+    async with open_broker(tmp_path, port=0) as broker, open_admin(broker.bootstrap) as bystander:
+        with trio.fail_after(TIMEOUT):
+            stream = await trio.open_tcp_stream(*broker.address)
+            await stream.send_all(data)
+            await stream.send_eof()
+            frames = await _read_until_closed(stream)
+            assert len(frames) == 1, frames
+            assert isinstance(frames[0], Goodbye)
+            assert frames[0].error == ErrorCode.CORRUPT_MESSAGE
+            assert "stream ended inside a frame" in frames[0].message
+            await _wait_connections(broker, 1)
+            await stream.aclose()
+            await _still_served(broker, bystander, "after-truncation")
+
+
+async def test_truncated_frame_then_close_costs_only_its_connection(tmp_path: Path) -> None:
+    async with open_broker(tmp_path, port=0) as broker, open_admin(broker.bootstrap) as bystander:
+        with trio.fail_after(TIMEOUT):
+            await _wait_connections(broker, 1)
+            stream = await trio.open_tcp_stream(*broker.address)
+            await _wait_connections(broker, 2)
+            await stream.send_all(b"\x00\x00\x01\x00" + b"\x93" + b"\x01" * 10)
+            await stream.aclose()
+            await _wait_connections(broker, 1)
+            await _still_served(broker, bystander, "after-close")
+
+
+async def test_request_the_broker_does_not_accept_gets_an_error_response(tmp_path: Path) -> None:
+    # StartFetchers is valid on the wire but only a coordinator sends it: the broker answers
+    # that request with UNSUPPORTED_MESSAGE and the connection stays usable.
+    codec = FrameCodec()
+    async with open_broker(tmp_path, port=0) as broker, open_admin(broker.bootstrap) as bystander:
+        with trio.fail_after(TIMEOUT):
+            stream = await trio.open_tcp_stream(*broker.address)
+            reader = FrameReader(stream, DEFAULT_MAX_FRAME_SIZE)
+            await _wait_connections(broker, 2)
+            partitions = [PartitionOffset("orders", 0, 5)]
+            await stream.send_all(
+                codec.encode(Request(41, StartFetchersRequest("g", "m-1", 3, partitions)))
+            )
+            answer = await _read_one(reader)
+            assert isinstance(answer, Response)
+            assert answer.corr_id == 41
+            assert answer.error == ErrorCode.UNSUPPORTED_MESSAGE
+            assert "does not accept StartFetchersRequest" in answer.message
+            assert answer.body is None
+
+            # The same connection is still served.
+            await stream.send_all(codec.encode(Request(42, MetadataRequest())))
+            answer = await _read_one(reader)
+            assert isinstance(answer, Response)
+            assert (answer.corr_id, answer.error) == (42, ErrorCode.NONE)
+            assert isinstance(answer.body, MetadataResponse)
+            assert broker.connection_count() == 2
+
+            await _still_served(broker, bystander, "after-unsupported")
+            await stream.aclose()
+            await _wait_connections(broker, 1)
+
+
+async def test_answer_too_large_for_a_frame_is_an_error_not_a_broker_crash(
+    tmp_path: Path,
+) -> None:
+    # Regression: each commit fits in a frame, but the OffsetFetch answer listing all of
+    # them does not. The asker must get FRAME_TOO_LARGE; the broker must keep running
+    # (the error used to escape the connection's reader into the broker's nursery).
+    async with (
+        open_broker(tmp_path, port=0, max_frame_size=2048) as broker,
+        open_admin(broker.bootstrap) as bystander,
+    ):
+        with trio.fail_after(TIMEOUT):
+            await bystander.create_topic("wide", 3)
+            async with open_connection(*broker.address) as conn:
+                for p in range(3):
+                    offset = PartitionOffset("wide", p, 10 + p, "m" * 1000)
+                    await conn.request(OffsetCommitRequest("g", "", -1, [offset]))
+                with pytest.raises(FrameTooLargeError):
+                    await conn.request(OffsetFetchRequest("g"))
+                answer = await conn.request(OffsetFetchRequest("g", [TopicPartition("wide", 1)]))
+                assert isinstance(answer, OffsetFetchResponse)
+                assert [(o.partition, o.offset) for o in answer.offsets] == [(1, 11)]
+            await _still_served(broker, bystander, "after-too-large")
