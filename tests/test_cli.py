@@ -230,31 +230,22 @@ def test_demo_runs_and_tells_its_story():
     assert re.search(r"stable again [0-9.]+ s after the crash", out)
 
 
+def run_python(*args: str, cwd: Path) -> str:
+    """Run ``python ARGS`` in ``cwd``; return its stdout (fail with its stderr)."""
+    result = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=30, env=ENV
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def test_readme_example_runs(tmp_path):
     readme = (ROOT / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=ENV,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "TopicPartition(topic='events', partition=0)" in result.stdout
+    out = run_python("-c", code, cwd=tmp_path)
+    assert "TopicPartition(topic='events', partition=0)" in out
 
 
 def test_quickstart_example_runs(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=ENV,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in result.stdout
+    out = run_python(str(ROOT / "examples" / "quickstart.py"), cwd=tmp_path)
+    assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in out

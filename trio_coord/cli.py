@@ -18,21 +18,23 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import trio
 
 from . import __version__
 from .broker import BrokerConfig, open_broker
-from .client import Consumer, open_admin
+from .client import Admin, Consumer, open_admin
 from .protocol.errors import CoordError
-from .protocol.messages import GroupDescription, TopicPartition
+from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .store.base import StoreError
 
 __all__ = ["main"]
 
 DEFAULT_PORT = 9192
 DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_PORT}"
+
+_T = TypeVar("_T")
 
 
 class UsageError(Exception):
@@ -93,14 +95,23 @@ def group_to_json(desc: GroupDescription) -> dict[str, Any]:
 # -- commands ------------------------------------------------------------------------------
 
 
-async def _with_timeout(args: argparse.Namespace, work: Callable[[], Awaitable[None]]) -> None:
-    with trio.move_on_after(args.timeout) as scope:
-        await work()
-    if scope.cancelled_caught:
-        raise UsageError(
-            f"no broker answered at {args.bootstrap} within {args.timeout:g}s; "
-            "is one running? (start one with: trio-coord broker)"
-        )
+async def _ask_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[_T]]) -> _T:
+    """Run one admin call against ``--bootstrap``; give up after ``--timeout`` seconds."""
+    with trio.move_on_after(args.timeout):
+        async with open_admin(args.bootstrap) as admin:
+            return await call(admin)
+    raise UsageError(
+        f"no broker answered at {args.bootstrap} within {args.timeout:g}s; "
+        "is one running? (start one with: trio-coord broker)"
+    )
+
+
+def _say(args: argparse.Namespace, as_json: Any, text: str) -> None:
+    """Print ``as_json`` as JSON with ``--json``, else ``text``."""
+    if args.json:
+        _print_json(as_json)
+    else:
+        print(text, flush=True)
 
 
 async def cmd_broker(args: argparse.Namespace) -> None:
@@ -112,148 +123,98 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         group_retention=args.group_retention,
     )
     async with open_broker(args.data_dir, args.host, args.port, config=config) as broker:
-        if args.json:
-            _print_json(
-                {"event": "listening", "address": broker.bootstrap, "data_dir": args.data_dir}
-            )
-        else:
-            print(f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}")
-            data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
-            print(f"data dir: {data_dir}  (Ctrl-C to stop)", flush=True)
+        data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
+        _say(
+            args,
+            {"event": "listening", "address": broker.bootstrap, "data_dir": data_dir},
+            f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}\n"
+            f"data dir: {data_dir}  (Ctrl-C to stop)",
+        )
         await _until_signalled()
+
+
+def _topic_json(topics: Sequence[TopicInfo]) -> list[dict[str, Any]]:
+    return [{"topic": t.name, "partitions": t.partitions} for t in topics]
 
 
 async def cmd_topics_create(args: argparse.Namespace) -> None:
     """Create a topic."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            info = await admin.create_topic(args.name, args.partitions)
-        if args.json:
-            _print_json({"topic": info.name, "partitions": info.partitions})
-        else:
-            print(f"created topic {info.name} with {info.partitions} partition(s)")
-
-    await _with_timeout(args, work)
+    info = await _ask_admin(args, lambda admin: admin.create_topic(args.name, args.partitions))
+    _say(
+        args,
+        _topic_json([info])[0],
+        f"created topic {info.name} with {info.partitions} partition(s)",
+    )
 
 
 async def cmd_topics_add_partitions(args: argparse.Namespace) -> None:
     """Grow a topic."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            info = await admin.add_partitions(args.name, args.total)
-        if args.json:
-            _print_json({"topic": info.name, "partitions": info.partitions})
-        else:
-            print(f"topic {info.name} now has {info.partitions} partition(s)")
-
-    await _with_timeout(args, work)
+    info = await _ask_admin(args, lambda admin: admin.add_partitions(args.name, args.total))
+    _say(args, _topic_json([info])[0], f"topic {info.name} now has {info.partitions} partition(s)")
 
 
 async def cmd_topics_list(args: argparse.Namespace) -> None:
-    """List topics."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            names = args.names or None
-            topics = await (admin.describe_topics(names) if names else admin.list_topics())
-        if args.json:
-            _print_json([{"topic": t.name, "partitions": t.partitions} for t in topics])
-        elif topics:
-            print(format_table(["TOPIC", "PARTITIONS"], [[t.name, t.partitions] for t in topics]))
-        else:
-            print("no topics (create one with: trio-coord topics create NAME --partitions N)")
-
-    await _with_timeout(args, work)
+    """List topics (all, or the ones named)."""
+    topics = await _ask_admin(
+        args,
+        lambda admin: admin.describe_topics(args.names) if args.names else admin.list_topics(),
+    )
+    text = (
+        format_table(["TOPIC", "PARTITIONS"], [[t.name, t.partitions] for t in topics])
+        if topics
+        else "no topics (create one with: trio-coord topics create NAME --partitions N)"
+    )
+    _say(args, _topic_json(topics), text)
 
 
 async def cmd_groups_list(args: argparse.Namespace) -> None:
     """List groups."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            groups = await admin.list_groups()
-        if args.json:
-            _print_json(
-                [
-                    {
-                        "group": g.group_id,
-                        "state": g.state,
-                        "generation": g.generation,
-                        "members": g.members,
-                    }
-                    for g in groups
-                ]
-            )
-        elif groups:
-            rows = [[g.group_id, g.state, g.generation, g.members] for g in groups]
-            print(format_table(["GROUP", "STATE", "GENERATION", "MEMBERS"], rows))
-        else:
-            print("no groups")
-
-    await _with_timeout(args, work)
+    groups = await _ask_admin(args, lambda admin: admin.list_groups())
+    rows = [[g.group_id, g.state, g.generation, g.members] for g in groups]
+    _say(
+        args,
+        [dict(zip(("group", "state", "generation", "members"), row, strict=True)) for row in rows],
+        format_table(["GROUP", "STATE", "GENERATION", "MEMBERS"], rows) if rows else "no groups",
+    )
 
 
 async def cmd_groups_describe(args: argparse.Namespace) -> None:
     """Describe one group."""
+    desc = await _ask_admin(args, lambda admin: admin.describe_group(args.group))
+    _say(args, group_to_json(desc), describe_text(desc))
 
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            desc = await admin.describe_group(args.group)
-        if args.json:
-            _print_json(group_to_json(desc))
-            return
-        print(
-            f"group {desc.group_id}: {desc.state}, generation {desc.generation}, "
-            f"assignor {desc.assignor or '-'}, {len(desc.members)} member(s)"
-        )
-        if desc.members:
-            print()
-            rows = [
-                [m.member_id, m.host, ",".join(m.topics), " ".join(map(str, m.partitions)) or "-"]
-                for m in desc.members
-            ]
-            print(format_table(["MEMBER", "HOST", "TOPICS", "PARTITIONS"], rows))
-        owner = {tp: m.member_id for m in desc.members for tp in m.partitions}
-        partitions = sorted({o.tp for o in desc.offsets} | set(owner))
-        if partitions:
-            committed = {o.tp: o.offset for o in desc.offsets}
-            print()
-            rows = [[str(tp), committed.get(tp, "-"), owner.get(tp, "-")] for tp in partitions]
-            print(format_table(["PARTITION", "COMMITTED", "OWNER"], rows))
 
-    await _with_timeout(args, work)
+def describe_text(desc: GroupDescription) -> str:
+    """A group description as ``groups describe`` prints it for people."""
+    lines = [
+        f"group {desc.group_id}: {desc.state}, generation {desc.generation}, "
+        f"assignor {desc.assignor or '-'}, {len(desc.members)} member(s)"
+    ]
+    if desc.members:
+        rows = [
+            [m.member_id, m.host, ",".join(m.topics), " ".join(map(str, m.partitions)) or "-"]
+            for m in desc.members
+        ]
+        lines += ["", format_table(["MEMBER", "HOST", "TOPICS", "PARTITIONS"], rows)]
+    owner = {tp: m.member_id for m in desc.members for tp in m.partitions}
+    committed = {o.tp: o.offset for o in desc.offsets}
+    partitions = sorted(set(committed) | set(owner))
+    if partitions:
+        rows = [[str(tp), committed.get(tp, "-"), owner.get(tp, "-")] for tp in partitions]
+        lines += ["", format_table(["PARTITION", "COMMITTED", "OWNER"], rows)]
+    return "\n".join(lines)
 
 
 async def cmd_groups_create(args: argparse.Namespace) -> None:
     """Create an empty group."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            await admin.create_group(args.group)
-        print(
-            json.dumps({"group": args.group, "created": True})
-            if args.json
-            else f"created group {args.group}"
-        )
-
-    await _with_timeout(args, work)
+    await _ask_admin(args, lambda admin: admin.create_group(args.group))
+    _say(args, {"group": args.group, "created": True}, f"created group {args.group}")
 
 
 async def cmd_groups_delete(args: argparse.Namespace) -> None:
     """Delete an empty group."""
-
-    async def work() -> None:
-        async with open_admin(args.bootstrap) as admin:
-            await admin.delete_group(args.group)
-        print(
-            json.dumps({"group": args.group, "deleted": True})
-            if args.json
-            else f"deleted group {args.group}"
-        )
-
-    await _with_timeout(args, work)
+    await _ask_admin(args, lambda admin: admin.delete_group(args.group))
+    _say(args, {"group": args.group, "deleted": True}, f"deleted group {args.group}")
 
 
 async def cmd_consume(args: argparse.Namespace) -> None:

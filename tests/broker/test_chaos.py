@@ -133,6 +133,7 @@ async def test_invariants_hold_under_random_faults(seed, autojump_clock):
                 assert set(owners.values()) <= survivors
             nursery.cancel_scope.cancel()
 
+    assert rec.all("rebalance_failed") == []
     # Members that vanished without a clean stop may have fetched until their lease
     # ended: the fence, or the removal itself when the lease had already run out.
     for removed in rec.all("removed"):

@@ -243,3 +243,33 @@ async def test_empty_group_without_offsets_is_removed_after_retention(autojump_c
         await trio.sleep(60.0 / 4 + 1.0)
         assert broker.coordinator.runner("g") is None
         assert broker.coordinator.runner("keeps-offsets") is not None
+
+
+async def test_a_bug_in_one_groups_rebalance_stays_in_that_group(autojump_clock, monkeypatch):
+    from trio_coord.core.assignors import RangeAssignor
+
+    original = RangeAssignor.assign
+
+    def assign(self, spec):
+        if "poison" in spec.partitions:
+            raise RuntimeError("assignor bug")
+        return original(self, spec)
+
+    monkeypatch.setattr(RangeAssignor, "assign", assign)
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("poison", 1)
+        await broker.topics.create_topic("t", 1)
+        (bad,) = members(broker, timeline, "bad", group="bad", topics=("poison",))
+        (good,) = members(broker, timeline, "good", group="good")
+        async with connected(bad), connected(good):
+            await bad.join()
+            failed = await rec.wait_for("rebalance_failed", group="bad")
+            assert "assignor bug" in failed["error"]
+            await good.join()
+            await rec.wait_for("stable", group="good")
+            assert good.owned == [("t", 0)]
+            # The failing group keeps retrying (backing off), and recovers once it can.
+            monkeypatch.setattr(RangeAssignor, "assign", original)
+            await rec.wait_for("stable", group="bad")
+            assert bad.owned == [("poison", 0)]

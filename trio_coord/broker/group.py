@@ -298,14 +298,14 @@ class GroupRunner:
                 self._rebalance_scope = scope
                 try:
                     await self._rebalance()
-                except StoreError as exc:
-                    log.error(
-                        "group %s: rebalance could not persist its state (%s); retrying in %gs",
-                        self.group_id,
-                        exc,
-                        self._retry_backoff,
-                    )
-                    self._emit("rebalance_failed", error=str(exc))
+                except Exception as exc:
+                    # A store outage, or a bug: either way it stays within this group,
+                    # which retries; the broker and every other group carry on.
+                    if isinstance(exc, StoreError):
+                        log.error("group %s: rebalance could not persist: %s", self.group_id, exc)
+                    else:
+                        log.exception("group %s: rebalance failed (a bug)", self.group_id)
+                    self._emit("rebalance_failed", error=repr(exc))
                     await trio.sleep(self._retry_backoff)
                     self._kick.set()
                 finally:

@@ -1,0 +1,308 @@
+"""Helpers every benchmark shares: percentiles, output, CPU readings and child processes.
+
+A benchmark here runs the system under test and its load generators in
+separate processes, so that they do not share one core unfairly, and talks to
+them over a tiny line protocol on their standard streams (``port 1234``,
+``ready``, ``go``, ``done {...}``). :func:`spawn` starts such a child with its
+stderr captured in a file (shown in the error when the child fails) and always
+ends it on the way out. The rest is the arithmetic and the printing:
+:func:`percentile` and :func:`latency_summary` for latencies,
+:func:`format_table` for the aligned human table, :func:`emit_json` for the
+machine-readable result, :func:`process_cpu_seconds` to tell who was the
+bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+__all__ = [
+    "ROOT",
+    "BenchError",
+    "Child",
+    "cpu_count",
+    "emit_json",
+    "format_table",
+    "latency_summary",
+    "percentile",
+    "process_cpu_seconds",
+    "python_module",
+    "ratio",
+    "read_stdin_line",
+    "say",
+    "spawn",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root (children run there, so ``python -m bench.X`` finds the package)."""
+
+_STOP_GRACE = 5.0
+_STDERR_TAIL = 4000
+
+
+class BenchError(Exception):
+    """The benchmark could not run (a child failed, timed out or said something unexpected)."""
+
+
+# -- arithmetic ----------------------------------------------------------------------
+
+
+def percentile(sorted_samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of already sorted samples, linearly interpolated.
+
+    This is the "linear" method of NumPy's ``percentile``; it returns NaN for
+    no samples.
+    """
+    if not sorted_samples:
+        return math.nan
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is not between 0 and 100")
+    position = (len(sorted_samples) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_samples) - 1)
+    fraction = position - low
+    return sorted_samples[low] + (sorted_samples[high] - sorted_samples[low]) * fraction
+
+
+def latency_summary(samples: Iterable[float], *, unit: float = 1e-3) -> dict[str, float]:
+    """Count, mean, p50, p90, p99, p99.9 and max of latencies in seconds, expressed in ``unit``.
+
+    With the default unit the values are milliseconds; keys are ``count``,
+    ``mean``, ``p50``, ``p90``, ``p99``, ``p999`` and ``max``.
+    """
+    ordered = sorted(samples)
+    n = len(ordered)
+    summary: dict[str, float] = {"count": n}
+    summary["mean"] = (math.fsum(ordered) / n / unit) if n else math.nan
+    for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9)):
+        summary[name] = percentile(ordered, q) / unit
+    summary["max"] = ordered[-1] / unit if n else math.nan
+    return summary
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``, or NaN when the denominator is zero or NaN."""
+    if not denominator or math.isnan(denominator):
+        return math.nan
+    return numerator / denominator
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, left: int = 1) -> str:
+    """Render rows as an aligned plain-text table.
+
+    The first ``left`` columns are left-aligned (labels), the rest right-aligned
+    (numbers). Cells are ``str()``-ed, so format numbers before passing them.
+    """
+    table = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(headers))]
+    lines = []
+    for row in table:
+        cells = [
+            cell.ljust(widths[i]) if i < left else cell.rjust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def emit_json(result: Mapping[str, Any]) -> None:
+    """Print ``result`` as one indented JSON object on stdout (NaN and inf become null)."""
+    print(json.dumps(_json_safe(result), indent=2))
+
+
+def say(*parts: object) -> None:
+    """Print one protocol line on stdout and flush it (children talk to the parent this way)."""
+    print(*parts, flush=True)
+
+
+async def read_stdin_line() -> str:
+    """Read one line from stdin without blocking Trio ("" at end of file: the parent is gone)."""
+    return await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+
+
+# -- the machine ---------------------------------------------------------------------
+
+
+def cpu_count() -> int:
+    """How many CPUs this process may run on (its affinity set where the OS tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, in seconds) process ``pid`` has used so far.
+
+    Read from ``/proc`` (Linux); None where that is not available or the
+    process is gone.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces; the fields after it are plain.
+    fields = stat.rpartition(")")[2].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+# -- child processes -----------------------------------------------------------------
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command line running ``python -m module args...`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+class Child:
+    """A child process that speaks lines on stdin/stdout; create it with :func:`spawn`."""
+
+    def __init__(self, name: str, process: trio.Process, stderr_path: Path) -> None:
+        self.name = name
+        self.process = process
+        self.stderr_path = stderr_path
+        self._buffer = bytearray()
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.process.pid
+
+    def stderr_tail(self, limit: int = _STDERR_TAIL) -> str:
+        """The end of what the child wrote on stderr so far."""
+        try:
+            text = self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-limit:]
+
+    def _failure(self, problem: str) -> BenchError:
+        code = self.process.poll()
+        status = "still running" if code is None else f"exit code {code}"
+        tail = self.stderr_tail().strip() or "(nothing)"
+        return BenchError(f"{self.name} {problem} ({status}); its stderr:\n{tail}")
+
+    async def readline(self, what: str = "a line") -> str:
+        """The next line the child prints (without the newline).
+
+        Raises :class:`BenchError`, with the child's stderr, if the child ends
+        its output first. Bound the wait with :meth:`within`.
+        """
+        stdout = self.process.stdout
+        assert stdout is not None
+        while (end := self._buffer.find(b"\n")) < 0:
+            chunk = await stdout.receive_some()
+            if not chunk:
+                with trio.move_on_after(1.0):  # let it finish exiting, for the exit code
+                    await self.process.wait()
+                raise self._failure(f"exited before printing {what}")
+            self._buffer += chunk
+        line = self._buffer[:end].decode(errors="replace")
+        del self._buffer[: end + 1]
+        return line.rstrip("\r")
+
+    async def expect(self, prefix: str) -> str:
+        """Wait for a line starting with ``prefix``; return the rest of it, stripped.
+
+        Lines with other beginnings are skipped (a child may print more).
+        """
+        while True:
+            line = await self.readline(repr(prefix))
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+
+    @contextmanager
+    def within(self, seconds: float, what: str) -> Iterator[None]:
+        """Give the block ``seconds``; past that, raise :class:`BenchError` with the stderr.
+
+        ``what`` completes "<name> did not ... within N s", e.g. ``"print its port"``.
+        """
+        with trio.move_on_after(seconds) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise self._failure(f"did not {what} within {seconds:g} s")
+
+    async def send_line(self, text: str) -> None:
+        """Write one line to the child's stdin."""
+        stdin = self.process.stdin
+        assert stdin is not None
+        try:
+            await stdin.send_all(text.encode() + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise self._failure(f"did not accept {text!r} on stdin") from None
+
+    async def stop(self, grace: float = _STOP_GRACE) -> None:
+        """End the child: close its stdin (asking it to exit), then terminate, then kill."""
+        with trio.CancelScope(shield=True):
+            if self.process.stdin is not None:
+                await self.process.stdin.aclose()
+            with trio.move_on_after(grace):
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.terminate()
+                with trio.move_on_after(grace):
+                    await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+            if self.process.stdout is not None:
+                await self.process.stdout.aclose()
+
+
+@asynccontextmanager
+async def spawn(
+    argv: Sequence[str],
+    name: str,
+    workdir: str | os.PathLike[str],
+    *,
+    stop_grace: float = _STOP_GRACE,
+) -> AsyncIterator[Child]:
+    """Start ``argv`` in the repository root with piped stdin/stdout, for the life of the block.
+
+    Its stderr goes to ``workdir/<name>.stderr`` (quoted in every
+    :class:`BenchError` about it). Leaving the block, normally or not, closes
+    its stdin (a child should take that as "exit"), then terminates and at
+    last kills it: no child outlives the block.
+    """
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    stderr_path = Path(workdir) / f"{safe}.stderr"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=str(ROOT),
+            env=env,
+        )
+    child = Child(name, process, stderr_path)
+    try:
+        yield child
+    finally:
+        await child.stop(stop_grace)

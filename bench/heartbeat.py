@@ -1,0 +1,658 @@
+"""Heartbeats/s and latency of the broker, against a bare Trio echo server on the same frames.
+
+``python bench/heartbeat.py [--members N] [--processes P] [--duration S] [--json] [--quick]``
+runs two targets one after the other, each in its own process: a real broker
+(``--serve-broker DIR``) and a bare Trio echo server (``--serve-echo``) that
+reads the same length-prefixed frames with ``FrameReader`` and answers each
+with a pre-encoded ``HeartbeatResponse`` frame (only the correlation id is
+spliced in, so the client's multiplexing works; nothing is decoded). P load
+processes (``--load SPEC``) simulate N members between them, each on its own
+``open_connection``: against the broker a member sends a real JoinGroup,
+answers the coordinator's StopFetchers/StartFetchers pushes, and reports ready
+once it has started fetchers; the parent then waits until the group is STABLE
+with all N members (a barrier: load processes say ``ready`` on stdout and
+start only when the parent writes ``go`` on their stdin). Each member then
+heartbeats in a closed loop, one outstanding request at a time, and after a
+warm-up the completions inside the measured window give heartbeats/s and
+latency percentiles. The same load code sends the same HeartbeatRequest frames
+to the echo server, so the only difference between the two rows is the
+broker's work; the ratios (broker/echo) are what travel between machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trio_coord.broker.server import open_broker
+from trio_coord.client.admin import open_admin
+from trio_coord.protocol.connection import RequestHandler, open_connection
+from trio_coord.protocol.errors import ConnectionClosedError, CoordError, ErrorCode
+from trio_coord.protocol.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER_SIZE,
+    FrameCodec,
+    FrameReader,
+)
+from trio_coord.protocol.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    RequestBody,
+    Response,
+    ResponseBody,
+    StartFetchersRequest,
+    StartFetchersResponse,
+    StopFetchersRequest,
+    StopFetchersResponse,
+)
+
+if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    BenchError,
+    cpu_count,
+    emit_json,
+    format_table,
+    latency_summary,
+    process_cpu_seconds,
+    python_module,
+    ratio,
+    read_stdin_line,
+    say,
+    spawn,
+)
+
+__all__ = ["Params", "main", "run_benchmark"]
+
+HOST = "127.0.0.1"
+GROUP = "bench"
+TOPIC = "bench"
+TARGETS = ("broker", "echo")
+_MODULE = "bench.heartbeat"
+_STABLE_CONFIRM = 0.3  # the group must stay STABLE at one generation this long
+_STABLE_POLL = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What one run measures; the defaults are the full run, :data:`QUICK` the CI smoke run.
+
+    ``processes`` defaults to one load process per CPU but one: the broker is a
+    single Trio thread and gets a core of its own. On a 2-core machine that is
+    one load process; a second would share a core with the server and slow
+    down exactly what it measures.
+    """
+
+    members: int = 100
+    processes: int = max(1, cpu_count() - 1)
+    duration: float = 5.0
+    warmup: float = 1.0
+    session_timeout: float = 30.0
+    quick: bool = False
+
+    def split(self) -> list[tuple[int, int]]:
+        """(first member index, member count) of each load process."""
+        share, extra = divmod(self.members, self.processes)
+        spans, first = [], 0
+        for i in range(self.processes):
+            count = share + (1 if i < extra else 0)
+            spans.append((first, count))
+            first += count
+        return spans
+
+
+QUICK = Params(members=16, processes=1, duration=1.0, warmup=0.3, quick=True)
+"""The ``--quick`` preset: small enough for a CI smoke test (a few seconds in all)."""
+
+
+# -- the servers (each runs in its own process) ------------------------------------------
+
+
+async def _until_stdin_closes() -> None:
+    while await read_stdin_line():
+        pass
+
+
+async def serve_broker(data_dir: str) -> None:
+    """Run a broker on ``data_dir``, print ``port N``, and run until stdin closes."""
+    await trio.Path(data_dir).mkdir(parents=True, exist_ok=True)
+    async with open_broker(
+        data_dir, HOST, 0, max_group_size=1_000_000, max_partitions=1_000_000
+    ) as broker:
+        say("port", broker.address[1])
+        await _until_stdin_closes()
+
+
+def _echo_response_parts() -> tuple[bytes, bytes]:
+    """The encoded Response(HeartbeatResponse) frame body around its correlation id."""
+    frame = FrameCodec().encode(Response(0, ErrorCode.NONE, "", HeartbeatResponse()))
+    body = frame[HEADER_SIZE:]
+    # [array header, tag 2, corr id 0 (positive fixint 0x00), error, message, body]
+    if body[1] != 0x02 or body[2] != 0x00:
+        raise AssertionError(f"unexpected Response encoding {body.hex()}")
+    return body[:2], body[3:]
+
+
+_RESPONSE_HEAD, _RESPONSE_TAIL = _echo_response_parts()
+# The length of a msgpack unsigned int by its first byte: fixint, uint8/16/32/64.
+_UINT_LENGTH = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}
+
+
+def _corr_id_bytes(body: bytes) -> bytes:
+    """The msgpack-encoded correlation id of a Request frame body, sliced, not decoded."""
+    # A Request is [tag 1, corr id, body]: a fixarray of 3, then the tag.
+    if len(body) < 3 or body[0] != 0x93 or body[1] != 0x01:
+        raise ValueError("not a Request frame")
+    first = body[2]
+    size = 1 if first < 0x80 else _UINT_LENGTH.get(first, 0)
+    if not size:
+        raise ValueError("the correlation id is not an unsigned int")
+    return body[2 : 2 + size]
+
+
+async def _echo_connection(stream: trio.SocketStream) -> None:
+    reader = FrameReader(stream, DEFAULT_MAX_FRAME_SIZE)
+    head, tail = _RESPONSE_HEAD, _RESPONSE_TAIL
+    try:
+        while (body := await reader.read_frame()) is not None:
+            corr = _corr_id_bytes(body)
+            size = len(head) + len(corr) + len(tail)
+            await stream.send_all(b"".join((size.to_bytes(HEADER_SIZE, "big"), head, corr, tail)))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, CoordError, ValueError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_echo() -> None:
+    """Run the baseline echo server, print ``port N``, and run until stdin closes."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, _echo_connection, 0, host=HOST))
+        say("port", listeners[0].socket.getsockname()[1])
+        await _until_stdin_closes()
+        nursery.cancel_scope.cancel()
+
+
+# -- the load process --------------------------------------------------------------------
+
+_STOPPED = StopFetchersResponse()
+_STARTED = StartFetchersResponse()
+
+
+class _MemberHandler(RequestHandler):
+    """Answers the coordinator's pushes as a consumer without fetchers would, at once."""
+
+    def __init__(self, load: _Load) -> None:
+        self.load = load
+        self.generation = -1
+        self.started = trio.Event()
+
+    def handle_now(self, body: RequestBody) -> ResponseBody | None:
+        """Answer StopFetchers and StartFetchers (remembering the generation)."""
+        start, end = self.load.window
+        if start <= time.perf_counter() < end:
+            self.load.pushes += 1  # a rebalance in the window: the figures are suspect
+        if isinstance(body, StopFetchersRequest):
+            return _STOPPED
+        if isinstance(body, StartFetchersRequest):
+            self.generation = body.generation
+            self.started.set()
+            return _STARTED
+        return None  # anything else: refused by RequestHandler.handle
+
+
+class _Load:
+    """What the members of one load process share: the barriers, the window, the samples."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.ready = 0
+        self.all_ready = trio.Event()
+        self.go = trio.Event()
+        self.finished = 0
+        self.all_finished = trio.Event()
+        self.release = trio.Event()  # members keep their connections open until this
+        self.window = (0.0, 0.0)  # time.perf_counter() values: [start, end)
+        self.samples = array.array("d")
+        self.errors = 0
+        self.lost = 0
+        self.pushes = 0
+
+    def member_ready(self) -> None:
+        self.ready += 1
+        if self.ready == self.spec["count"]:
+            self.all_ready.set()
+
+    def member_finished(self) -> None:
+        self.finished += 1
+        if self.finished == self.spec["count"]:
+            self.all_finished.set()
+
+    def start(self) -> None:
+        start = time.perf_counter() + self.spec["warmup"]
+        self.window = (start, start + self.spec["duration"])
+        self.go.set()
+
+
+async def _member(load: _Load, index: int) -> None:
+    spec = load.spec
+    broker = spec["mode"] == "broker"
+    client_id = f"bench-{index:05d}"
+    handler = _MemberHandler(load)
+    async with open_connection(spec["host"], spec["port"], handler) as conn:
+        if broker:
+            joined = await conn.request(
+                JoinGroupRequest(
+                    GROUP,
+                    "",
+                    [TOPIC],
+                    spec["session_timeout_ms"],
+                    spec["session_timeout_ms"],
+                    ["range"],
+                    auto_commit=False,
+                    client_id=client_id,
+                )
+            )
+            assert isinstance(joined, JoinGroupResponse)
+            member_id = joined.member_id
+            await handler.started.wait()
+        else:  # the same shape of id the broker hands out, so the frames are the same size
+            member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
+            handler.generation = 1
+        load.member_ready()
+        keepalive = spec["session_timeout_ms"] / 3000
+        while not load.go.is_set():  # keep the session alive while the others join
+            with trio.move_on_after(keepalive):
+                await load.go.wait()
+            if broker and not load.go.is_set():
+                try:
+                    await conn.request(HeartbeatRequest(GROUP, member_id, handler.generation))
+                except CoordError:
+                    pass
+        await _heartbeat_loop(load, conn.request, member_id, handler)
+        load.member_finished()
+        await load.release.wait()
+
+
+async def _heartbeat_loop(
+    load: _Load, request: Any, member_id: str, handler: _MemberHandler
+) -> None:
+    """Heartbeat back to back until the window ends; record completions inside it."""
+    start, end = load.window
+    samples = load.samples
+    clock = time.perf_counter
+    heartbeat = HeartbeatRequest(GROUP, member_id, handler.generation)
+    while (sent := clock()) < end:
+        if heartbeat.generation != handler.generation:
+            heartbeat = HeartbeatRequest(GROUP, member_id, handler.generation)
+        try:
+            await request(heartbeat)
+        except ConnectionClosedError:
+            load.lost += 1
+            return
+        except CoordError:
+            if start <= clock() < end:
+                load.errors += 1
+            continue
+        done = clock()
+        if start <= done < end:
+            samples.append(done - sent)
+
+
+async def run_load(spec: dict[str, Any]) -> None:
+    """One load process: ``spec["count"]`` members, ready → (stdin ``go``) → measure → done.
+
+    Prints ``ready`` once every member is connected (and, against the broker,
+    joined and started), heartbeats on ``go``, writes its latency samples
+    (float seconds) to ``spec["out"]`` and prints ``done {json}``. The
+    members keep their connections until stdin closes, so that the parent can
+    stop the server first and spare it a storm of departures (and rebalances)
+    after the measurement. Exits early if stdin closes before ``go``.
+    """
+    load = _Load(spec)
+    async with trio.open_nursery() as nursery:
+        for i in range(spec["count"]):
+            nursery.start_soon(_member, load, spec["first"] + i)
+        await load.all_ready.wait()
+        say("ready")
+        if (await read_stdin_line()).strip() != "go":
+            nursery.cancel_scope.cancel()
+            return
+        load.start()
+        await trio.sleep(spec["warmup"])
+        cpu = time.process_time()
+        await trio.sleep(spec["duration"])
+        cpu = time.process_time() - cpu
+        await load.all_finished.wait()
+        await trio.Path(spec["out"]).write_bytes(load.samples.tobytes())
+        report = {
+            "requests": len(load.samples),
+            "errors": load.errors,
+            "lost": load.lost,
+            "cpu": cpu / spec["duration"],
+            "pushes": load.pushes,
+        }
+        say("done", json.dumps(report))
+        await _until_stdin_closes()
+        load.release.set()
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+
+class _StableWatch:
+    """Polls DescribeGroup until the bench group is STABLE with every member, for a while."""
+
+    def __init__(self, bootstrap: str, members: int) -> None:
+        self.bootstrap = bootstrap
+        self.members = members
+        self.seen = "nothing yet"
+
+    async def wait(self) -> int:
+        """Return the group's generation once it stayed STABLE with all members."""
+        async with open_admin(self.bootstrap) as admin:
+            since: tuple[int, float] | None = None  # (generation, first seen stable)
+            while True:
+                group = await admin.describe_group(GROUP)
+                self.seen = (
+                    f"{group.state} at generation {group.generation} "
+                    f"with {len(group.members)} members"
+                )
+                if group.state == "STABLE" and len(group.members) == self.members:
+                    now = trio.current_time()
+                    if since is None or since[0] != group.generation:
+                        since = (group.generation, now)
+                    elif now - since[1] >= _STABLE_CONFIRM:
+                        return group.generation
+                else:
+                    since = None
+                await trio.sleep(_STABLE_POLL)
+
+
+def _load_spec(target: str, params: Params, port: int, first: int, count: int) -> dict[str, Any]:
+    """What one load process is told (as JSON on its command line); see :func:`run_load`."""
+    return {
+        "mode": target,
+        "host": HOST,
+        "port": port,
+        "first": first,
+        "count": count,
+        "session_timeout_ms": round(params.session_timeout * 1000),
+        "warmup": params.warmup,
+        "duration": params.duration,
+    }
+
+
+async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]:
+    """Run one target (``broker`` or ``echo``) with its own server and load processes."""
+    if target == "broker":
+        server_argv = python_module(_MODULE, "--serve-broker", str(workdir / "broker-data"))
+    else:
+        server_argv = python_module(_MODULE, "--serve-echo")
+    ready_timeout = 30.0 + 0.05 * params.members
+    generation = None
+    async with spawn(server_argv, f"{target}-server", workdir) as server:
+        with server.within(30.0, "print its port"):
+            port = int(await server.expect("port "))
+        bootstrap = f"{HOST}:{port}"
+        if target == "broker":
+            async with open_admin(bootstrap) as admin:
+                await admin.create_topic(TOPIC, params.members)
+        async with AsyncExitStack() as stack:
+            loads = []
+            for i, (first, count) in enumerate(params.split()):
+                spec = _load_spec(target, params, port, first, count)
+                spec["out"] = str(workdir / f"{target}-load-{i}.latencies")
+                argv = python_module(_MODULE, "--load", json.dumps(spec))
+                loads.append(
+                    (
+                        spec,
+                        await stack.enter_async_context(spawn(argv, f"{target}-load-{i}", workdir)),
+                    )
+                )
+            for _, load in loads:
+                with load.within(ready_timeout, "get all its members ready"):
+                    await load.expect("ready")
+            if target == "broker":
+                watch = _StableWatch(bootstrap, params.members)
+                with trio.move_on_after(ready_timeout):
+                    generation = await watch.wait()
+                if generation is None:
+                    raise BenchError(
+                        f"the group did not become stable with {params.members} members in "
+                        f"{ready_timeout:g} s (last seen: {watch.seen}); broker stderr:\n"
+                        f"{server.stderr_tail() or '(nothing)'}"
+                    )
+            for _, load in loads:
+                await load.send_line("go")
+            await trio.sleep(params.warmup)
+            cpu_before, t_before = process_cpu_seconds(server.pid), trio.current_time()
+            await trio.sleep(params.duration)
+            cpu_after, t_after = process_cpu_seconds(server.pid), trio.current_time()
+            reports = []
+            for _, load in loads:
+                with load.within(30.0, "report its results"):
+                    reports.append(json.loads(await load.expect("done ")))
+            await server.stop()  # first, while the members are still connected: see run_load
+    samples = array.array("d")
+    for spec, _ in loads:
+        samples.frombytes(await trio.Path(spec["out"]).read_bytes())
+    latency = latency_summary(samples)
+    server_cpu = server_us = None
+    if cpu_before is not None and cpu_after is not None:
+        server_cpu = (cpu_after - cpu_before) / (t_after - t_before)
+        server_us = server_cpu / (len(samples) / params.duration) * 1e6 if samples else None
+    result = {
+        "heartbeats_per_s": len(samples) / params.duration,
+        "p50_ms": latency["p50"],
+        "p99_ms": latency["p99"],
+        "latency_ms": latency,
+        "requests": len(samples),
+        "errors": sum(r["errors"] for r in reports),
+        "lost_connections": sum(r["lost"] for r in reports),
+        "pushes_in_window": sum(r["pushes"] for r in reports),
+        "server_cpu": server_cpu,
+        "server_cpu_us_per_heartbeat": server_us,
+        "load_cpu": [r["cpu"] for r in reports],
+    }
+    if generation is not None:
+        result["generation"] = generation
+    if not samples:
+        raise BenchError(f"no {target} heartbeat completed in the {params.duration:g} s window")
+    return result
+
+
+async def run_benchmark(params: Params) -> dict[str, Any]:
+    """Measure the broker, then the echo baseline; return the JSON-ready result."""
+    load_before = _load_average()
+    with tempfile.TemporaryDirectory(prefix="trio-coord-bench-") as tmp:
+        results = {target: await _measure(target, params, Path(tmp)) for target in TARGETS}
+    broker, echo = results["broker"], results["echo"]
+    return {
+        "bench": "heartbeat",
+        "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_before},
+        "broker": broker,
+        "echo": echo,
+        "ratio": {
+            "throughput": ratio(broker["heartbeats_per_s"], echo["heartbeats_per_s"]),
+            "p50": ratio(broker["p50_ms"], echo["p50_ms"]),
+            "p99": ratio(broker["p99_ms"], echo["p99_ms"]),
+            "server_cpu_per_heartbeat": ratio(
+                broker["server_cpu_us_per_heartbeat"] or math.nan,
+                echo["server_cpu_us_per_heartbeat"] or math.nan,
+            ),
+        },
+    }
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average before the run (others' work skews the figures)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _micros(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The result as a short header line, an aligned table, and any warnings."""
+    p = result["params"]
+    members = "member" if p["members"] == 1 else "members"
+    loads = "load process" if p["processes"] == 1 else "load processes"
+    lines = [
+        f"heartbeat: {p['members']} {members}, {p['processes']} {loads}, "
+        f"{p['cpus']} CPUs, load average {p['load_average']}; "
+        f"{p['duration']:g} s window after {p['warmup']:g} s warm-up",
+        "",
+    ]
+    rows = []
+    for target in TARGETS:
+        r = result[target]
+        rows.append(
+            [
+                target,
+                f"{r['heartbeats_per_s']:,.0f}",
+                f"{r['p50_ms']:.3f}",
+                f"{r['p99_ms']:.3f}",
+                _percent(r["server_cpu"]),
+                _micros(r["server_cpu_us_per_heartbeat"]),
+                " ".join(_percent(c) for c in r["load_cpu"]),
+                r["errors"],
+            ]
+        )
+    q = result["ratio"]
+    rows.append(
+        [
+            "broker/echo",
+            f"{q['throughput']:.2f}x",
+            f"{q['p50']:.2f}x",
+            f"{q['p99']:.2f}x",
+            "",
+            f"{q['server_cpu_per_heartbeat']:.2f}x",
+        ]
+    )
+    headers = [
+        "target",
+        "heartbeats/s",
+        "p50 ms",
+        "p99 ms",
+        "server CPU",
+        "server us/hb",
+        "load CPU",
+        "errors",
+    ]
+    lines.append(format_table(headers, rows))
+    for target in TARGETS:
+        r = result[target]
+        if r["errors"] or r["lost_connections"] or r["pushes_in_window"]:
+            lines.append(
+                f"warning: {target}: {r['errors']} error(s), {r['lost_connections']} lost "
+                f"connection(s), {r['pushes_in_window']} rebalance push(es) in the window"
+            )
+    return "\n".join(lines)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python bench/heartbeat.py",
+        description="Heartbeats/s and latency of the broker against a bare Trio echo server.",
+    )
+    defaults = Params()
+    parser.add_argument(
+        "--members", type=int, help=f"simulated members (default {defaults.members})"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        help=f"load processes (default: CPUs - 1, here {defaults.processes})",
+    )
+    parser.add_argument(
+        "--duration", type=float, help=f"measured seconds (default {defaults.duration:g})"
+    )
+    parser.add_argument(
+        "--warmup", type=float, help=f"unmeasured seconds first (default {defaults.warmup:g})"
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        help=f"members' session timeout in s (default {defaults.session_timeout:g})",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI smoke preset: {QUICK.members} members, {QUICK.duration:g} s",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    internal = argparse.SUPPRESS
+    parser.add_argument("--serve-broker", metavar="DIR", help=internal)
+    parser.add_argument("--serve-echo", action="store_true", help=internal)
+    parser.add_argument("--load", metavar="SPEC", help=internal)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (2 if the benchmark could not run)."""
+    args = _parse(argv)
+    if args.serve_broker or args.serve_echo or args.load:
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+        if args.serve_broker:
+            trio.run(serve_broker, args.serve_broker)
+        elif args.serve_echo:
+            trio.run(serve_echo)
+        else:
+            trio.run(run_load, json.loads(args.load))
+        return 0
+    params = QUICK if args.quick else Params()
+    overrides = {
+        name: value
+        for name in ("members", "processes", "duration", "warmup", "session_timeout")
+        if (value := getattr(args, name)) is not None
+    }
+    params = replace(params, **overrides)
+    if params.members < 1 or params.processes < 1 or params.duration <= 0 or params.warmup < 0:
+        print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)
+        return 2
+    params = replace(params, processes=min(params.processes, params.members))
+    try:
+        result = trio.run(run_benchmark, params)
+    except BenchError as exc:
+        print(f"heartbeat bench failed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the children are stopped and the temp dir is gone by now
+        print("heartbeat bench interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        emit_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

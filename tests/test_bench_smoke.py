@@ -1,0 +1,43 @@
+"""Smoke test: `bench/heartbeat.py --quick --json` runs and reports sane figures.
+
+It runs the benchmark as a user would, in a subprocess (it starts a broker,
+an echo server and a load process of its own), so that a change to the
+protocol, the broker or the client API that breaks the benchmark fails here
+instead of rotting unnoticed. It checks the shape of the JSON, not the speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_heartbeat_bench_quick_json() -> None:
+    """The quick heartbeat benchmark completes and reports throughput, latency and ratios."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "heartbeat.py"), "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for target in ("broker", "echo"):
+        figures = result[target]
+        assert figures["heartbeats_per_s"] > 0, figures
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"], figures
+        assert figures["errors"] == 0, figures
+    for name in ("throughput", "p50", "p99"):
+        value = result["ratio"][name]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+    assert result["params"]["quick"] is True
