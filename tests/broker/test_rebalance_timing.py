@@ -273,3 +273,32 @@ async def test_a_bug_in_one_groups_rebalance_stays_in_that_group(autojump_clock,
             monkeypatch.setattr(RangeAssignor, "assign", original)
             await rec.wait_for("stable", group="bad")
             assert bad.owned == [("poison", 0)]
+
+
+async def test_a_hung_store_fails_the_rebalance_at_its_deadline_then_it_recovers(
+    autojump_clock, monkeypatch
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        store_back = trio.Event()
+        real_multi = broker.store.multi
+
+        async def hung_multi(ops):
+            await store_back.wait()
+            return await real_multi(ops)
+
+        monkeypatch.setattr(broker.store, "multi", hung_multi)
+        (a,) = members(broker, timeline, "a")
+        async with connected(a), trio.open_nursery() as nursery:
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(20)])
+            await a.join()  # the rebalance's generation write hangs
+            failed = await rec.wait_for("rebalance_failed")
+            assert failed["time"] == R and "TooSlowError" in failed["error"]
+            await trio.sleep_until(8.0)
+            assert rec.all("stable") == []
+            store_back.set()
+            stable = await rec.wait_for("stable")
+            assert stable["time"] == 8.0
+            assert a.owned == [("t", 0), ("t", 1)]
+            nursery.cancel_scope.cancel()

@@ -323,8 +323,12 @@ class GroupRunner:
         # A member removed in a phase cancels this scope, but a nursery whose tasks
         # all ended need not checkpoint: make sure an outdated rebalance stops here.
         await trio.lowlevel.checkpoint_if_cancelled()
+        # The store phases are bounded too: a store that hangs fails this rebalance
+        # (TooSlowError), and the loop retries it after a backoff.
+        store_deadline = max(m.rebalance_timeout for m in members)
         # Phase 2: the positions collected become durable offsets.
-        await self._commit_positions()
+        with trio.fail_after(store_deadline):
+            await self._commit_positions()
         await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
         plan = group.plan_assignment(
@@ -333,9 +337,10 @@ class GroupRunner:
             available=self._assignors,
             log_offsets=self._topics.log_offsets,
         )
-        with trio.CancelScope(shield=True):
-            # Shielded: once written, the record is replayed; a cancelled rebalance must
-            # not leave the next one computing the same generation number.
+        with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
+            # Shielded from the rebalance's cancellation: a generation that reaches the
+            # store is replayed, and a cancelled rebalance must not leave the next one
+            # planning the same generation number before that replay.
             await self._writer.write([plan.record])
         await trio.lowlevel.checkpoint_if_cancelled()
         group.begin_starting()
