@@ -199,3 +199,23 @@ async def test_bad_arguments_are_refused_before_any_connection():
         open_consumer("127.0.0.1:1", "g", ["t"], offset_reset="oldest")
     with pytest.raises(ValueError, match="at least one topic"):
         open_consumer("127.0.0.1:1", "g", [])
+
+
+async def test_a_slow_on_revoked_is_called_once_per_revocation(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 2)
+    calls: list[list[TopicPartition]] = []
+
+    async def slow_revoke(partitions):
+        calls.append(partitions)
+        await trio.sleep(0.3)  # a rebalance restart sends another StopFetchers meanwhile
+
+    opts = dict(session_timeout=5.0)
+    async with open_consumer(broker.bootstrap, "g", ["t"], on_revoked=slow_revoke, **opts) as a:
+        await a.wait_assigned()
+        async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as b:
+            await trio.sleep(0.1)
+            async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as c:
+                await wait_until(lambda: complete_and_exclusive([a, b, c], 2), timeout=5.0)
+            # Every partition a lost, it heard about once per assignment it held.
+            assert all(calls.count(p) == 1 for p in calls)

@@ -674,3 +674,17 @@ def test_tombstone_forgets_offsets() -> None:
     group.replay(OffsetRecord("g", "t", 0, 10), now=0.0)
     group.replay(GroupTombstone("g"), now=1.0)
     assert group.offsets == {} and group.state is S.DEAD
+
+
+def test_requeued_positions_do_not_overwrite_newer_ones() -> None:
+    group = Group("g", now=0.0)
+    group.positions[TP("t", 0)] = PartitionOffset("t", 0, 5)
+    group.positions[TP("t", 1)] = PartitionOffset("t", 1, 7)
+    drained = group.drain_positions(1)
+    assert group.positions == {}
+    group.positions[TP("t", 0)] = PartitionOffset("t", 0, 9)  # newer, arrived meanwhile
+    group.requeue_positions(drained)
+    assert group.positions == {
+        TP("t", 0): PartitionOffset("t", 0, 9),
+        TP("t", 1): PartitionOffset("t", 1, 7),
+    }

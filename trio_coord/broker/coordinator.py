@@ -12,7 +12,6 @@ period.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -35,7 +34,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import StoreError
-from .group import GroupRunner
+from .group import EventCallback, GroupRunner
 from .persistence import RecordWriter
 from .topics import TopicManager
 
@@ -63,7 +62,7 @@ class CoordinatorService:
         config: CoordinatorConfig,
         *,
         assignors: dict[str, Assignor] | None = None,
-        on_event: Callable[[str, dict[str, object]], None] | None = None,
+        on_event: EventCallback | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics

@@ -3,7 +3,8 @@
 A :class:`GroupRunner` owns one :class:`~trio_coord.core.group.Group` and is
 its only writer. Its nursery holds, per member, a liveness task whose cancel
 scope deadline *is* the session deadline (a heartbeat moves it: O(1), no
-allocation, no store write), and the rebalance loop. Each rebalance runs in
+allocation, no store write), the rebalance loop, and the flusher of positions
+that heartbeats carry. Each rebalance runs in
 its own cancel scope through the phases of the stop/start design::
 
     stop fetchers (all members, in parallel)  →  commit their positions
@@ -20,6 +21,7 @@ is already known. This is where cancel scopes replace Kafka's purgatories.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -52,12 +54,20 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["GroupRunner", "RebalanceEvent"]
+__all__ = ["EventCallback", "GroupRunner"]
 
 log = logging.getLogger(__name__)
 
-RebalanceEvent = tuple[str, str, dict[str, object]]
-"""(group id, what happened, details): what a runner reports to observers (tests, bench)."""
+
+def _wall_clock_ms() -> int:
+    """Commit timestamps are for people: wall-clock time, unlike every deadline here."""
+    return time.time_ns() // 1_000_000
+
+
+EventCallback = Callable[[str, dict[str, object]], None]
+"""An observer of group events: ``callback(what, details)``, where ``what`` is one of
+joined, removed, rebalance_started, rebalance_restarted, rebalance_failed,
+start_delayed, started, stable; ``details`` always has ``group`` and ``time``."""
 
 
 class GroupRunner:
@@ -73,7 +83,7 @@ class GroupRunner:
         limits: GroupLimits,
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
-        on_event: Callable[[str, dict[str, object]], None] | None = None,
+        on_event: EventCallback | None = None,
         bind_connection: Callable[[Connection, str, str | None], None],
     ) -> None:
         self.group = group
@@ -254,7 +264,7 @@ class GroupRunner:
             request.offsets,
             allow_regression=request.allow_regression,
         )
-        now_ms = round(trio.current_time() * 1000)
+        now_ms = _wall_clock_ms()
         records: list[Record] = [
             OffsetRecord(
                 self.group_id,
@@ -270,9 +280,13 @@ class GroupRunner:
         await self._writer.write(records)
 
     async def _commit_positions(self) -> None:
-        records = self.group.drain_positions(round(trio.current_time() * 1000))
+        records = self.group.drain_positions(_wall_clock_ms())
         if records:
-            await self._writer.write(list(records))
+            try:
+                await self._writer.write(list(records))
+            except (StoreError, trio.TooSlowError):
+                self.group.requeue_positions(records)  # not lost: the next commit retries
+                raise
 
     async def _position_flusher(self) -> None:
         """Commit the positions heartbeats carried, at most once per flush interval."""
@@ -301,8 +315,8 @@ class GroupRunner:
                 except Exception as exc:
                     # A store outage, or a bug: either way it stays within this group,
                     # which retries; the broker and every other group carry on.
-                    if isinstance(exc, StoreError):
-                        log.error("group %s: rebalance could not persist: %s", self.group_id, exc)
+                    if isinstance(exc, StoreError | trio.TooSlowError):
+                        log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
                     else:
                         log.exception("group %s: rebalance failed (a bug)", self.group_id)
                     self._emit("rebalance_failed", error=repr(exc))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +35,7 @@ from ..protocol.messages import BrokerInfo
 from ..store import open_embedded_store
 from ..store.base import MetadataStore
 from .coordinator import CoordinatorConfig, CoordinatorService
+from .group import EventCallback
 from .handler import BrokerHandler
 from .persistence import RecordWriter, load_records
 from .topics import TopicManager
@@ -68,7 +69,7 @@ class BrokerConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
     shutdown_grace: float = 5.0
-    on_event: Callable[[str, dict[str, object]], None] | None = field(default=None, repr=False)
+    on_event: EventCallback | None = field(default=None, repr=False)
     """Observer of group events (joined, removed, stable, ...), for tools and tests."""
 
     def validate(self) -> None:

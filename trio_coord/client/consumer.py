@@ -100,10 +100,13 @@ class _PushHandler(RequestHandler):
                     f"this consumer is member {consumer.member_id!r} of {consumer.group_id!r}, "
                     f"not {body.member_id!r} of {body.group!r}"
                 )
-            if isinstance(body, StopFetchersRequest):
-                return StopFetchersResponse(await consumer._stop_fetchers())
-            await consumer._start_fetchers(body)
-            return StartFetchersResponse()
+            # One push at a time: a restarted rebalance may send a second StopFetchers
+            # while on_revoked still runs for the first; it then finds nothing to revoke.
+            async with consumer._push_lock:
+                if isinstance(body, StopFetchersRequest):
+                    return StopFetchersResponse(await consumer._stop_fetchers())
+                await consumer._start_fetchers(body)
+                return StartFetchersResponse()
         return await super().handle(body)
 
 
@@ -163,6 +166,7 @@ class Consumer:
         self._conn: Connection | None = None
         self._session_scope: trio.CancelScope | None = None
         self._handler = _PushHandler(self)
+        self._push_lock = trio.Lock()
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()

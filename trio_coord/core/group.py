@@ -350,6 +350,14 @@ class Group:
         self.positions.clear()
         return records
 
+    def requeue_positions(self, records: Iterable[OffsetRecord]) -> None:
+        """Put back drained positions whose commit failed, unless newer ones arrived."""
+        for record in records:
+            self.positions.setdefault(
+                record.tp,
+                PartitionOffset(record.topic, record.partition, record.offset, record.metadata),
+            )
+
     def plan_assignment(
         self,
         now: float,
