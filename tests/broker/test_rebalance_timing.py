@@ -302,3 +302,32 @@ async def test_a_hung_store_fails_the_rebalance_at_its_deadline_then_it_recovers
             assert stable["time"] == 8.0
             assert a.owned == [("t", 0), ("t", 1)]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_join_racing_a_group_deletion_is_told_to_retry(autojump_clock, monkeypatch):
+    from trio_coord import CoordinatorNotAvailableError, GroupNotFoundError
+
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 1)
+        await broker.coordinator.create_group("g")
+        store_back = trio.Event()
+        real_multi = broker.store.multi
+
+        async def slow_multi(ops):
+            await store_back.wait()
+            return await real_multi(ops)
+
+        monkeypatch.setattr(broker.store, "multi", slow_multi)
+        (a,) = members(broker, Timeline(), "a")
+        async with connected(a), trio.open_nursery() as nursery:
+            nursery.start_soon(broker.coordinator.delete_group, "g")
+            await trio.sleep(1.0)  # the tombstone is being written
+            with pytest.raises(CoordinatorNotAvailableError, match="being deleted"):
+                await a.join()
+            store_back.set()
+        with pytest.raises(GroupNotFoundError):
+            broker.coordinator.describe_group("g")
+        async with connected(a):
+            await a.join()  # a fresh group
+            await rec.wait_for("stable", group="g")

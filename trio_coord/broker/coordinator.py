@@ -221,7 +221,15 @@ class CoordinatorService:
                 f"group {group_id!r} has {len(runner.group.members)} active member(s); "
                 "stop its consumers before deleting it"
             )
-        await self._writer.write([GroupTombstone(group_id)])
+        await self._delete(runner)
+
+    async def _delete(self, runner: GroupRunner) -> None:
+        """Make a group's tombstone durable; no member may join while it is written."""
+        runner.deleting = True
+        try:
+            await self._writer.write([GroupTombstone(runner.group_id)])
+        finally:
+            runner.deleting = False  # (only matters if the write failed: it is gone otherwise)
 
     def runner(self, group_id: str) -> GroupRunner | None:
         """The runner of a group, if this broker has one (for tests and tools)."""
@@ -246,6 +254,6 @@ class CoordinatorService:
             for group_id in [g for g, r in self._runners.items() if r.is_removable(now, retention)]:
                 log.info("removing group %s: empty with no offsets for %gs", group_id, retention)
                 try:
-                    await self._writer.write([GroupTombstone(group_id)])
+                    await self._delete(self._runners[group_id])
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)

@@ -36,6 +36,7 @@ from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
+    CoordinatorNotAvailableError,
     UnknownMemberError,
 )
 from ..protocol.messages import (
@@ -103,6 +104,8 @@ class GroupRunner:
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
         """Set once the group task runs and can admit members."""
+        self.deleting = False
+        """True while the group's tombstone is being written: joins must wait."""
         self.rebalances = 0
         """How many rebalances completed (for tests and benchmarks)."""
 
@@ -137,6 +140,10 @@ class GroupRunner:
         """Admit a member (a new one, a live one rejoining, or one known from before a restart)."""
         group = self.group
         member_id = request.member_id
+        if self.deleting:
+            raise CoordinatorNotAvailableError(
+                f"group {self.group_id} is being deleted; join again in a moment"
+            )
         if (
             member_id
             and member_id not in group.members
