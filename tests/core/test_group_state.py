@@ -688,3 +688,10 @@ def test_requeued_positions_do_not_overwrite_newer_ones() -> None:
         TP("t", 0): PartitionOffset("t", 0, 9),
         TP("t", 1): PartitionOffset("t", 1, 7),
     }
+
+
+def test_replaying_an_older_generation_changes_nothing() -> None:
+    group = Group("g", now=0.0)
+    group.replay(GroupRecord("g", 3, "range", []), now=0.0)
+    group.replay(GroupRecord("g", 0, "", []), now=1.0)  # a CreateGroup racing the first join
+    assert (group.generation, group.assignor) == (3, "range")

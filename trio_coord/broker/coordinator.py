@@ -129,10 +129,19 @@ class CoordinatorService:
     def committed_offset(self, group_id: str, tp: TopicPartition) -> int | None:
         """The durable committed offset of ``group_id`` on ``tp`` (None if none)."""
         runner = self._runners.get(group_id)
+        record = runner.group.offsets.get(tp) if runner is not None else None
+        return None if record is None else record.offset
+
+    def current(self, record: Record) -> Record | None:
+        """The durable record in the same place as ``record`` (for the record writer)."""
+        if not isinstance(record, OffsetRecord | GroupRecord):
+            return None  # topics and tombstones always apply
+        runner = self._runners.get(record.group_id)
         if runner is None:
             return None
-        record = runner.group.offsets.get(tp)
-        return None if record is None else record.offset
+        if isinstance(record, OffsetRecord):
+            return runner.group.offsets.get(record.tp)
+        return runner.group.record
 
     # -- connections -------------------------------------------------------------------
 

@@ -33,11 +33,19 @@ from ..core.records import (
     TopicRecord,
     decode_record,
     encode_record,
+    supersedes,
 )
 from ..protocol.messages import TopicPartition
 from ..store.base import Create, Delete, MetadataStore, NoNodeError, Op, SetData, StoreError
 
-__all__ = ["RecordWriter", "group_path", "load_records", "offset_path", "topic_path"]
+__all__ = [
+    "RecordWriter",
+    "group_path",
+    "load_records",
+    "offset_path",
+    "record_path",
+    "topic_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,15 @@ def group_path(group_id: str) -> str:
 def offset_path(group_id: str, tp: TopicPartition) -> str:
     """Where one committed offset lives ('~' cannot occur in topic names)."""
     return f"{GROUPS}/{group_id}/offsets/{tp.topic}~{tp.partition}"
+
+
+def record_path(record: TopicRecord | GroupRecord | OffsetRecord) -> str:
+    """Where a record lives in the store."""
+    if isinstance(record, TopicRecord):
+        return topic_path(record.name)
+    if isinstance(record, GroupRecord):
+        return group_path(record.group_id)
+    return offset_path(record.group_id, record.tp)
 
 
 async def load_records(store: MetadataStore) -> tuple[list[Record], set[str]]:
@@ -107,10 +124,10 @@ class RecordWriter:
     """Batches records into atomic store writes, then replays them; see the module doc.
 
     ``replay`` applies one durable record to the in-memory state;
-    ``committed_offset`` returns the durable offset for (group, partition),
-    so that a batch never writes an offset that replay would refuse (a
-    non-reset commit below the current one), which keeps store and memory
-    equal.
+    ``current`` returns the durable record in the same place as a given one
+    (the committed offset, the group's generation), so that a batch never
+    writes what replay would ignore (see ``core.records.supersedes``): store
+    and memory stay equal.
     """
 
     def __init__(
@@ -119,13 +136,13 @@ class RecordWriter:
         *,
         existing_paths: set[str],
         replay: Callable[[Record], None],
-        committed_offset: Callable[[str, TopicPartition], int | None],
+        current: Callable[[Record], Record | None],
         max_batch_records: int = 5000,
     ) -> None:
         self._store = store
         self._paths = existing_paths
         self._replay = replay
-        self._committed = committed_offset
+        self._current = current
         self._max_batch = max_batch_records
         self._queue: list[_Batch] = []
         self._wakeup = trio.Event()
@@ -179,8 +196,8 @@ class RecordWriter:
             log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
             error = exc
         else:
-            self._paths |= created
             self._paths -= deleted
+            self._paths |= created
             for record in records:
                 self._replay(record)
         for batch in batches:
@@ -188,49 +205,41 @@ class RecordWriter:
             batch.done.set()
 
     def _ops(self, records: list[Record]) -> tuple[list[Op], set[str], set[str]]:
-        """The store operations that leave the store as replaying ``records`` leaves memory."""
-        final: dict[str, Record | None] = {}  # path -> record to write (None: delete)
-        exists = set(self._paths)
-        latest: dict[str, OffsetRecord] = {}
+        """The store operations that leave the store as replaying ``records`` leaves memory.
+
+        Returns the operations, the paths they create and the paths they
+        delete. A tombstone deletes its group's existing subtree first; what
+        later records in the batch write for that group is then created anew.
+        """
+        writes: dict[str, Record] = {}  # path -> the record replay will leave there
+        doomed: set[str] = set()  # existing paths that a tombstone deletes
+        fresh: set[str] = set()  # groups tombstoned in this batch: nothing durable is left
         for record in records:
-            if isinstance(record, OffsetRecord):
-                path = offset_path(record.group_id, record.tp)
-                kept = latest.get(path)
-                floor = (
-                    kept.offset if kept is not None else self._committed(record.group_id, record.tp)
-                )
-                if record.reset or floor is None or record.offset >= floor:
-                    latest[path] = record
-                    final[path] = record
-            elif isinstance(record, TopicRecord):
-                final[topic_path(record.name)] = record
-            elif isinstance(record, GroupRecord):
-                final[group_path(record.group_id)] = record
-            elif isinstance(record, GroupTombstone):
+            if isinstance(record, GroupTombstone):
                 base = group_path(record.group_id)
-                for path in list(final):
-                    if path == base or path.startswith(base + "/"):
-                        del final[path]
-                for path in sorted(exists, key=len, reverse=True):
-                    if path == base or path.startswith(base + "/"):
-                        final[path] = None
-        ops: list[Op] = []
-        created: set[str] = set()
-        deleted: set[str] = set()
-        # Deletions deepest first; then writes, creating missing parents on the way.
-        for path in sorted((p for p, r in final.items() if r is None), key=len, reverse=True):
-            ops.append(Delete(path))
-            exists.discard(path)
-            deleted.add(path)
-        for path, record in final.items():
-            if record is None:
+                for path in [p for p in writes if _under(p, base)]:
+                    del writes[path]
+                doomed |= {p for p in self._paths if _under(p, base)}
+                fresh.add(record.group_id)
                 continue
+            path = record_path(record)
+            if path in writes:
+                old: Record | None = writes[path]
+            elif isinstance(record, OffsetRecord | GroupRecord) and record.group_id in fresh:
+                old = None
+            else:
+                old = self._current(record)
+            if supersedes(record, old):
+                writes[path] = record
+        ops: list[Op] = [Delete(p) for p in sorted(doomed, key=len, reverse=True)]
+        exists = self._paths - doomed
+        created: set[str] = set()
+        for path, record in writes.items():
             for parent in _ancestors(path):
                 if parent not in exists:
                     ops.append(Create(parent))
                     exists.add(parent)
                     created.add(parent)
-                    deleted.discard(parent)
             data = encode_record(record)
             if path in exists:
                 ops.append(SetData(path, data))
@@ -238,8 +247,11 @@ class RecordWriter:
                 ops.append(Create(path, data))
                 exists.add(path)
                 created.add(path)
-            deleted.discard(path)
-        return ops, created, deleted
+        return ops, created, doomed
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base + "/")
 
 
 def _ancestors(path: str) -> list[str]:

@@ -104,7 +104,7 @@ class Broker:
             store,
             existing_paths=set(),
             replay=self._replay,
-            committed_offset=lambda g, tp: self.coordinator.committed_offset(g, tp),
+            current=lambda record: self.coordinator.current(record),
         )
         self.topics = TopicManager(self.writer, max_partitions=config.max_partitions)
         self.coordinator = CoordinatorService(

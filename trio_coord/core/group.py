@@ -43,7 +43,14 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from .assignors import Assignor, GroupSpec, MemberSpec, choose_assignor
-from .records import GroupRecord, GroupTombstone, MemberRecord, OffsetRecord, Record
+from .records import (
+    GroupRecord,
+    GroupTombstone,
+    MemberRecord,
+    OffsetRecord,
+    Record,
+    supersedes,
+)
 
 __all__ = [
     "OFFSET_RESET_POLICIES",
@@ -163,6 +170,8 @@ class Group:
         self.offsets: dict[TopicPartition, OffsetRecord] = {}
         self.positions: dict[TopicPartition, PartitionOffset] = {}
         self.fences: dict[str, Fence] = {}
+        self.record: GroupRecord | None = None
+        """The last generation record replayed (what the store holds)."""
         self.empty_since: float | None = now
 
     def __repr__(self) -> str:
@@ -463,14 +472,18 @@ class Group:
         A :class:`GroupRecord` sets the generation and the members'
         assignments; for members not live here (loading after a restart or a
         failover) their partitions are fenced for one session timeout from
-        ``now``, since they may still be fetching. An :class:`OffsetRecord`
-        never moves an offset backwards unless it is an explicit reset.
+        ``now``, since they may still be fetching; one older than the current
+        generation is ignored (generations never go back, or fencing would
+        weaken). An :class:`OffsetRecord` never moves an offset backwards
+        unless it is an explicit reset.
         """
         if isinstance(record, OffsetRecord):
-            current = self.offsets.get(record.tp)
-            if record.reset or current is None or record.offset >= current.offset:
+            if supersedes(record, self.offsets.get(record.tp)):
                 self.offsets[record.tp] = record
         elif isinstance(record, GroupRecord):
+            if not supersedes(record, self.record):
+                return  # e.g. a CreateGroup that raced the first join
+            self.record = record
             self.generation = record.generation
             self.assignor = record.assignor
             for persisted in record.members:

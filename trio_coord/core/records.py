@@ -24,6 +24,7 @@ __all__ = [
     "TopicRecord",
     "decode_record",
     "encode_record",
+    "supersedes",
 ]
 
 
@@ -83,6 +84,24 @@ class GroupTombstone(_Rec, tag="group-deleted"):
 
 
 Record = TopicRecord | GroupRecord | OffsetRecord | GroupTombstone
+
+
+def supersedes(new: Record, old: Record | None) -> bool:
+    """Whether replaying ``new`` over ``old`` (the record in the same place) replaces it.
+
+    Offsets and generations only move forward: an offset below the current
+    one is ignored unless it is an explicit reset, and so is an older
+    generation. Replay and the record writer both follow this rule, which
+    keeps the store and memory equal.
+    """
+    if old is None:
+        return True
+    if isinstance(new, OffsetRecord) and isinstance(old, OffsetRecord):
+        return new.reset or new.offset >= old.offset
+    if isinstance(new, GroupRecord) and isinstance(old, GroupRecord):
+        return new.generation >= old.generation
+    return True
+
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
