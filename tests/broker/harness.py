@@ -105,9 +105,11 @@ class FakeMember(RequestHandler):
         self.member_id = ""
         self.generation = -1
         self.owned: list[TopicPartition] = []
+        self.start_offsets: dict[TopicPartition, int] = {}
         self.pushes: list[tuple[float, str]] = []
         self.hold_stop = False
         self.hold_start = False
+
         self.conn: Connection | None = None
         self.dead = False
 
@@ -126,6 +128,7 @@ class FakeMember(RequestHandler):
                 await trio.sleep_forever()
             self.generation = body.generation
             self.owned = [p.tp for p in body.partitions]
+            self.start_offsets = {p.tp: p.offset for p in body.partitions}
             self.timeline.start(self.member_id, self.owned)
             return StartFetchersResponse()
         return await super().handle(body)

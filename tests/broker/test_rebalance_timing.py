@@ -331,3 +331,31 @@ async def test_a_join_racing_a_group_deletion_is_told_to_retry(autojump_clock, m
         async with connected(a):
             await a.join()  # a fresh group
             await rec.wait_for("stable", group="g")
+
+
+async def test_a_commit_still_in_flight_when_planning_reaches_the_new_owner(
+    autojump_clock, monkeypatch
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        real_multi = broker.store.multi
+
+        async def slow_multi(ops):
+            await trio.sleep(0.1)
+            return await real_multi(ops)
+
+        monkeypatch.setattr(broker.store, "multi", slow_multi)
+        a, b = members(broker, timeline, "a", "b")
+        async with connected(a), connected(b), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a)
+            assert a.owned == [("t", 0), ("t", 1)]
+            offsets = [PartitionOffset("t", 1, 100)]
+            commit = OffsetCommitRequest("g", a.member_id, a.generation, offsets)
+            nursery.start_soon(a.conn.request, commit)  # its write takes 0.1 s...
+            await trio.sleep(0.01)
+            mark = rec.mark()
+            await b.join()  # ...and this rebalance plans meanwhile
+            await rec.wait_for("stable", since=mark)
+            assert b.owned == [("t", 1)]
+            assert b.start_offsets == {("t", 1): 100}

@@ -515,7 +515,7 @@ def test_group_record_for_members_not_live_fences_their_partitions() -> None:
             MemberRecord("c", "cc", "hc", ["t"], 3_000, 5_000, []),
         ],
     )
-    group.replay(record, now=100.0)
+    group.replay(record, now=100.0, loading=True)
     assert (group.generation, group.assignor, group.state) == (7, "roundrobin", S.EMPTY)
     assert group.members == {}
     assert group.fences == {
@@ -541,6 +541,16 @@ def test_group_record_for_members_not_live_fences_their_partitions() -> None:
     assert group.fences == {}
 
 
+def test_a_live_write_does_not_fence_a_member_that_left_meanwhile() -> None:
+    # Planned with "a", who then left cleanly while the generation was being written.
+    group = Group("g", now=0.0)
+    record = GroupRecord(
+        "g", 2, "range", [MemberRecord("a", "", "", ["t"], 10_000, 5_000, [TP("t", 0)])]
+    )
+    group.replay(record, now=1.0)
+    assert group.fences == {}
+
+
 def test_group_record_sets_assignments_of_live_members_without_fencing_them() -> None:
     group = Group("g", now=0.0)
     join(group, "a", 0.0)
@@ -559,6 +569,7 @@ def test_member_stopped_clears_its_fence() -> None:
             "g", 1, "range", [MemberRecord("a", "", "", ["t"], 10_000, 5_000, [TP("t", 0)])]
         ),
         now=0.0,
+        loading=True,
     )
     assert "a" in group.fences
     join(group, "a", 1.0)  # the former member rejoins with its id

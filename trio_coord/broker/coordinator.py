@@ -18,7 +18,7 @@ import trio
 
 from ..core.assignors import ASSIGNORS, Assignor
 from ..core.group import Group, GroupLimits, GroupState
-from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record
+from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record, TopicRecord
 from ..core.validation import validate_group_id
 from ..protocol.connection import Connection
 from ..protocol.errors import GroupAlreadyExistsError, GroupNotFoundError, NonEmptyGroupError
@@ -113,7 +113,7 @@ class CoordinatorService:
 
     # -- replay (called by the record writer once a record is durable) -----------------
 
-    def replay(self, record: Record) -> None:
+    def replay(self, record: Record, *, loading: bool = False) -> None:
         """Apply one durable group or offset record to the group it belongs to."""
         assert isinstance(record, GroupRecord | OffsetRecord | GroupTombstone)
         runner = self._runners.get(record.group_id)
@@ -121,7 +121,7 @@ class CoordinatorService:
             if isinstance(record, GroupTombstone):
                 return
             runner = self._new_runner(Group(record.group_id, now=trio.current_time()))
-        runner.group.replay(record, now=trio.current_time())
+        runner.group.replay(record, now=trio.current_time(), loading=loading)
         if isinstance(record, GroupTombstone):
             del self._runners[record.group_id]
             runner.close()
@@ -134,8 +134,11 @@ class CoordinatorService:
 
     def current(self, record: Record) -> Record | None:
         """The durable record in the same place as ``record`` (for the record writer)."""
+        if isinstance(record, TopicRecord):
+            count = self._topics.partitions.get(record.name)
+            return None if count is None else TopicRecord(record.name, count)
         if not isinstance(record, OffsetRecord | GroupRecord):
-            return None  # topics and tombstones always apply
+            return None  # tombstones always apply
         runner = self._runners.get(record.group_id)
         if runner is None:
             return None
@@ -214,7 +217,7 @@ class CoordinatorService:
         return runner.group.describe()
 
     async def create_group(self, group_id: str) -> None:
-        """Create an empty group, durably."""
+        """Create an empty group (removed after the retention period if it stays unused)."""
         validate_group_id(group_id)
         if group_id in self._runners:
             raise GroupAlreadyExistsError(f"group {group_id!r} exists already")

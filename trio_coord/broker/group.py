@@ -347,9 +347,12 @@ class GroupRunner:
         # The store phases are bounded too: a store that hangs fails this rebalance
         # (TooSlowError), and the loop retries it after a backoff.
         store_deadline = max(m.rebalance_timeout for m in members)
-        # Phase 2: the positions collected become durable offsets.
+        # Phase 2: the positions collected become durable offsets, and so does every
+        # commit still in flight (a member may commit in on_revoked): the plan must
+        # start new owners from them.
         with trio.fail_after(store_deadline):
             await self._commit_positions()
+            await self._writer.drain()
         await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
         plan = group.plan_assignment(
@@ -360,8 +363,10 @@ class GroupRunner:
         )
         with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
             # Shielded from the rebalance's cancellation: a generation that reaches the
-            # store is replayed, and a cancelled rebalance must not leave the next one
-            # planning the same generation number before that replay.
+            # store is replayed, so let the write finish rather than have the next
+            # rebalance plan the same number meanwhile. (If the store deadline passes,
+            # a late replay of this record is harmless: replay is forward-only and in
+            # queue order, and no member was started with it.)
             await self._writer.write([plan.record])
         await trio.lowlevel.checkpoint_if_cancelled()
         group.begin_starting()

@@ -13,7 +13,7 @@ is durable, and the in-memory state always equals what a restart would load
 The store layout::
 
     /topics/<topic>                        TopicRecord
-    /groups/<group>                        GroupRecord (empty data: created, no generation yet)
+    /groups/<group>                        GroupRecord (empty data: only a parent of offsets)
     /groups/<group>/offsets/<topic>~<p>    OffsetRecord
 """
 

@@ -137,17 +137,17 @@ class Broker:
         """This broker as Metadata describes it."""
         return BrokerInfo(self.config.broker_id, self.address[0], self.address[1])
 
-    def _replay(self, record: Record) -> None:
+    def _replay(self, record: Record, *, loading: bool = False) -> None:
         if isinstance(record, TopicRecord):
             self.topics.replay(record)
         else:
-            self.coordinator.replay(record)
+            self.coordinator.replay(record, loading=loading)
 
     async def _load(self) -> None:
         records, paths = await load_records(self.store)
         self.writer.add_existing_paths(paths)
         for record in records:
-            self._replay(record)
+            self._replay(record, loading=True)
         log.info(
             "loaded %d topic(s) and %d group(s) from the store",
             len(self.topics.partitions),

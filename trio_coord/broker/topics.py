@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..core.records import TopicRecord
+import trio
+
+from ..core.records import TopicRecord, supersedes
 from ..core.validation import validate_topic_name
 from ..protocol.errors import InvalidPartitionsError, TopicAlreadyExistsError, UnknownTopicError
 from ..protocol.messages import TopicInfo, TopicPartition
@@ -30,13 +32,18 @@ class TopicManager:
         self.partitions: dict[str, int] = {}
         """topic → partition count (the durable, replayed state)."""
         self._listeners: list[Callable[[str], None]] = []
+        # Check-then-write must not interleave: two AddPartitions could shrink a topic.
+        self._changing = trio.Lock()
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(topic)`` whenever a topic is created or grows."""
         self._listeners.append(listener)
 
     def replay(self, record: TopicRecord) -> None:
-        """Apply a durable topic record and tell the listeners."""
+        """Apply a durable topic record and tell the listeners (counts never shrink)."""
+        current = self.partitions.get(record.name)
+        if not supersedes(record, None if current is None else TopicRecord(record.name, current)):
+            return
         self.partitions[record.name] = record.partitions
         for listener in self._listeners:
             listener(record.name)
@@ -51,24 +58,26 @@ class TopicManager:
         """Create a topic; raises INVALID_TOPIC, INVALID_PARTITIONS, TOPIC_ALREADY_EXISTS."""
         validate_topic_name(name)
         self._check_count(partitions)
-        if name in self.partitions:
-            raise TopicAlreadyExistsError(
-                f"topic {name!r} exists already with {self.partitions[name]} partitions"
-            )
-        await self._writer.write([TopicRecord(name, partitions)])
-        return TopicInfo(name, self.partitions[name])
+        async with self._changing:
+            if name in self.partitions:
+                raise TopicAlreadyExistsError(
+                    f"topic {name!r} exists already with {self.partitions[name]} partitions"
+                )
+            await self._writer.write([TopicRecord(name, partitions)])
+            return TopicInfo(name, self.partitions[name])
 
     async def add_partitions(self, name: str, total: int) -> TopicInfo:
         """Grow a topic to ``total`` partitions; the count never shrinks."""
-        current = self.require(name)
         self._check_count(total)
-        if total <= current:
-            raise InvalidPartitionsError(
-                f"topic {name!r} has {current} partitions; the new total must be larger "
-                "(partitions can be added, never removed)"
-            )
-        await self._writer.write([TopicRecord(name, total)])
-        return TopicInfo(name, self.partitions[name])
+        async with self._changing:
+            current = self.require(name)
+            if total <= current:
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {current} partitions; the new total must be larger "
+                    "(partitions can be added, never removed)"
+                )
+            await self._writer.write([TopicRecord(name, total)])
+            return TopicInfo(name, self.partitions[name])
 
     def require(self, name: str) -> int:
         """The partition count of ``name``; raises UNKNOWN_TOPIC if it does not exist."""

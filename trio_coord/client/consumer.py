@@ -145,6 +145,7 @@ class Consumer:
             raise ValueError("name at least one assignor (for example 'range')")
         self.group_id = group_id
         self.session_timeout = session_timeout
+        self._granted_session = session_timeout
         self.rebalance_timeout = rebalance_timeout
         self.auto_commit = auto_commit
         self.offset_reset = offset_reset
@@ -340,8 +341,10 @@ class Consumer:
         ]
 
     def _renew_lease(self, sent_at: float) -> None:
-        if sent_at + self.session_timeout > self._lease_end:
-            self._lease_end = sent_at + self.session_timeout
+        # The lease is the session the broker granted (what its fences are measured
+        # with), counted from when the accepted request was *sent*.
+        if sent_at + self._granted_session > self._lease_end:
+            self._lease_end = sent_at + self._granted_session
             self._lease_moved.set()
 
     # -- the tasks -------------------------------------------------------------------------
@@ -407,6 +410,7 @@ class Consumer:
         assert isinstance(response, JoinGroupResponse)
         self.member_id = response.member_id
         self.generation = response.generation
+        self._granted_session = response.session_timeout_ms / 1000
         self._renew_lease(sent_at)
         if not self._assignment:
             self._state.value = ConsumerState.REBALANCING

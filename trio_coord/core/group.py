@@ -466,13 +466,15 @@ class Group:
 
     # -- records -----------------------------------------------------------------
 
-    def replay(self, record: Record, *, now: float) -> None:
-        """Apply a durable record (after a write, or while loading).
+    def replay(self, record: Record, *, now: float, loading: bool = False) -> None:
+        """Apply a durable record (after a write, or with ``loading=True`` at start-up).
 
         A :class:`GroupRecord` sets the generation and the members'
-        assignments; for members not live here (loading after a restart or a
-        failover) their partitions are fenced for one session timeout from
-        ``now``, since they may still be fetching; one older than the current
+        assignments. While loading (after a restart or a failover) the
+        partitions of its members are fenced for one session timeout from
+        ``now``, since those members may still be fetching; after a live write,
+        a member in the record that is gone already left through
+        :meth:`remove_member`, which fenced what it needed. One older than the current
         generation is ignored (generations never go back, or fencing would
         weaken). An :class:`OffsetRecord` never moves an offset backwards
         unless it is an explicit reset.
@@ -491,7 +493,7 @@ class Group:
                 live = self.members.get(persisted.member_id)
                 if live is not None:
                     live.assignment = assigned
-                elif assigned:
+                elif assigned and loading:
                     until = now + persisted.session_timeout_ms / 1000
                     self.fences[persisted.member_id] = Fence(assigned, until)
         elif isinstance(record, GroupTombstone):

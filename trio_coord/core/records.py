@@ -89,10 +89,11 @@ Record = TopicRecord | GroupRecord | OffsetRecord | GroupTombstone
 def supersedes(new: Record, old: Record | None) -> bool:
     """Whether replaying ``new`` over ``old`` (the record in the same place) replaces it.
 
-    Offsets and generations only move forward: an offset below the current
-    one is ignored unless it is an explicit reset, and so is an older
-    generation. Replay and the record writer both follow this rule, which
-    keeps the store and memory equal.
+    Offsets, generations and partition counts only move forward: an offset
+    below the current one is ignored unless it is an explicit reset, and so
+    are an older generation and a smaller partition count. Replay and the
+    record writer both follow this rule, which keeps the store and memory
+    equal.
     """
     if old is None:
         return True
@@ -100,6 +101,8 @@ def supersedes(new: Record, old: Record | None) -> bool:
         return new.reset or new.offset >= old.offset
     if isinstance(new, GroupRecord) and isinstance(old, GroupRecord):
         return new.generation >= old.generation
+    if isinstance(new, TopicRecord) and isinstance(old, TopicRecord):
+        return new.partitions >= old.partitions
     return True
 
 

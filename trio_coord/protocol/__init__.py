@@ -1,7 +1,7 @@
 """The wire protocol: messages, error codes, framing and the multiplexed connection.
 
-This is the bottom layer; it imports nothing else from trio_coord. Brokers,
-clients and the Spark reader all speak through it.
+This is the bottom layer: of trio_coord it imports only the leaf helper
+``_aio``. Brokers, clients and the Spark reader all speak through it.
 """
 
 from .connection import Connection, RequestHandler, open_connection

@@ -249,7 +249,11 @@ class DescribeGroupRequest(_Wire, tag=10):
 
 
 class CreateGroupRequest(_Wire, tag=11):
-    """Create an empty, durable group (joining creates one implicitly too)."""
+    """Create an empty group (joining creates one too).
+
+    Like any group, it is removed once it has stayed empty, with no committed
+    offsets, for the broker's group retention period.
+    """
 
     group: str
 
@@ -274,8 +278,9 @@ class StopFetchersRequest(_Wire, tag=20):
 class StartFetchersRequest(_Wire, tag=21):
     """Own exactly these partitions from these offsets, as of ``generation``.
 
-    An offset of ``-1`` means the group has none and the member applies its
-    reset policy.
+    Where the group has no committed offset the coordinator has applied the
+    member's reset policy already; ``-1`` means it had none to apply (policy
+    "none"), so the member has no position there.
     """
 
     group: str

@@ -1,0 +1,78 @@
+"""Topic changes are checked and written one at a time: concurrent ones cannot shrink a topic."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import InvalidPartitionsError, TopicAlreadyExistsError, UnknownTopicError
+
+from .harness import ephemeral_broker
+
+
+@pytest.fixture
+def slow_store(monkeypatch):
+    """Make every store write of the broker passed in take 0.1 s of virtual time."""
+
+    def slow(broker):
+        real_multi = broker.store.multi
+
+        async def multi(ops):
+            await trio.sleep(0.1)
+            return await real_multi(ops)
+
+        monkeypatch.setattr(broker.store, "multi", multi)
+
+    return slow
+
+
+async def test_concurrent_add_partitions_never_shrink_a_topic(autojump_clock, slow_store):
+    async with ephemeral_broker() as broker:
+        await broker.topics.create_topic("t", 3)
+        slow_store(broker)
+        outcomes: dict[int, object] = {}
+
+        async def grow(total):
+            try:
+                outcomes[total] = await broker.topics.add_partitions("t", total)
+            except InvalidPartitionsError as exc:
+                outcomes[total] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(grow, 10)
+            nursery.start_soon(grow, 5)
+        # Whichever ran first, the topic ends at 10: growing to 5 either came first or
+        # was refused, never applied after 10.
+        assert broker.topics.partitions["t"] == 10
+        assert outcomes[10].partitions == 10
+
+
+async def test_concurrent_creates_of_one_topic_one_wins(autojump_clock, slow_store):
+    async with ephemeral_broker() as broker:
+        slow_store(broker)
+        errors = []
+
+        async def create(partitions):
+            try:
+                await broker.topics.create_topic("u", partitions)
+            except TopicAlreadyExistsError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create, 4)
+            nursery.start_soon(create, 2)
+        winner = broker.topics.partitions["u"]
+        assert winner in (2, 4)
+        assert len(errors) == 1
+        assert f"exists already with {winner} partitions" in str(errors[0])
+
+
+async def test_topic_errors_say_what_to_do(autojump_clock):
+    async with ephemeral_broker(max_partitions=100) as broker:
+        with pytest.raises(UnknownTopicError, match="create it first"):
+            await broker.topics.add_partitions("missing", 2)
+        await broker.topics.create_topic("t", 2)
+        with pytest.raises(InvalidPartitionsError, match="never removed"):
+            await broker.topics.add_partitions("t", 1)
+        with pytest.raises(InvalidPartitionsError, match="between 1 and 100"):
+            await broker.topics.create_topic("big", 101)
