@@ -10,6 +10,11 @@ ends it on the way out. The rest is the arithmetic and the printing:
 :func:`format_table` for the aligned human table, :func:`emit_json` for the
 machine-readable result, :func:`process_cpu_seconds` to tell who was the
 bottleneck.
+
+Children that do not speak the line protocol (a ``trio-coord consume``
+process, say) are started with :func:`start_logged`, their output going to
+files, and ended with :func:`kill_all`; :func:`load_average` and
+:func:`min_p50_max` serve benchmarks that report few samples.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -30,10 +36,14 @@ __all__ = [
     "ROOT",
     "BenchError",
     "Child",
+    "child_env",
     "cpu_count",
     "emit_json",
     "format_table",
+    "kill_all",
     "latency_summary",
+    "load_average",
+    "min_p50_max",
     "percentile",
     "process_cpu_seconds",
     "python_module",
@@ -41,6 +51,7 @@ __all__ = [
     "read_stdin_line",
     "say",
     "spawn",
+    "start_logged",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +99,21 @@ def latency_summary(samples: Iterable[float], *, unit: float = 1e-3) -> dict[str
         summary[name] = percentile(ordered, q) / unit
     summary["max"] = ordered[-1] / unit if n else math.nan
     return summary
+
+
+def min_p50_max(samples: Iterable[float]) -> dict[str, float]:
+    """Count, min, p50 and max of ``samples`` as they are (NaN for no samples).
+
+    For benchmarks with a handful of samples per measure, where p99 would only
+    repeat the max.
+    """
+    ordered = sorted(samples)
+    return {
+        "count": len(ordered),
+        "min": ordered[0] if ordered else math.nan,
+        "p50": percentile(ordered, 50),
+        "max": ordered[-1] if ordered else math.nan,
+    }
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -154,6 +180,14 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def load_average() -> float | None:
+    """The machine's 1-minute load average (others' work skews the figures); None if unknown."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system, in seconds) process ``pid`` has used so far.
 
@@ -176,6 +210,60 @@ def process_cpu_seconds(pid: int) -> float | None:
 def python_module(module: str, *args: str) -> list[str]:
     """The command line running ``python -m module args...`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository root first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+async def start_logged(
+    argv: Sequence[str], name: str, workdir: str | os.PathLike[str]
+) -> trio.Process:
+    """Start ``argv`` in the repository root, stdin empty, output to files in ``workdir``.
+
+    Its stdout goes to ``workdir/<name>.stdout`` and its stderr to
+    ``workdir/<name>.stderr`` (files, not pipes: a child nobody reads from
+    never blocks on a full pipe). The caller must end it, e.g. with
+    :func:`kill_all` in a ``finally``.
+    """
+    safe = _safe_name(name)
+    with (
+        (Path(workdir) / f"{safe}.stdout").open("wb") as stdout,
+        (Path(workdir) / f"{safe}.stderr").open("wb") as stderr,
+    ):
+        return await trio.lowlevel.open_process(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=str(ROOT),
+            env=child_env(),
+        )
+
+
+async def kill_all(processes: Iterable[trio.Process]) -> None:
+    """SIGKILL every process still running and reap them all; shielded from cancellation.
+
+    SIGKILL also ends a process stopped with SIGSTOP, which would hold a
+    SIGTERM pending forever; it is meant for ``finally`` blocks, including on
+    Ctrl-C.
+    """
+    with trio.CancelScope(shield=True):
+        pending = [p for p in processes if p.returncode is None]
+        for process in pending:
+            try:
+                process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:  # already gone (it is reaped below)
+                pass
+        for process in pending:
+            await process.wait()
 
 
 class Child:
@@ -288,10 +376,8 @@ async def spawn(
     its stdin (a child should take that as "exit"), then terminates and at
     last kills it: no child outlives the block.
     """
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    stderr_path = Path(workdir) / f"{safe}.stderr"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    stderr_path = Path(workdir) / f"{_safe_name(name)}.stderr"
+    env = child_env()
     with stderr_path.open("wb") as stderr:
         process = await trio.lowlevel.open_process(
             list(argv),

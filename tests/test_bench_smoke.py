@@ -41,3 +41,50 @@ def test_heartbeat_bench_quick_json() -> None:
         value = result["ratio"][name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
     assert result["params"]["quick"] is True
+
+
+@pytest.mark.slow
+def test_rebalance_bench_quick() -> None:
+    """The quick rebalance benchmark reports every measure, within sanity bounds of S.
+
+    The bounds are loose on purpose (this is not a performance claim): a
+    crashed member's partitions move once its lease (last heartbeat + S)
+    ends, so the handover cannot take much more than S; a silent member is
+    declared dead at its last heartbeat + S, at least 2/3 S after it fell
+    silent, since members heartbeat every S/3.
+    """
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["params"]["quick"] is True
+    rounds = result["params"]["rounds"]
+    measures = result["measures"]
+    expected = {
+        "join",
+        "leave",
+        "leave_signal",
+        "crash_detection",
+        "crash_handover",
+        "crash_lease_left",
+        "crash_after_lease",
+        "silent_detection",
+        "silent_lease_left",
+        "silent_slack",
+        "silent_handover",
+    }
+    assert expected <= measures.keys(), sorted(measures)
+    for name in expected:
+        figures = measures[name]
+        assert figures["count"] >= rounds, (name, figures)
+        for key in ("min_ms", "p50_ms", "max_ms"):
+            value = figures[key]
+            assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, figures)
+    assert measures["crash_handover"]["max_ratio"] <= 1.2, measures["crash_handover"]
+    assert measures["silent_detection"]["min_ratio"] >= 0.5, measures["silent_detection"]

@@ -67,8 +67,9 @@ def _wall_clock_ms() -> int:
 
 EventCallback = Callable[[str, dict[str, object]], None]
 """An observer of group events: ``callback(what, details)``, where ``what`` is one of
-joined, removed, rebalance_started, rebalance_restarted, rebalance_failed,
-start_delayed, started, stable; ``details`` always has ``group`` and ``time``."""
+joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
+start_delayed, started, stable; ``details`` always has ``group`` and ``time``, and
+partitions are spelled ``"topic-N"``."""
 
 
 class GroupRunner:
@@ -245,8 +246,10 @@ class GroupRunner:
             member_id=member_id,
             reason=reason,
             fenced_until=fence.until if fence else None,
-            partitions=sorted(member.may_own),
+            partitions=[str(tp) for tp in sorted(member.may_own)],
         )
+        if not self.group.members:
+            self._emit("empty")
         self.request_rebalance(f"member {member_id} {reason}")
 
     def connection_lost(self, member_id: str) -> None:
