@@ -356,7 +356,7 @@ class _Run:
         in its new assignment is free, so the member's other partitions wait
         for the lease too.
         """
-        fenced = {f"{tp.topic}-{tp.partition}" for tp in removed.details.get("partitions", [])}
+        fenced = set(removed.details.get("partitions", []))
         delayed = {str(e.details["member_id"]) for e in between if e.what == "start_delayed"}
         others = set()
         for e in between:
