@@ -4,7 +4,8 @@ What an application relies on: joining spreads the partitions, every
 rebalance leaves each partition with exactly one owner, leaving the block
 (or being cancelled) leaves the group at once, commits survive a broker
 restart, a consumer rejoins by itself after its coordinator restarts, and a
-bad setting fails loudly at ``open_consumer``.
+bad setting fails loudly at ``open_consumer``. The consumer's side of the
+lease is also checked on its own, on the virtual clock.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import pytest
 import trio
 
 from trio_coord import (
+    Consumer,
     ConsumerState,
+    CoordError,
     InvalidSessionTimeoutError,
     OffsetRegressionError,
     TopicPartition,
@@ -23,6 +26,7 @@ from trio_coord import (
     open_broker,
     open_consumer,
 )
+from trio_coord.protocol import PartitionOffset, StartFetchersRequest
 
 S = 0.6  # session timeout for these tests (seconds of real time)
 
@@ -219,3 +223,119 @@ async def test_a_slow_on_revoked_is_called_once_per_revocation(broker):
                 await wait_until(lambda: complete_and_exclusive([a, b, c], 2), timeout=5.0)
             # Every partition a lost, it heard about once per assignment it held.
             assert all(calls.count(p) == 1 for p in calls)
+
+
+async def test_leaving_while_a_rebalance_starts_revokes_once_and_assigns_nothing(broker):
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 2)
+    calls: list[tuple[str, list[TopicPartition]]] = []
+    revoking = trio.Event()
+    a: Consumer
+
+    async def slow_revoke(partitions):
+        calls.append(("revoked", partitions))
+        revoking.set()
+        await trio.sleep(0.3)  # b joins meanwhile: StopFetchers, then StartFetchers, for a
+        await a.commit({tp: 7 for tp in partitions})  # still possible while revoking
+
+    def assigned(partitions):
+        calls.append(("assigned", partitions))
+
+    opts = dict(session_timeout=5.0)
+    async with trio.open_nursery() as nursery:
+
+        async def a_leaves_at_once():
+            nonlocal a
+            async with open_consumer(
+                broker.bootstrap, "g", ["t"], on_revoked=slow_revoke, on_assigned=assigned, **opts
+            ) as a:
+                await a.wait_assigned()
+
+        nursery.start_soon(a_leaves_at_once)
+        await revoking.wait()
+        async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as b:
+            await wait_until(lambda: complete_and_exclusive([b], 2))
+            assert b.assignment == {TopicPartition("t", 0): 7, TopicPartition("t", 1): 7}
+    everything = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    assert calls == [("assigned", everything), ("revoked", everything)]
+
+
+async def test_a_start_arriving_after_the_lease_ran_out_is_refused(autojump_clock):
+    # The lease ran out while the consumer owned nothing (stopped, its heartbeats not
+    # answered in time), so the watchdog had nothing to drop and waits for the lease to
+    # move. A StartFetchers delivered now was sent before the coordinator declared the
+    # member dead: obeying it, the consumer would fetch with no lease and nothing would
+    # drop the partitions while it stays cut off, whereas the coordinator hands them
+    # over once its fence ends.
+    consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer._watchdog)
+        consumer.member_id = "m"
+        consumer._member_ready.set()
+        consumer._renew_lease(trio.current_time())  # the last accepted heartbeat
+        await trio.sleep(S * 1.5)
+        start = StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
+        with pytest.raises(CoordError, match="lease"):
+            await consumer._handler.handle(start)
+        await trio.sleep(S)
+        assert consumer.assignment == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_commit_while_reconnecting_is_retriable_and_after_leaving_is_not(tmp_path):
+    stop_broker = trio.Event()
+    async with trio.open_nursery() as nursery:
+
+        async def run_broker(task_status=trio.TASK_STATUS_IGNORED):
+            async with open_broker(tmp_path / "data", min_session_timeout=0.05) as broker:
+                async with open_admin(broker.bootstrap) as admin:
+                    await admin.create_topic("t", 1)
+                task_status.started(broker.bootstrap)
+                await stop_broker.wait()
+
+        bootstrap = await nursery.start(run_broker)
+        async with open_consumer(bootstrap, "g", ["t"], session_timeout=5.0) as consumer:
+            await consumer.wait_assigned()
+            stop_broker.set()  # the consumer keeps its partitions and tries to reconnect
+            await wait_until(lambda: consumer._conn is None or consumer._conn.closed)
+            with pytest.raises(CoordError, match="retry") as info:
+                await consumer.commit({("t", 0): 1})
+            assert info.value.retriable
+        with pytest.raises(CoordError, match="left its group") as info:
+            await consumer.commit({("t", 0): 1})
+        assert not info.value.retriable
+
+
+async def test_the_watchdog_still_watches_a_lease_renewed_while_on_lost_ran(autojump_clock):
+    # The lease ran out and the watchdog dropped t-0. While on_lost ran, a late heartbeat
+    # answer renewed the lease and a StartFetchers gave the consumer t-1; then its
+    # coordinator became unreachable for good. The watchdog must still drop t-1 when
+    # that lease ends (it used to wait for a renewal it had already missed).
+    consumer: Consumer
+    lost: list[list[TopicPartition]] = []
+
+    async def slow_on_lost(partitions):
+        lost.append(partitions)
+        if len(lost) > 1:
+            return
+        consumer._renew_lease(trio.current_time())
+        await consumer._handler.handle(
+            StartFetchersRequest("g", "m", 3, [PartitionOffset("t", 1, 0)])
+        )
+        await trio.sleep(S / 10)
+
+    consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S, on_lost=slow_on_lost)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer._watchdog)
+        consumer.member_id = "m"
+        consumer._member_ready.set()
+        consumer._renew_lease(trio.current_time())
+        await consumer._handler.handle(
+            StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
+        )
+        await trio.sleep(S * 1.5)
+        assert list(consumer.assignment) == [TopicPartition("t", 1)]
+        await trio.sleep(S)
+        assert consumer.assignment == {}
+        assert lost == [[TopicPartition("t", 0)], [TopicPartition("t", 1)]]
+        nursery.cancel_scope.cancel()

@@ -5,16 +5,30 @@ restarts an in-flight rebalance at the moment it is known (not at a
 timeout), a member that does not answer is expelled at its rebalance
 timeout exactly, a silent member is declared dead at its session timeout
 exactly, and a dead member's partitions reach a new owner only once its
-lease has certainly ended.
+lease has certainly ended. And no member's action or timing, nor a
+deletion racing a join, takes the broker down.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 
-from trio_coord import IllegalGenerationError, InvalidSessionTimeoutError, UnknownMemberError
-from trio_coord.protocol import HeartbeatRequest, OffsetCommitRequest, PartitionOffset
+from trio_coord import (
+    GroupNotFoundError,
+    IllegalGenerationError,
+    InvalidSessionTimeoutError,
+    UnknownMemberError,
+)
+from trio_coord.protocol import (
+    HeartbeatRequest,
+    OffsetCommitRequest,
+    PartitionOffset,
+    StartFetchersResponse,
+    StopFetchersRequest,
+)
 
 from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
 
@@ -359,3 +373,161 @@ async def test_a_commit_still_in_flight_when_planning_reaches_the_new_owner(
             await rec.wait_for("stable", since=mark)
             assert b.owned == [("t", 1)]
             assert b.start_offsets == {("t", 1): 100}
+
+
+def gated_store(broker, monkeypatch, gates: list[trio.Event]) -> None:
+    """Hold the broker's next store writes, the i-th until ``gates[i]`` is set."""
+    real_multi = broker.store.multi
+    writes = 0
+
+    async def gated_multi(ops):
+        nonlocal writes
+        writes += 1
+        if writes <= len(gates):
+            await gates[writes - 1].wait()
+        return await real_multi(ops)
+
+    monkeypatch.setattr(broker.store, "multi", gated_multi)
+
+
+async def test_the_sweeper_spares_a_group_that_a_member_joined_while_it_swept(
+    autojump_clock, monkeypatch
+):
+    # Two groups expire in the same sweep, which deletes them one store write after
+    # the other. A member joining the second meanwhile must keep it: tombstoning a
+    # group with members used to crash the record writer, and with it the broker.
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, group_retention=60.0) as broker:
+        await broker.topics.create_topic("t", 1)
+        await broker.coordinator.create_group("g1")
+        await broker.coordinator.create_group("g2")
+        (a,) = members(broker, Timeline(), "a", group="g2")
+        async with connected(a):
+            await trio.sleep_until(59.0)
+            store_back = trio.Event()
+            gated_store(broker, monkeypatch, [store_back])
+            await trio.sleep_until(61.0)
+            assert broker.coordinator.runner("g1").deleting  # the sweep of t=60 is writing
+            await a.join()
+            store_back.set()
+            stable = await rec.wait_for("stable", group="g2")
+            assert stable["ownership"] == {"t-0": a.member_id}
+            assert broker.coordinator.runner("g1") is None
+
+
+async def test_a_retried_delete_cannot_tombstone_the_group_that_replaced_it(
+    autojump_clock, monkeypatch
+):
+    # A DeleteGroup retried while the first one's tombstone is being written used to
+    # queue a second tombstone, written after a member had joined a new group of the
+    # same name: replaying it then crashed the broker.
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 1)
+        await broker.coordinator.create_group("g")
+        first_write, second_write = trio.Event(), trio.Event()
+        gated_store(broker, monkeypatch, [first_write, second_write])
+        (a,) = members(broker, Timeline(), "a")
+        retried: list[Exception | None] = []
+
+        async def delete_again():
+            try:
+                await broker.coordinator.delete_group("g")
+            except GroupNotFoundError as exc:
+                retried.append(exc)
+            else:
+                retried.append(None)
+
+        async with connected(a), trio.open_nursery() as nursery:
+            nursery.start_soon(broker.coordinator.delete_group, "g")
+            await trio.sleep(1.0)  # the tombstone is being written
+            nursery.start_soon(delete_again)
+            # Another group's commit shares the next store write.
+            other = OffsetCommitRequest("other", "", -1, [PartitionOffset("t", 0, 5)])
+            nursery.start_soon(broker.coordinator.commit, other)
+            await trio.sleep(1.0)
+            first_write.set()  # g is gone
+            await trio.sleep(1.0)
+            await a.join()  # a new g
+            second_write.set()
+            await rec.wait_for("stable", group="g")
+        assert isinstance(retried[0], GroupNotFoundError)
+        assert "being deleted" in str(retried[0])
+
+
+async def test_a_member_lost_as_the_rebalance_begins_is_only_removed(autojump_clock):
+    # b's connection is lost in the same scheduling step as the rebalance begins, before
+    # the task that sends b its StopFetchers first runs (a coincidence of scheduling,
+    # pinned here by acting on the rebalance_started event). That task used to raise
+    # KeyError, which escaped with the other members' cancellations and crashed the broker.
+    rec, timeline = Recorder(), Timeline()
+    lose: list[str] = []
+
+    def on_event(what, details):
+        rec(what, details)
+        if what == "rebalance_started" and lose:
+            broker.coordinator.runner("g").connection_lost(lose.pop())
+
+    async with ephemeral_broker(on_event=on_event) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b, c = members(broker, timeline, "a", "b", "c")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a, b)
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(20)])
+            mark = rec.mark()
+            lose.append(b.member_id)
+            await c.join()
+            nursery.start_soon(heartbeat_at, c, [x + 0.5 for x in range(20)])
+            removed = await rec.wait_for("removed", since=mark, member_id=b.member_id)
+            assert removed["reason"] == "lost its connection"
+            stable = await rec.wait_for("stable", since=mark)
+            assert stable["time"] == S  # b's lease, from its join at t=0
+            assert set(stable["ownership"].values()) == {a.member_id, c.member_id}
+            assert rec.all("rebalance_failed") == []
+            nursery.cancel_scope.cancel()
+
+
+async def heartbeat_until_expelled(member: FakeMember, first: float) -> None:
+    """Heartbeat every second from ``first`` until the coordinator no longer knows it."""
+    await trio.sleep_until(first)
+    with contextlib.suppress(UnknownMemberError):
+        while True:
+            await member.heartbeat()
+            await trio.sleep(1.0)
+
+
+class _Confused(FakeMember):
+    """Answers StopFetchers with the wrong message once ``confused`` is set."""
+
+    confused = False
+
+    async def handle(self, body):
+        if self.confused and isinstance(body, StopFetchersRequest):
+            return StartFetchersResponse()
+        return await super().handle(body)
+
+
+async def test_a_member_answering_a_stop_with_the_wrong_message_is_expelled(autojump_clock):
+    # A member's wrong answer used to fail every rebalance of its group as a broker bug
+    # (an assert), retried forever: one bad client wedged the group.
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        (a,) = members(broker, timeline, "a")
+        b = _Confused(broker, "g", ["t"], session_timeout=S, rebalance_timeout=R, name="b")
+        async with connected(a), connected(b), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, a, b)
+            nursery.start_soon(heartbeat_at, a, [x + 0.5 for x in range(20)])
+            nursery.start_soon(heartbeat_until_expelled, b, 0.5)
+            b.confused = True
+            await trio.sleep(1.0)
+            mark = rec.mark()
+            await broker.topics.add_partitions("t", 3)
+            removed = await rec.wait_for("removed", since=mark, member_id=b.member_id)
+            assert removed["time"] == 1.0
+            assert "answered StopFetchers with StartFetchersResponse" in removed["reason"]
+            stable = await rec.wait_for("stable", since=mark)
+            assert stable["time"] == 0.5 + S  # b may fetch until its lease ends
+            assert set(stable["ownership"].values()) == {a.member_id}
+            assert rec.all("rebalance_failed", since=mark) == []
+            nursery.cancel_scope.cancel()

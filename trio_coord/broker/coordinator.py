@@ -228,6 +228,10 @@ class CoordinatorService:
         runner = self._runners.get(group_id)
         if runner is None:
             raise GroupNotFoundError(f"group {group_id!r} does not exist")
+        if runner.deleting:
+            # A second tombstone would be written after the first, and by then a member
+            # may have joined a new group of this name.
+            raise GroupNotFoundError(f"group {group_id!r} is being deleted")
         if runner.group.members:
             raise NonEmptyGroupError(
                 f"group {group_id!r} has {len(runner.group.members)} active member(s); "
@@ -264,8 +268,16 @@ class CoordinatorService:
             await trio.sleep(max(retention / 4, 0.01))
             now = trio.current_time()
             for group_id in [g for g, r in self._runners.items() if r.is_removable(now, retention)]:
+                # Deleting the previous group awaited the store: look at this one again.
+                runner = self._runners.get(group_id)
+                if (
+                    runner is None
+                    or runner.deleting
+                    or not runner.is_removable(trio.current_time(), retention)
+                ):
+                    continue
                 log.info("removing group %s: empty with no offsets for %gs", group_id, retention)
                 try:
-                    await self._delete(self._runners[group_id])
+                    await self._delete(runner)
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)

@@ -37,6 +37,7 @@ from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
     CoordinatorNotAvailableError,
+    InvalidRequestError,
     UnknownMemberError,
 )
 from ..protocol.messages import (
@@ -422,31 +423,42 @@ class GroupRunner:
 
         Waiting until ``start_at`` (a departed owner's lease) is not the
         member's fault: its rebalance timeout starts after that.
+
+        A member that went away cancels the rebalance, but its task may
+        still run one step (its first, or the one its answer wakes): then
+        it must touch neither the group nor a member that rejoined with
+        the same id.
         """
         if start_at > trio.current_time():
             self._emit("start_delayed", member_id=member.member_id, until=start_at)
             await trio.sleep_until(start_at)
+        if not self._is_current(member):
+            return
+        failure = None
         with trio.move_on_after(member.rebalance_timeout) as deadline:
             try:
                 await call(member)
             except ConnectionClosedError:
-                self.connection_lost(member.member_id)
+                failure = "lost its connection"
             except CoordError as exc:
-                self.remove_member(member.member_id, f"refused the rebalance: {exc}", stopped=False)
+                failure = f"refused the rebalance: {exc}"
         if deadline.cancelled_caught:
-            self.remove_member(
-                member.member_id,
-                f"did not answer within its rebalance timeout ({member.rebalance_timeout:g}s)",
-                stopped=False,
-            )
+            failure = f"did not answer within its rebalance timeout ({member.rebalance_timeout:g}s)"
+        if failure is not None and self._is_current(member):
+            self.remove_member(member.member_id, failure, stopped=False)
+
+    def _is_current(self, member: Member) -> bool:
+        return self.group.members.get(member.member_id) is member
 
     async def _stop_member(self, member: Member) -> None:
         conn = self._conns[member.member_id]
         response = await conn.request(
             StopFetchersRequest(self.group_id, member.member_id, self.group.generation)
         )
-        assert isinstance(response, StopFetchersResponse)
-        self.group.member_stopped(member.member_id, response.positions)
+        if not isinstance(response, StopFetchersResponse):
+            raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
+        if self._is_current(member):
+            self.group.member_stopped(member.member_id, response.positions)
 
     async def _start_member(self, member: Member, plan: StartPlan, record: GroupRecord) -> None:
         conn = self._conns[member.member_id]
@@ -456,6 +468,8 @@ class GroupRunner:
                 self.group_id, member.member_id, record.generation, plan.partitions
             )
         )
+        if not self._is_current(member):
+            return
         self.group.member_started(member.member_id)
         self._emit(
             "started",

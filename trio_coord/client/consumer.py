@@ -34,9 +34,11 @@ from .._aio import unwrap_lone_exception
 from ..core.group import OFFSET_RESET_POLICIES
 from ..protocol.connection import Connection, RequestHandler, open_connection
 from ..protocol.errors import (
+    ConnectionClosedError,
     CoordError,
     GroupNotFoundError,
     IllegalGenerationError,
+    RequestTimedOutError,
     UnknownMemberError,
 )
 from ..protocol.messages import (
@@ -103,6 +105,8 @@ class _PushHandler(RequestHandler):
             # One push at a time: a restarted rebalance may send a second StopFetchers
             # while on_revoked still runs for the first; it then finds nothing to revoke.
             async with consumer._push_lock:
+                if consumer._left:
+                    raise UnknownMemberError(f"member {body.member_id!r} has left the group")
                 if isinstance(body, StopFetchersRequest):
                     return StopFetchersResponse(await consumer._stop_fetchers())
                 await consumer._start_fetchers(body)
@@ -168,6 +172,7 @@ class Consumer:
         self._session_scope: trio.CancelScope | None = None
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
+        self._left = False
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
@@ -199,6 +204,7 @@ class Consumer:
                     with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
                         scope.shield = True
                         await self._leave()
+                    self._left = True
                     self._tasks.cancel()
 
     # -- what the application reads ----------------------------------------------------
@@ -244,9 +250,14 @@ class Consumer:
     # -- commits -------------------------------------------------------------------------
 
     def _coordinator(self) -> Connection:
+        if self._lifetime is None or self._left:
+            raise UnknownMemberError(
+                "the consumer has left its group (or has not joined it yet): use it inside "
+                "its async with block"
+            )
         conn = self._conn
         if conn is None or conn.closed or not self.member_id:
-            raise UnknownMemberError(
+            raise ConnectionClosedError(
                 "the consumer is not connected to its coordinator right now; retry shortly"
             )
         return conn
@@ -264,7 +275,9 @@ class Consumer:
         being moved, :class:`~trio_coord.PartitionNotOwnedError` for a
         partition this consumer does not own, and
         :class:`~trio_coord.OffsetRegressionError` for a rewind without
-        ``allow_regression=True``.
+        ``allow_regression=True``, :class:`~trio_coord.ConnectionClosedError`
+        (retriable) while the consumer reconnects to its coordinator, and
+        :class:`~trio_coord.UnknownMemberError` outside its ``async with`` block.
         """
         if offsets is None:
             items = [(tp, pos) for tp, pos in self._positions.items() if tp in self._assignment]
@@ -315,6 +328,13 @@ class Consumer:
         return positions
 
     async def _start_fetchers(self, request: StartFetchersRequest) -> None:
+        if trio.current_time() >= self._lease_end:
+            # The lease ran out while we owned nothing, so the watchdog has nothing to
+            # drop: the coordinator may have declared us dead and handed these over.
+            raise RequestTimedOutError(
+                f"member {self.member_id!r} has no lease: no heartbeat it sent within "
+                f"its session timeout ({self._granted_session:g}s) was accepted"
+            )
         self.generation = request.generation
         self._assignment = {p.tp: p.offset for p in request.partitions}
         self._positions = {p.tp: p.offset for p in request.partitions if p.offset != NO_OFFSET}
@@ -451,29 +471,33 @@ class Consumer:
             await trio.sleep_until(self._lease_end)
             if trio.current_time() < self._lease_end:
                 continue  # the lease moved while we slept
+            self._lease_moved = trio.Event()  # before on_lost: it may be renewed meanwhile
             if self._assignment:
                 await self._lose("no heartbeat was accepted for a session timeout")
                 if self._session_scope is not None:
                     self._session_scope.cancel()
-            self._lease_moved = trio.Event()
             await self._lease_moved.wait()
 
     async def _leave(self) -> None:
         conn = self._conn
         if conn is None or conn.closed or not self.member_id:
             return
-        revoked = sorted(self._assignment)
-        if revoked:
-            await self._call(self._on_revoked, revoked)
-        positions = self._current_positions(revoked) if self.auto_commit else []
-        self._assignment.clear()
-        try:
-            await conn.request(
-                LeaveGroupRequest(self.group_id, self.member_id, positions, "consumer closed")
-            )
-        except CoordError as exc:
-            log.info("consumer %s: leave not acknowledged: %s", self.member_id, exc)
-        self._state.value = ConsumerState.UNJOINED
+        # Like a push: a StopFetchers arriving meanwhile would revoke these partitions
+        # again, and a StartFetchers would hand new ones to a consumer that is leaving.
+        async with self._push_lock:
+            revoked = sorted(self._assignment)
+            if revoked:
+                await self._call(self._on_revoked, revoked)
+            positions = self._current_positions(revoked) if self.auto_commit else []
+            self._assignment.clear()
+            self._left = True  # (after on_revoked, which may still commit)
+            try:
+                await conn.request(
+                    LeaveGroupRequest(self.group_id, self.member_id, positions, "consumer closed")
+                )
+            except CoordError as exc:
+                log.info("consumer %s: leave not acknowledged: %s", self.member_id, exc)
+            self._state.value = ConsumerState.UNJOINED
 
 
 def open_consumer(
