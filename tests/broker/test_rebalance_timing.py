@@ -531,3 +531,35 @@ async def test_a_member_answering_a_stop_with_the_wrong_message_is_expelled(auto
             assert set(stable["ownership"].values()) == {a.member_id}
             assert rec.all("rebalance_failed", since=mark) == []
             nursery.cancel_scope.cancel()
+
+
+async def test_a_bug_raised_while_the_rebalance_is_cancelled_stays_in_the_group(
+    autojump_clock, monkeypatch
+):
+    from trio_coord.broker.group import GroupRunner
+
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        a, b, c = members(broker, timeline, "a", "b", "c")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            for fake in (a, b, c):
+                nursery.start_soon(heartbeat_at, fake, [x + 0.5 for x in range(20)])
+            await join_one_by_one(rec, a, b)
+            original = GroupRunner._stop_member
+
+            async def buggy(self, member):
+                await original(self, member)
+                if member.member_id == a.member_id:
+                    monkeypatch.setattr(GroupRunner, "_stop_member", original)
+                    self.remove_member(b.member_id, "left", stopped=True)  # cancels it...
+                    raise RuntimeError("a bug, raised amid the cancellation")
+
+            monkeypatch.setattr(GroupRunner, "_stop_member", buggy)
+            mark = rec.mark()
+            await c.join()
+            failed = await rec.wait_for("rebalance_failed", since=mark)
+            assert "a bug, raised amid the cancellation" in failed["error"]
+            stable = await rec.wait_for("stable", since=mark)  # and the group recovers
+            assert set(stable["ownership"].values()) == {a.member_id, c.member_id}
+            nursery.cancel_scope.cancel()

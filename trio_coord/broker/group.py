@@ -295,8 +295,10 @@ class GroupRunner:
         if records:
             try:
                 await self._writer.write(list(records))
-            except (StoreError, trio.TooSlowError):
-                self.group.requeue_positions(records)  # not lost: the next commit retries
+            except BaseException:
+                # Failed, or abandoned (cancelled, or past the store deadline): the next
+                # commit retries them. Recommitting a value that did land is harmless.
+                self.group.requeue_positions(records)
                 raise
 
     async def _position_flusher(self) -> None:
@@ -319,22 +321,28 @@ class GroupRunner:
             self._kick = trio.Event()
             if not self.group.members:
                 continue
-            with trio.CancelScope() as scope:
-                self._rebalance_scope = scope
-                try:
-                    await self._rebalance()
-                except Exception as exc:
-                    # A store outage, or a bug: either way it stays within this group,
-                    # which retries; the broker and every other group carry on.
-                    if isinstance(exc, StoreError | trio.TooSlowError):
-                        log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
-                    else:
-                        log.exception("group %s: rebalance failed (a bug)", self.group_id)
-                    self._emit("rebalance_failed", error=repr(exc))
-                    await trio.sleep(self._retry_backoff)
-                    self._kick.set()
-                finally:
-                    self._rebalance_scope = None
+            try:
+                with trio.CancelScope() as scope:
+                    self._rebalance_scope = scope
+                    try:
+                        await self._rebalance()
+                    finally:
+                        self._rebalance_scope = None
+            except Exception as exc:
+                # Caught outside the rebalance's scope, which has absorbed its own
+                # Cancelled by now: a failure raised while the rebalance was being
+                # cancelled arrives here as a plain exception (group), not mixed with
+                # Cancelled. A store outage or a bug stays within this group, which
+                # retries; the broker and every other group carry on.
+                if isinstance(exc, StoreError | trio.TooSlowError):
+                    log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
+                else:
+                    log.exception("group %s: rebalance failed (a bug)", self.group_id)
+                self._emit("rebalance_failed", error=repr(exc))
+                with trio.move_on_after(self._retry_backoff):
+                    await self._kick.wait()  # a membership change ends the backoff early
+                self._kick.set()
+                continue
             if scope.cancelled_caught:
                 self._emit("rebalance_restarted")
 
