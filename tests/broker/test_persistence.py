@@ -64,3 +64,38 @@ async def test_a_tombstone_clears_the_group_and_later_records_start_afresh(autoj
         runner = broker.coordinator.runner("g")
         assert (runner.group.generation, broker.coordinator.committed_offset("g", TP0)) == (1, 3)
         assert await stored(broker) == {"g/t-0": 3, "g/generation": 1}
+
+
+async def test_a_fence_survives_a_restart(tmp_path):
+    """A member crashed just before the broker restarted: its partitions stay fenced.
+
+    (Real time, real store: two brokers on one data dir, one after the other.)
+    """
+    from trio_coord import open_broker
+
+    from .harness import FakeMember, Recorder, Timeline, connected
+
+    data = tmp_path / "data"
+    rec = Recorder()
+    async with open_broker(data, min_session_timeout=0.05, on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        a, b = (
+            FakeMember(broker, "g", ["t"], session_timeout=30.0, timeline=Timeline(), name=n)
+            for n in "ab"
+        )
+        async with connected(a), connected(b):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            await b.join()
+            await rec.wait_for("stable", generation=2)
+            b_had = list(b.owned)
+            await b.crash()  # b may go on fetching for 30 s
+            await rec.wait_for("removed", member_id=b.member_id)
+            await rec.wait_for("start_delayed")  # a's new generation waits for b's lease
+            b_id = b.member_id
+    # The broker restarts before b's lease ends: the new coordinator must fence b too.
+    async with open_broker(data, min_session_timeout=0.05) as broker:
+        group = broker.coordinator.runner("g").group
+        assert b_id in group.fences
+        assert set(b_had) <= group.fences[b_id].partitions
+        assert group.fences[b_id].until >= trio.current_time() + 29.0

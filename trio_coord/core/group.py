@@ -135,10 +135,15 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """Partitions a departed member may still fetch, until ``until``."""
+    """Partitions a departed member may still fetch, until ``until``.
+
+    ``session_timeout`` is that member's: how long to fence again after a
+    restart, when ``until`` (a reading of a clock that is gone) means nothing.
+    """
 
     partitions: frozenset[TopicPartition]
     until: float
+    session_timeout: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +306,9 @@ class Group:
         """
         member = self.members.pop(member_id)
         if not stopped and member.may_own and member.lease_end > now:
-            self.fences[member_id] = Fence(frozenset(member.may_own), member.lease_end)
+            self.fences[member_id] = Fence(
+                frozenset(member.may_own), member.lease_end, member.session_timeout
+            )
         if not self.members:
             self._became_empty(now)
         return member
@@ -412,6 +419,18 @@ class Group:
                 )
                 for m in members
             ],
+            [
+                MemberRecord(
+                    member_id,
+                    "",
+                    "",
+                    [],
+                    round(fence.session_timeout * 1000),
+                    0,
+                    sorted(fence.partitions),
+                )
+                for member_id, fence in sorted(self.fences.items())
+            ],
         )
         starts = []
         for m in members:
@@ -471,13 +490,14 @@ class Group:
 
         A :class:`GroupRecord` sets the generation and the members'
         assignments. While loading (after a restart or a failover) the
-        partitions of its members are fenced for one session timeout from
-        ``now``, since those members may still be fetching; after a live write,
-        a member in the record that is gone already left through
-        :meth:`remove_member`, which fenced what it needed. One older than the current
-        generation is ignored (generations never go back, or fencing would
-        weaken). An :class:`OffsetRecord` never moves an offset backwards
-        unless it is an explicit reset.
+        partitions of its members, and of the departed members it lists as
+        still fenced, are fenced for one session timeout from ``now``, since
+        they may still be fetching; after a live write, a member in the record
+        that is gone already left through :meth:`remove_member`, which fenced
+        what it needed. A record older than the current generation is ignored
+        (generations never go back, or fencing would weaken). An
+        :class:`OffsetRecord` never moves an offset backwards unless it is an
+        explicit reset.
         """
         if isinstance(record, OffsetRecord):
             if supersedes(record, self.offsets.get(record.tp)):
@@ -489,13 +509,16 @@ class Group:
             self.generation = record.generation
             self.assignor = record.assignor
             for persisted in record.members:
-                assigned = frozenset(persisted.partitions)
                 live = self.members.get(persisted.member_id)
                 if live is not None:
-                    live.assignment = assigned
-                elif assigned and loading:
-                    until = now + persisted.session_timeout_ms / 1000
-                    self.fences[persisted.member_id] = Fence(assigned, until)
+                    live.assignment = frozenset(persisted.partitions)
+            if loading:
+                for persisted in [*record.members, *record.departed]:
+                    if persisted.partitions and persisted.member_id not in self.members:
+                        session = persisted.session_timeout_ms / 1000
+                        self.fences[persisted.member_id] = Fence(
+                            frozenset(persisted.partitions), now + session, session
+                        )
         elif isinstance(record, GroupTombstone):
             self.offsets.clear()
             self.positions.clear()

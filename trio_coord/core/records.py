@@ -52,12 +52,18 @@ class MemberRecord(_Rec):
 
 
 class GroupRecord(_Rec, tag="group"):
-    """A group's generation: its number, assignor and members with their partitions."""
+    """A group's generation: its number, assignor and members with their partitions.
+
+    ``departed`` lists the members gone without acknowledging a stop whose
+    partitions were still fenced when the generation was planned, so that a
+    coordinator loading it after a restart fences them too.
+    """
 
     group_id: str
     generation: int
     assignor: str
     members: list[MemberRecord]
+    departed: list[MemberRecord] = []
 
 
 class OffsetRecord(_Rec, tag="offset"):
