@@ -319,8 +319,10 @@ async def test_the_watchdog_still_watches_a_lease_renewed_while_on_lost_ran(auto
         if len(lost) > 1:
             return
         consumer._renew_lease(trio.current_time())
-        await consumer._handler.handle(
-            StartFetchersRequest("g", "m", 3, [PartitionOffset("t", 1, 0)])
+        # The push is handled once on_lost returns (pushes and drops take turns).
+        nursery.start_soon(
+            consumer._handler.handle,
+            StartFetchersRequest("g", "m", 3, [PartitionOffset("t", 1, 0)]),
         )
         await trio.sleep(S / 10)
 
@@ -338,4 +340,32 @@ async def test_the_watchdog_still_watches_a_lease_renewed_while_on_lost_ran(auto
         await trio.sleep(S)
         assert consumer.assignment == {}
         assert lost == [[TopicPartition("t", 0)], [TopicPartition("t", 1)]]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_drop_waits_for_a_running_revoke_and_loses_nothing_twice(autojump_clock):
+    from trio_coord.protocol import StopFetchersRequest
+
+    revoked: list[list[TopicPartition]] = []
+    lost: list[list[TopicPartition]] = []
+
+    async def slow_revoke(partitions):
+        revoked.append(partitions)
+        await trio.sleep(S)  # the lease runs out meanwhile
+
+    consumer = open_consumer(
+        "127.0.0.1:1", "g", ["t"], session_timeout=S, on_revoked=slow_revoke, on_lost=lost.append
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer._watchdog)
+        consumer.member_id = "m"
+        consumer._member_ready.set()
+        consumer._renew_lease(trio.current_time())
+        await consumer._handler.handle(
+            StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
+        )
+        await consumer._handler.handle(StopFetchersRequest("g", "m", 2))
+        await trio.sleep(S)
+        assert revoked == [[TopicPartition("t", 0)]]
+        assert lost == []  # revoked once, never also lost
         nursery.cancel_scope.cancel()

@@ -21,11 +21,13 @@ from trio_coord.core.records import OffsetRecord
 from trio_coord.protocol.errors import (
     ErrorCode,
     IllegalGenerationError,
+    InvalidPartitionsError,
     InvalidRequestError,
     OffsetRegressionError,
     PartitionNotOwnedError,
     RebalanceInProgressError,
     UnknownMemberError,
+    UnknownTopicError,
 )
 from trio_coord.protocol.messages import PartitionOffset as PO
 from trio_coord.protocol.messages import TopicPartition as TP
@@ -78,8 +80,14 @@ def stable_group() -> Group:
     return group
 
 
+TOPICS = {"t": 4, "u": 4}
+"""The topics that exist in these tests, with their partition counts."""
+
+
 def commit(group: Group, member_id: str, generation: int, *offsets: PO, allow: bool = False):
-    check_commit(group, member_id, generation, list(offsets), allow_regression=allow)
+    check_commit(
+        group, member_id, generation, list(offsets), allow_regression=allow, partitions=TOPICS
+    )
 
 
 # -- heartbeats ----------------------------------------------------------------------------
@@ -267,7 +275,12 @@ def test_regression_is_refused_unless_allowed() -> None:
 def test_standalone_committer_may_commit_to_a_group_without_members() -> None:
     group = Group("g", now=0.0)
     check_commit(
-        group, "", STANDALONE_GENERATION, [PO("t", 0, 5), PO("u", 3, 1)], allow_regression=False
+        group,
+        "",
+        STANDALONE_GENERATION,
+        [PO("t", 0, 5), PO("u", 3, 1)],
+        allow_regression=False,
+        partitions=TOPICS,
     )
     group.replay(OffsetRecord("g", "t", 0, 50), now=0.0)
     with pytest.raises(OffsetRegressionError):
@@ -291,3 +304,12 @@ def test_empty_member_id_with_a_real_generation_is_not_standalone() -> None:
     group = Group("g", now=0.0)
     with pytest.raises(UnknownMemberError):
         commit(group, "", 0, PO("t", 0, 5))
+
+
+def test_commits_only_to_partitions_that_exist() -> None:
+    group = Group("g", now=0.0)
+    with pytest.raises(UnknownTopicError, match="topic 'nope' does not exist"):
+        commit(group, "", STANDALONE_GENERATION, PO("nope", 0, 1))
+    with pytest.raises(InvalidPartitionsError, match="has partitions 0 to 3"):
+        commit(group, "", STANDALONE_GENERATION, PO("t", 4, 1))
+    assert group.offsets == {}

@@ -549,3 +549,15 @@ async def test_response_to_an_unknown_correlation_id_is_ignored(
         assert await a.request(HeartbeatRequest("g", "m", 1)) == HeartbeatResponse()
         assert trio.current_time() == 1
         assert not a.closed
+
+
+async def test_a_send_interrupted_mid_frame_closes_the_connection(autojump_clock):
+    # Lockstep: send_all blocks until the peer reads, and the peer never does.
+    ours, _theirs = trio.testing.lockstep_stream_pair()
+    conn = Connection(ours, name="stuck")
+    with trio.move_on_after(1.0):
+        await conn.request(HeartbeatRequest("g", "m", 1))
+    # Part of that frame may be on the wire: the connection must not carry another.
+    assert conn.closed
+    with pytest.raises(ConnectionClosedError, match="interrupted"):
+        await conn.request(HeartbeatRequest("g", "m", 1))

@@ -102,14 +102,19 @@ class CoordinatorService:
         return runner
 
     async def _runner_ready(self, group_id: str, *, create: bool) -> GroupRunner:
-        runner = self._runners.get(group_id)
-        if runner is None:
-            if not create:
-                raise GroupNotFoundError(f"group {group_id!r} does not exist on this coordinator")
-            validate_group_id(group_id)
-            runner = self._new_runner(Group(group_id, now=trio.current_time()))
-        await runner.ready.wait()
-        return runner
+        while True:
+            runner = self._runners.get(group_id)
+            if runner is None:
+                if not create:
+                    raise GroupNotFoundError(
+                        f"group {group_id!r} does not exist on this coordinator"
+                    )
+                validate_group_id(group_id)
+                runner = self._new_runner(Group(group_id, now=trio.current_time()))
+            await runner.ready.wait()
+            # Waiting is a checkpoint: the group may have been deleted meanwhile.
+            if self._runners.get(group_id) is runner:
+                return runner
 
     # -- replay (called by the record writer once a record is durable) -----------------
 

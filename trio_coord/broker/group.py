@@ -274,6 +274,7 @@ class GroupRunner:
             request.generation,
             request.offsets,
             allow_regression=request.allow_regression,
+            partitions=self._topics.partitions,
         )
         now_ms = _wall_clock_ms()
         records: list[Record] = [

@@ -343,15 +343,22 @@ class Consumer:
         await self._call(self._on_assigned, sorted(self._assignment))
 
     async def _lose(self, reason: str) -> None:
-        """Drop every partition without a clean revoke (the lease ran out, or we were expelled)."""
-        lost = sorted(self._assignment)
-        self._assignment.clear()
-        self._positions.clear()
-        self._dirty.clear()
-        self._state.value = ConsumerState.UNJOINED
-        if lost:
-            log.warning("consumer %s lost %d partition(s): %s", self.member_id, len(lost), reason)
-            await self._call(self._on_lost or self._on_revoked, lost)
+        """Drop every partition without a clean revoke (the lease ran out, or we were expelled).
+
+        Serialized with the pushes: a StopFetchers whose ``on_revoked`` is
+        running finishes first, and then there is nothing left to lose twice.
+        """
+        async with self._push_lock:
+            lost = sorted(self._assignment)
+            self._assignment.clear()
+            self._positions.clear()
+            self._dirty.clear()
+            self._state.value = ConsumerState.UNJOINED
+            if lost:
+                log.warning(
+                    "consumer %s lost %d partition(s): %s", self.member_id, len(lost), reason
+                )
+                await self._call(self._on_lost or self._on_revoked, lost)
 
     def _current_positions(self, partitions: Iterable[TopicPartition]) -> list[PartitionOffset]:
         return [

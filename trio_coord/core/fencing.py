@@ -12,15 +12,17 @@ or return, and change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..protocol.errors import (
     IllegalGenerationError,
+    InvalidPartitionsError,
     InvalidRequestError,
     OffsetRegressionError,
     PartitionNotOwnedError,
     RebalanceInProgressError,
     UnknownMemberError,
+    UnknownTopicError,
 )
 from ..protocol.messages import PartitionOffset
 from .group import Group, GroupState, Member
@@ -67,6 +69,7 @@ def check_commit(
     offsets: Sequence[PartitionOffset],
     *,
     allow_regression: bool,
+    partitions: Mapping[str, int],
 ) -> None:
     """Raise unless this commit may be made durable as it is.
 
@@ -88,8 +91,11 @@ def check_commit(
       current generation (``member.generation == generation ==
       group.generation``; REBALANCE_IN_PROGRESS until it has) and may commit
       only partitions of its assignment in it (PARTITION_NOT_OWNED).
-    * Every offset must be non-negative (INVALID_REQUEST) and, unless
-      ``allow_regression``, not behind the committed one (OFFSET_REGRESSION).
+    * Every offset must be for an existing partition (``partitions`` maps a
+      topic to its count; UNKNOWN_TOPIC, INVALID_PARTITIONS), which also
+      bounds a group's offsets by the topics that exist, must be
+      non-negative (INVALID_REQUEST) and, unless ``allow_regression``, not
+      behind the committed one (OFFSET_REGRESSION).
     """
     if member_id == "" and generation == STANDALONE_GENERATION:
         if group.members:
@@ -129,6 +135,16 @@ def check_commit(
                         f"member {member_id!r} does not own {offset.tp} in generation {generation}"
                     )
     for offset in offsets:
+        count = partitions.get(offset.topic)
+        if count is None:
+            raise UnknownTopicError(
+                f"cannot commit to {offset.tp}: topic {offset.topic!r} does not exist"
+            )
+        if not 0 <= offset.partition < count:
+            raise InvalidPartitionsError(
+                f"cannot commit to {offset.tp}: topic {offset.topic!r} has partitions "
+                f"0 to {count - 1}"
+            )
         if offset.offset < 0:
             raise InvalidRequestError(f"offset {offset.offset} for {offset.tp} is negative")
         current = group.offsets.get(offset.tp)

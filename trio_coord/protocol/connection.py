@@ -153,6 +153,11 @@ class Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._fail(ConnectionClosedError(f"connection to {self.name} lost: {exc}"))
                 raise ConnectionClosedError(f"connection to {self.name} lost") from None
+            except trio.Cancelled:
+                # Part of the frame may be on the wire: the peer would read garbage next.
+                self._fail(ConnectionClosedError(f"a send to {self.name} was interrupted"))
+                await trio.aclose_forcefully(self._stream)
+                raise
 
     # -- the reader --------------------------------------------------------
 
