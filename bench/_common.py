@@ -25,7 +25,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -142,6 +150,35 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, le
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def run_and_report(
+    name: str,
+    run_benchmark: Callable[[Any], Awaitable[Mapping[str, Any]]],
+    params: Any,
+    *,
+    as_json: bool,
+    render: Callable[[Mapping[str, Any]], str],
+) -> int:
+    """Run a benchmark under Trio and print its result; return the exit status.
+
+    A :class:`BenchError` is one clear line on stderr (status 2), Ctrl-C is
+    status 130 (children are stopped by then), and the result is a table or,
+    with ``as_json``, one JSON object.
+    """
+    try:
+        result = trio.run(run_benchmark, params)
+    except BenchError as exc:
+        print(f"{name} bench failed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the children are stopped and temp dirs gone by now
+        print(f"{name} bench interrupted", file=sys.stderr)
+        return 130
+    if as_json:
+        emit_json(result)
+    else:
+        print(render(result))
+    return 0
 
 
 def _json_safe(value: Any) -> Any:

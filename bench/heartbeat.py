@@ -70,13 +70,13 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 from bench._common import (
     BenchError,
     cpu_count,
-    emit_json,
     format_table,
     latency_summary,
     process_cpu_seconds,
     python_module,
     ratio,
     read_stdin_line,
+    run_and_report,
     say,
     spawn,
 )
@@ -639,19 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)
         return 2
     params = replace(params, processes=min(params.processes, params.members))
-    try:
-        result = trio.run(run_benchmark, params)
-    except BenchError as exc:
-        print(f"heartbeat bench failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # the children are stopped and the temp dir is gone by now
-        print("heartbeat bench interrupted", file=sys.stderr)
-        return 130
-    if args.json:
-        emit_json(result)
-    else:
-        print(render(result))
-    return 0
+    return run_and_report("heartbeat", run_benchmark, params, as_json=args.json, render=render)
 
 
 if __name__ == "__main__":

@@ -61,13 +61,13 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 from bench._common import (
     BenchError,
     cpu_count,
-    emit_json,
     format_table,
     kill_all,
     load_average,
     min_p50_max,
     python_module,
     ratio,
+    run_and_report,
     start_logged,
 )
 
@@ -611,19 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if params.partitions < params.members:
         print("partitions must be >= members (every victim must own one)", file=sys.stderr)
         return 2
-    try:
-        result = trio.run(run_benchmark, params)
-    except BenchError as exc:
-        print(f"rebalance bench failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # the consumers are killed and the temp dir is gone by now
-        print("rebalance bench interrupted", file=sys.stderr)
-        return 130
-    if args.json:
-        emit_json(result)
-    else:
-        print(render(result))
-    return 0
+    return run_and_report("rebalance", run_benchmark, params, as_json=args.json, render=render)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_heartbeat_bench_quick_json() -> None:
-    """The quick heartbeat benchmark completes and reports throughput, latency and ratios."""
+def run_quick(script: str) -> dict:
+    """Run ``bench/SCRIPT --quick --json`` and return its JSON result."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "heartbeat.py"), "--quick", "--json"],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -31,7 +30,13 @@ def test_heartbeat_bench_quick_json() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_heartbeat_bench_quick_json() -> None:
+    """The quick heartbeat benchmark completes and reports throughput, latency and ratios."""
+    result = run_quick("heartbeat.py")
     for target in ("broker", "echo"):
         figures = result[target]
         assert figures["heartbeats_per_s"] > 0, figures
@@ -53,16 +58,7 @@ def test_rebalance_bench_quick() -> None:
     declared dead at its last heartbeat + S, at least 2/3 S after it fell
     silent, since members heartbeat every S/3.
     """
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = run_quick("rebalance.py")
     assert result["params"]["quick"] is True
     rounds = result["params"]["rounds"]
     measures = result["measures"]
