@@ -249,3 +249,26 @@ def test_readme_example_runs(tmp_path):
 def test_quickstart_example_runs(tmp_path):
     out = run_python(str(ROOT / "examples" / "quickstart.py"), cwd=tmp_path)
     assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in out
+
+
+def test_consuming_a_topic_that_does_not_exist_yet_says_so(broker_process):
+    process = subprocess.Popen(
+        [*CLI, "consume", "later", "--group", "g", "--events", "json", "-b", broker_process],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert json.loads(process.stdout.readline())["event"] == "joined"
+        assert process.stderr.readline().strip() == (
+            "warning: topic 'later' does not exist yet; its partitions will be assigned once "
+            "it is created (trio-coord topics create later --partitions N)"
+        )
+        ok("topics", "create", "later", "--partitions", "2", "-b", broker_process)
+        while (event := json.loads(process.stdout.readline()))["partitions"] == []:
+            assert event["event"] == "assigned"
+        assert event == {**event, "event": "assigned", "partitions": [["later", 0], ["later", 1]]}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)

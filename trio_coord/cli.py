@@ -255,6 +255,15 @@ async def cmd_consume(args: argparse.Namespace) -> None:
     )
     async with consumer:
         emit("joined", pid=os.getpid())
+        async with open_admin(args.bootstrap) as admin:
+            existing = {t.name for t in await admin.list_topics()}
+        for topic in sorted(set(args.topics) - existing):
+            print(
+                f"warning: topic {topic!r} does not exist yet; its partitions will be "
+                f"assigned once it is created (trio-coord topics create {topic} --partitions N)",
+                file=sys.stderr,
+                flush=True,
+            )
         await _until_signalled()
     emit("left")
 

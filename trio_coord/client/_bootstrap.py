@@ -8,6 +8,8 @@ the broker that Metadata names as the group's coordinator.
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from collections.abc import Sequence
 
@@ -18,6 +20,11 @@ from ..protocol.errors import CoordError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
 
 __all__ = ["Backoff", "Bootstrap", "parse_bootstrap"]
+
+log = logging.getLogger(__name__)
+
+_WARN_AFTER = 3.0
+_WARN_EVERY = 30.0
 
 Address = tuple[str, int]
 
@@ -93,6 +100,8 @@ class Bootstrap:
         Bound it with a cancel scope; non-retriable errors (an unknown topic)
         are raised at once.
         """
+        failing_since: float | None = None
+        warned_at = -math.inf
         while True:
             try:
                 response = await self.metadata_once(request)
@@ -100,6 +109,16 @@ class Bootstrap:
                 if not exc.retriable:
                     raise
                 self._last_error = exc
+                now = trio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= _WARN_AFTER and now - warned_at >= _WARN_EVERY:
+                    warned_at = now
+                    log.warning(
+                        "no broker at %s has answered for %.0fs (%s); still trying",
+                        ",".join(f"{h}:{p}" for h, p in self.addresses),
+                        now - failing_since,
+                        exc,
+                    )
                 await self._backoff.sleep()
                 continue
             self._backoff.reset()

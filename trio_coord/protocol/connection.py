@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -297,8 +298,26 @@ async def connect_tcp(host: str, port: int) -> trio.SocketStream:
         return await trio.open_tcp_stream(host, port)
     except OSError as exc:
         raise ConnectionClosedError(
-            f"cannot connect to {host}:{port}: {exc.strerror or exc}; is a broker running there?"
+            f"cannot connect to {host}:{port} ({_reason(exc)}); is a broker running there?"
         ) from None
+
+
+def _reason(exc: OSError) -> str:
+    """What went wrong, in the words of the OS ("Connection refused").
+
+    Trio reports a failed connect as an OSError naming the address, caused by
+    a group of one error per address tried; the first of those says why.
+    """
+    cause: BaseException = exc
+    while isinstance(cause.__cause__, BaseException):
+        cause = cause.__cause__
+    if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+        cause = cause.exceptions[0]
+    if isinstance(cause, OSError):
+        if cause.errno and cause.errno > 0:  # (resolver errors have negative numbers)
+            return os.strerror(cause.errno)
+        return cause.strerror or str(cause)
+    return str(cause)
 
 
 @asynccontextmanager
