@@ -200,8 +200,8 @@ def describe_text(desc: GroupDescription) -> str:
     committed = {o.tp: o.offset for o in desc.offsets}
     partitions = sorted(set(committed) | set(owner))
     if partitions:
-        rows = [[str(tp), committed.get(tp, "-"), owner.get(tp, "-")] for tp in partitions]
-        lines += ["", format_table(["PARTITION", "COMMITTED", "OWNER"], rows)]
+        table = [[str(tp), committed.get(tp, "-"), owner.get(tp, "-")] for tp in partitions]
+        lines += ["", format_table(["PARTITION", "COMMITTED", "OWNER"], table)]
     return "\n".join(lines)
 
 

@@ -178,7 +178,8 @@ class RecordWriter:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while self._queue:
-                batches, size = [], 0
+                batches: list[_Batch] = []
+                size = 0
                 while self._queue and (not batches or size < self._max_batch):
                     size += len(self._queue[0].records)
                     batches.append(self._queue.pop(0))

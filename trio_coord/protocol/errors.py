@@ -141,7 +141,7 @@ class CoordError(Exception):
         return str(self)
 
 
-_BY_CODE: dict[ErrorCode, type[CoordError]] = {}
+_BY_CODE: dict[int, type[CoordError]] = {}
 
 
 class UnknownServerError(CoordError):
@@ -336,6 +336,10 @@ def error_for(code: int, message: str = "") -> CoordError:
     return cls(message)
 
 
-def hint(code: ErrorCode) -> str:
+def hint(code: int) -> str:
     """The default one-line explanation of a code (used when a message is empty)."""
-    return _HINTS.get(code, code.name)
+    try:
+        known = ErrorCode(code)
+    except ValueError:
+        return f"error code {code}"
+    return _HINTS.get(known, known.name)
