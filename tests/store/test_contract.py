@@ -3,8 +3,10 @@
 The tests only use the abstract interface, through the ``backend`` and
 ``store`` fixtures. To run them against another backend, write an async
 context manager that yields a :class:`Backend` for it (see
-:func:`embedded_backend`) and add it to ``BACKENDS``; a ZooKeeper factory
-would give each test its own chroot and skip when no server is reachable.
+:func:`embedded_backend`) and add it to ``BACKENDS``. A ZooKeeper factory
+gives each test its own chroot on a private server that the test session
+starts; it never skips (``scripts/test`` installs ZooKeeper, and CI must run
+these tests).
 """
 
 from __future__ import annotations
