@@ -7,6 +7,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import trio_coord.store.embedded as embedded
 from trio_coord.store import (
+    Check,
     Create,
     Delete,
     EmbeddedStore,
@@ -79,6 +82,26 @@ async def test_data_survives_reopen(tmp_path: Path) -> None:
         assert await store.exists("/a") == a_stat
         # The parent's sequence counter was persisted.
         assert await store.create("/q/s-", sequential=True) == "/q/s-0000000001"
+
+
+async def test_new_data_dir_entries_are_made_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An acknowledged write is only as durable as the directory entries that
+    # lead to the log: every directory the store creates must be fsynced
+    # into its parent, not just the last one.
+    synced: list[Path] = []
+    real_fsync_dir = embedded._fsync_dir
+
+    def recording_fsync_dir(path: Path) -> None:
+        synced.append(Path(path))
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(embedded, "_fsync_dir", recording_fsync_dir)
+    data_dir = tmp_path / "a" / "b" / "c"
+    async with open_embedded_store(data_dir) as store:
+        await store.create("/x")
+    assert {tmp_path, tmp_path / "a", tmp_path / "a" / "b", data_dir} <= set(synced)
 
 
 async def test_compaction_keeps_everything(tmp_path: Path) -> None:
@@ -230,6 +253,67 @@ async def test_reads_wait_until_what_they_see_is_durable(tmp_path: Path) -> None
             stat = await store.exists("/slow")
             assert stat is not None
             assert store.flush_count == flushes_before + 1
+
+
+async def test_errors_wait_until_the_state_they_report_is_durable(tmp_path: Path) -> None:
+    # A "no node" / "bad version" answer describes the in-memory tree just as a
+    # successful read does: it must not be given while the write that made it
+    # so can still be lost in a crash (after which the node would be back).
+    async with open_embedded_store(tmp_path) as store:
+        real_write = store._write_log
+        slow = False
+
+        def slow_write(data: bytes) -> None:
+            if slow:
+                time.sleep(0.1)
+            real_write(data)
+
+        store._write_log = slow_write  # type: ignore[method-assign]
+        calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("get", lambda: store.get("/x")),
+            ("children", lambda: store.children("/x")),
+            ("set", lambda: store.set("/x", b"1")),
+            ("delete", lambda: store.delete("/x", recursive=True)),
+            ("create", lambda: store.create("/x/child")),
+            ("multi", lambda: store.multi([Check("/x", 0)])),
+        ]
+        for what, call in calls:
+            await store.create("/x", b"0")
+            slow = True
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(store.delete, "/x")  # applied now, durable in 0.1 s
+                await trio.sleep(0.01)
+                lsn = store._appended_lsn
+                assert store._durable_lsn < lsn
+                with pytest.raises(StoreError):
+                    await call()
+                assert store._durable_lsn >= lsn, f"{what} failed on a state not yet durable"
+            slow = False
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.exists("/x") is None
+
+
+async def test_cancelled_writer_stays_applied_through_a_compaction(tmp_path: Path) -> None:
+    async with open_embedded_store(tmp_path, compact_records=2) as store:
+        await store.create("/first")
+        real_write = store._write_log
+
+        def slow_write(data: bytes) -> None:
+            time.sleep(0.05)
+            real_write(data)
+
+        store._write_log = slow_write  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.create, "/busy")  # this flush triggers a compaction
+            await trio.sleep(0.01)
+            with trio.move_on_after(0.01) as scope:
+                await store.create("/cancelled")  # pending, so only the snapshot will hold it
+            assert scope.cancelled_caught
+        assert await store.exists("/cancelled") is not None
+        await store.create("/after")
+    assert store.compaction_count >= 1
+    async with open_embedded_store(tmp_path) as store:
+        assert await store.children("/") == ["after", "busy", "cancelled", "first"]
 
 
 async def test_flush_failure_is_fail_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

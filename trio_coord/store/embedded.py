@@ -508,11 +508,12 @@ class EmbeddedStore(MetadataStore):
     children) is, so sequence numbers are never reused and a parent's
     ``cversion`` still moves when a crash makes its ephemeral children vanish.
 
-    Reads and watch snapshots reflect every write issued before them and are
-    returned only once those writes are durable, so no caller acts on state a
-    crash could take back. Watches are *woken* as soon as a change is applied
-    in memory (before it is fsynced), but the snapshot they then yield waits
-    for the same durability point.
+    Reads and watch snapshots (and the errors a call reports, such as
+    :class:`NoNodeError` or :class:`BadVersionError`) reflect every write
+    issued before them and are returned only once those writes are durable,
+    so no caller acts on state a crash could take back. Watches are *woken*
+    as soon as a change is applied in memory (before it is fsynced), but the
+    snapshot they then yield waits for the same durability point.
 
     A writer cancelled while it waits for durability still has its write
     applied (as with a ZooKeeper request whose reply was lost): the write is
@@ -590,9 +591,13 @@ class EmbeddedStore(MetadataStore):
         """Lock the directory, load snapshot and log (runs in a worker thread)."""
         data_dir = self.data_dir
         assert data_dir is not None
-        if not data_dir.is_dir():
-            data_dir.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(data_dir.parent)
+        missing = [d for d in (data_dir, *data_dir.parents) if not d.is_dir()]
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # Make every directory entry on the way to the log durable: each one
+        # created now, and data_dir's own (an earlier open may have crashed
+        # before syncing it).
+        for d in reversed(missing or [data_dir]):
+            _fsync_dir(d.parent)
         self._lock_fd = _acquire_lock(data_dir)
         try:
             self._load_locked()
@@ -621,8 +626,11 @@ class EmbeddedStore(MetadataStore):
             )
             os.ftruncate(self._log_fd, end)
             os.fsync(self._log_fd)
-        if created:
-            _fsync_dir(data_dir)
+        # Always, not only when the log was just created: a log created or a
+        # snapshot renamed by a session that crashed before its directory
+        # fsync is visible now, but power loss could still undo it under the
+        # records this session is about to acknowledge.
+        _fsync_dir(data_dir)
 
         lsn = snap_lsn
         for payload in payloads:
@@ -898,9 +906,15 @@ class EmbeddedStore(MetadataStore):
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             self._check_open(what, path)
+        except StoreClosedError:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        try:
             results = self._commit(ops)
         except StoreError:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # The failure was decided against the in-memory tree: like a read,
+            # report it only once that tree is durable.
+            await self._wait_durable(self._appended_lsn)
             raise
         await self._wait_durable(self._appended_lsn)
         return results
@@ -957,7 +971,7 @@ class EmbeddedStore(MetadataStore):
         """Return the node's data and stat; :class:`NoNodeError` if absent."""
         node = await self._read("get", path)
         if node is None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await self._wait_durable(self._appended_lsn)  # absence is state too
             raise NoNodeError(f"cannot get {path!r}: no node at that path")
         result = (node.data, node.stat())
         await self._wait_durable(self._appended_lsn)
@@ -974,7 +988,7 @@ class EmbeddedStore(MetadataStore):
         """Return the sorted names of the node's children; :class:`NoNodeError` if absent."""
         node = await self._read("list children of", path)
         if node is None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await self._wait_durable(self._appended_lsn)  # absence is state too
             raise NoNodeError(f"cannot list children of {path!r}: no node at that path")
         result = sorted(node.children)
         await self._wait_durable(self._appended_lsn)
