@@ -176,6 +176,7 @@ async def test_torn_tail_is_cut_on_load(
     else:
         log_path.write_bytes(whole[:-3] + bytes([whole[-3] ^ 0xFF]) + whole[-2:])
         kept = []
+    damaged_bytes = log_path.read_bytes()
 
     with caplog.at_level(logging.WARNING, logger="trio_coord.store.embedded"):
         async with open_embedded_store(tmp_path) as store:
@@ -183,6 +184,10 @@ async def test_torn_tail_is_cut_on_load(
             assert names == sorted([f"n{i}" for i in range(5)] + kept)
             await store.create("/after-recovery")
     assert any("torn or corrupt tail" in r.getMessage() for r in caplog.records)
+    # The cut bytes are kept beside the log for a post-mortem, exactly.
+    (cut,) = tmp_path.glob(f"{LOG_FILE}.cut-*")
+    offset = int(cut.name.rpartition("-")[2])
+    assert cut.read_bytes() == damaged_bytes[offset:]
     # The cut was made durable and new records were appended after it.
     async with open_embedded_store(tmp_path) as store:
         assert "after-recovery" in await store.children("/")

@@ -617,12 +617,18 @@ class EmbeddedStore(MetadataStore):
         payloads, end = _scan_frames(buf)
         self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if end < len(buf):
+            # After a crash the tail is the last, unacknowledged batch, torn. Bit rot
+            # could also put it mid-log; keep the bytes for a post-mortem, then cut.
+            kept = data_dir / f"{LOG_FILE}.cut-{end}"
+            _write_durably(kept, buf[end:])
             logger.warning(
-                "%s: cut a torn or corrupt tail of %d bytes at offset %d (%d intact records kept)",
+                "%s: cut a torn or corrupt tail of %d bytes at offset %d (%d intact "
+                "records kept; the cut bytes are in %s)",
                 log_path,
                 len(buf) - end,
                 end,
                 len(payloads),
+                kept,
             )
             os.ftruncate(self._log_fd, end)
             os.fsync(self._log_fd)
@@ -1118,6 +1124,18 @@ def _as_bytes(data: object, path: str) -> bytes:
     if isinstance(data, bytearray | memoryview):
         return bytes(data)
     raise TypeError(f"node data for {path!r} must be bytes, not {type(data).__name__}")
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file at ``path`` and fsync it (the directory is synced later)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fdatasync(fd: int) -> None:
