@@ -317,15 +317,26 @@ class Consumer:
             log.exception("rebalance callback %r failed", callback)
 
     async def _stop_fetchers(self) -> list[PartitionOffset]:
-        revoked = sorted(self._assignment)
         self._state.value = ConsumerState.REBALANCING
+        return await self._revoke()
+
+    async def _revoke(self) -> list[PartitionOffset]:
+        """Give up every partition cleanly: ``on_revoked`` (which may still commit),
+        then the positions to hand back (with auto-commit)."""
+        revoked = sorted(self._assignment)
         if revoked:
             await self._call(self._on_revoked, revoked)
         positions = self._current_positions(revoked) if self.auto_commit else []
+        self._drop()
+        return positions
+
+    def _drop(self) -> list[TopicPartition]:
+        """Forget every partition, its position and unsent progress; return what was owned."""
+        owned = sorted(self._assignment)
         self._assignment.clear()
         self._positions.clear()
         self._dirty.clear()
-        return positions
+        return owned
 
     async def _start_fetchers(self, request: StartFetchersRequest) -> None:
         if trio.current_time() >= self._lease_end:
@@ -349,10 +360,7 @@ class Consumer:
         running finishes first, and then there is nothing left to lose twice.
         """
         async with self._push_lock:
-            lost = sorted(self._assignment)
-            self._assignment.clear()
-            self._positions.clear()
-            self._dirty.clear()
+            lost = self._drop()
             self._state.value = ConsumerState.UNJOINED
             if lost:
                 log.warning(
@@ -492,11 +500,7 @@ class Consumer:
         # Like a push: a StopFetchers arriving meanwhile would revoke these partitions
         # again, and a StartFetchers would hand new ones to a consumer that is leaving.
         async with self._push_lock:
-            revoked = sorted(self._assignment)
-            if revoked:
-                await self._call(self._on_revoked, revoked)
-            positions = self._current_positions(revoked) if self.auto_commit else []
-            self._assignment.clear()
+            positions = await self._revoke()
             self._left = True  # (after on_revoked, which may still commit)
             try:
                 await conn.request(
