@@ -18,7 +18,7 @@ import trio
 
 from ..core.assignors import ASSIGNORS, Assignor
 from ..core.group import Group, GroupLimits, GroupState
-from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record, TopicRecord
+from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record
 from ..core.validation import validate_group_id
 from ..protocol.connection import Connection
 from ..protocol.errors import GroupAlreadyExistsError, GroupNotFoundError, NonEmptyGroupError
@@ -138,10 +138,7 @@ class CoordinatorService:
         return None if record is None else record.offset
 
     def current(self, record: Record) -> Record | None:
-        """The durable record in the same place as ``record`` (for the record writer)."""
-        if isinstance(record, TopicRecord):
-            count = self._topics.partitions.get(record.name)
-            return None if count is None else TopicRecord(record.name, count)
+        """The durable group or offset record in the same place as ``record``."""
         if not isinstance(record, OffsetRecord | GroupRecord):
             return None  # tombstones always apply
         runner = self._runners.get(record.group_id)

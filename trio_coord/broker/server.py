@@ -104,7 +104,7 @@ class Broker:
             store,
             existing_paths=set(),
             replay=self._replay,
-            current=lambda record: self.coordinator.current(record),
+            current=self._current,
         )
         self.topics = TopicManager(self.writer, max_partitions=config.max_partitions)
         self.coordinator = CoordinatorService(
@@ -136,6 +136,11 @@ class Broker:
     def info(self) -> BrokerInfo:
         """This broker as Metadata describes it."""
         return BrokerInfo(self.config.broker_id, self.address[0], self.address[1])
+
+    def _current(self, record: Record) -> Record | None:
+        if isinstance(record, TopicRecord):
+            return self.topics.current(record.name)
+        return self.coordinator.current(record)
 
     def _replay(self, record: Record, *, loading: bool = False) -> None:
         if isinstance(record, TopicRecord):

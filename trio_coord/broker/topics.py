@@ -39,10 +39,14 @@ class TopicManager:
         """Call ``listener(topic)`` whenever a topic is created or grows."""
         self._listeners.append(listener)
 
+    def current(self, name: str) -> TopicRecord | None:
+        """The durable record of topic ``name`` (None if there is no such topic)."""
+        count = self.partitions.get(name)
+        return None if count is None else TopicRecord(name, count)
+
     def replay(self, record: TopicRecord) -> None:
         """Apply a durable topic record and tell the listeners (counts never shrink)."""
-        current = self.partitions.get(record.name)
-        if not supersedes(record, None if current is None else TopicRecord(record.name, current)):
+        if not supersedes(record, self.current(record.name)):
             return
         self.partitions[record.name] = record.partitions
         for listener in self._listeners:
