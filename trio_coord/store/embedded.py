@@ -20,7 +20,7 @@ import struct
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Generic, TypeAlias, TypeVar
 
@@ -182,27 +182,23 @@ def _scan_frames(buf: bytes) -> tuple[list[bytes], int]:
 # The in-memory tree.
 
 
-class _Node:
+@dataclass(slots=True, eq=False)
+class _Fields:
+    """A node's own fields: everything but its children."""
+
+    data: bytes
+    owner: int = 0  # ephemeral owner session, 0 if persistent
+    version: int = 0
+    cversion: int = 0
+    seq: int = 0  # next sequential-child suffix
+    neph: int = 0  # how many children are ephemeral
+
+
+@dataclass(slots=True, eq=False)
+class _Node(_Fields):
     """A node of the in-memory tree; children are names, looked up in the flat path map."""
 
-    __slots__ = ("children", "cversion", "data", "neph", "owner", "seq", "version")
-
-    def __init__(
-        self,
-        data: bytes,
-        owner: int = 0,
-        version: int = 0,
-        cversion: int = 0,
-        seq: int = 0,
-        neph: int = 0,
-    ) -> None:
-        self.data = data
-        self.owner = owner  # ephemeral owner session, 0 if persistent
-        self.version = version
-        self.cversion = cversion
-        self.seq = seq  # next sequential-child suffix
-        self.neph = neph  # how many children are ephemeral
-        self.children: set[str] = set()
+    children: set[str] = field(default_factory=set)
 
     def stat(self) -> Stat:
         """The public stat of this node."""
@@ -250,28 +246,15 @@ class _CreateSequential:
 _InternalOp = Op | _CreateSequential
 
 
-class _Staged:
-    """A mutable copy of one node's fields, private to a transaction being validated."""
+@dataclass(slots=True, eq=False)
+class _Staged(_Fields):
+    """A mutable copy of one node's fields, private to a transaction being validated.
 
-    __slots__ = ("cversion", "data", "nchildren", "neph", "owner", "seq", "version")
+    It counts the children instead of copying their names: validating a
+    transaction costs nothing per child.
+    """
 
-    def __init__(
-        self,
-        data: bytes,
-        owner: int = 0,
-        version: int = 0,
-        cversion: int = 0,
-        seq: int = 0,
-        neph: int = 0,
-        nchildren: int = 0,
-    ) -> None:
-        self.data = data
-        self.owner = owner
-        self.version = version
-        self.cversion = cversion
-        self.seq = seq
-        self.neph = neph
-        self.nchildren = nchildren
+    nchildren: int = 0
 
     def stat(self) -> Stat:
         return Stat(self.version, self.cversion, self.owner, self.nchildren)
@@ -315,7 +298,7 @@ class _Stage:
                 node.cversion,
                 node.seq,
                 node.neph,
-                len(node.children),
+                nchildren=len(node.children),
             )
         self._over[path] = staged
         return staged
