@@ -18,11 +18,12 @@ import trio
 
 from ..core.assignors import ASSIGNORS, Assignor
 from ..core.group import Group, GroupLimits, GroupState
-from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, Record
+from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, OffsetTombstone, Record
 from ..core.validation import validate_group_id
 from ..protocol.connection import Connection
 from ..protocol.errors import GroupAlreadyExistsError, GroupNotFoundError, NonEmptyGroupError
 from ..protocol.messages import (
+    DeleteOffsetsRequest,
     GroupDescription,
     GroupSummary,
     HeartbeatRequest,
@@ -31,10 +32,11 @@ from ..protocol.messages import (
     LeaveGroupRequest,
     OffsetCommitRequest,
     PartitionOffset,
+    ResetOffsetsRequest,
     TopicPartition,
 )
 from ..store.base import StoreError
-from .group import EventCallback, GroupRunner
+from .group import EventCallback, GroupRunner, LogOffsets
 from .persistence import RecordWriter
 from .topics import TopicManager
 
@@ -61,11 +63,13 @@ class CoordinatorService:
         topics: TopicManager,
         config: CoordinatorConfig,
         *,
+        log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics
+        self._log_offsets = log_offsets
         self._config = config
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
@@ -90,6 +94,7 @@ class CoordinatorService:
             group,
             writer=self._writer,
             topics=self._topics,
+            log_offsets=self._log_offsets,
             assignors=self._assignors,
             limits=self._config.limits,
             position_flush_interval=self._config.position_flush_interval,
@@ -120,7 +125,7 @@ class CoordinatorService:
 
     def replay(self, record: Record, *, loading: bool = False) -> None:
         """Apply one durable group or offset record to the group it belongs to."""
-        assert isinstance(record, GroupRecord | OffsetRecord | GroupTombstone)
+        assert isinstance(record, GroupRecord | OffsetRecord | OffsetTombstone | GroupTombstone)
         runner = self._runners.get(record.group_id)
         if runner is None:
             if isinstance(record, GroupTombstone):
@@ -191,6 +196,16 @@ class CoordinatorService:
         """Durably commit offsets for a member or a standalone committer."""
         runner = await self._runner_ready(request.group, create=True)
         await runner.commit(request)
+
+    async def reset_offsets(self, request: ResetOffsetsRequest) -> None:
+        """Move a group's committed offsets; a running group restarts from them."""
+        runner = await self._runner_ready(request.group, create=True)
+        await runner.reset_offsets(request.offsets)
+
+    async def delete_offsets(self, request: DeleteOffsetsRequest) -> None:
+        """Forget a group's offsets for partitions none of its members consume."""
+        runner = await self._runner_ready(request.group, create=False)
+        await runner.delete_offsets(request.partitions)
 
     def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None

@@ -20,6 +20,7 @@ is already known. This is where cancel scopes replace Kafka's purgatories.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -31,14 +32,17 @@ import trio
 from ..core.assignors import Assignor
 from ..core.fencing import check_commit, check_heartbeat
 from ..core.group import Group, GroupLimits, GroupState, Member, StartPlan
-from ..core.records import GroupRecord, OffsetRecord, Record
+from ..core.records import GroupRecord, OffsetRecord, OffsetTombstone, Record
 from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
     CoordinatorNotAvailableError,
+    GroupSubscribedToTopicError,
     InvalidRequestError,
+    OffsetOutOfRangeError,
     UnknownMemberError,
+    UnknownTopicError,
 )
 from ..protocol.messages import (
     HeartbeatRequest,
@@ -46,9 +50,11 @@ from ..protocol.messages import (
     JoinGroupResponse,
     LeaveGroupRequest,
     OffsetCommitRequest,
+    PartitionOffset,
     StartFetchersRequest,
     StopFetchersRequest,
     StopFetchersResponse,
+    TopicPartition,
 )
 from ..store.base import StoreError
 
@@ -59,6 +65,9 @@ if TYPE_CHECKING:
 __all__ = ["EventCallback", "GroupRunner"]
 
 log = logging.getLogger(__name__)
+
+LogOffsets = Callable[[TopicPartition], tuple[int, int]]
+"""A partition's (log start, log end) offsets, as the partition log knows them."""
 
 
 def _wall_clock_ms() -> int:
@@ -73,6 +82,15 @@ start_delayed, started, stable; ``details`` always has ``group`` and ``time``, a
 partitions are spelled ``"topic-N"``."""
 
 
+class _Reset:
+    """Offsets a ResetOffsets request waits to see durable."""
+
+    def __init__(self, records: list[OffsetRecord]) -> None:
+        self.records = records
+        self.done = trio.Event()
+        self.error: StoreError | None = None
+
+
 class GroupRunner:
     """Runs one group: liveness deadlines, the rebalance loop, requests; see the module doc."""
 
@@ -82,6 +100,7 @@ class GroupRunner:
         *,
         writer: RecordWriter,
         topics: TopicManager,
+        log_offsets: LogOffsets,
         assignors: dict[str, Assignor],
         limits: GroupLimits,
         position_flush_interval: float,
@@ -92,6 +111,7 @@ class GroupRunner:
         self.group = group
         self._writer = writer
         self._topics = topics
+        self._log_offsets = log_offsets
         self._assignors = assignors
         self._limits = limits
         self._flush_interval = position_flush_interval
@@ -103,6 +123,7 @@ class GroupRunner:
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
         self._positions_dirty = trio.Event()
+        self._resets: list[_Reset] = []
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
         """Set once the group task runs and can admit members."""
@@ -314,6 +335,74 @@ class GroupRunner:
                 log.warning("group %s: could not commit positions; will retry", self.group_id)
                 self._positions_dirty.set()
 
+    async def reset_offsets(self, offsets: list[PartitionOffset]) -> None:
+        """Move committed offsets (backwards too); a running group restarts from them.
+
+        With members, the reset is applied by a rebalance, between phase 2
+        (the positions the members hand back are committed) and the plan: so
+        no position from before the reset can overwrite it, and every owner
+        is restarted at the new offsets. Returns once the offsets are durable.
+        """
+        records = []
+        now_ms = _wall_clock_ms()
+        for o in offsets:
+            count = self._topics.require(o.topic)
+            if not 0 <= o.partition < count:
+                raise UnknownTopicError(
+                    f"topic {o.topic!r} has partitions 0..{count - 1}, not {o.partition}"
+                )
+            if o.offset < 0:
+                raise OffsetOutOfRangeError(f"offset {o.offset} for {o.tp} is negative")
+            records.append(
+                OffsetRecord(
+                    self.group_id, o.topic, o.partition, o.offset, o.metadata, now_ms, True
+                )
+            )
+        if not records:
+            return
+        reset = _Reset(records)
+        self._resets.append(reset)
+        self.request_rebalance(f"offsets reset for {len(records)} partition(s)")
+        await reset.done.wait()
+        if reset.error is not None:
+            raise reset.error
+
+    async def _apply_resets(self) -> None:
+        """Make the queued resets durable and wake their requesters."""
+        resets, self._resets = self._resets, []
+        if not resets:
+            return
+        try:
+            await self._writer.write([r for reset in resets for r in reset.records])
+        except StoreError as exc:
+            for reset in resets:
+                reset.error = exc
+            raise
+        except BaseException:
+            self._resets[:0] = resets  # cancelled: the next rebalance writes them
+            raise
+        finally:
+            for reset in resets:
+                if reset.error is not None or reset not in self._resets:
+                    reset.done.set()
+        log.info("group %s: offsets reset for %d request(s)", self.group_id, len(resets))
+
+    async def delete_offsets(self, partitions: list[TopicPartition]) -> None:
+        """Forget committed offsets of partitions that no live member subscribes to."""
+        consumed = sorted(
+            tp
+            for tp in partitions
+            if any(tp.topic in m.topics for m in self.group.members.values())
+        )
+        if consumed:
+            raise GroupSubscribedToTopicError(
+                f"members of group {self.group_id} consume {', '.join(map(str, consumed))}; "
+                "stop them (or change their subscription) before deleting these offsets"
+            )
+        await self._writer.write(
+            [OffsetTombstone(self.group_id, tp.topic, tp.partition) for tp in partitions]
+        )
+
     # -- the rebalance -------------------------------------------------------------------
 
     async def _rebalance_loop(self) -> None:
@@ -321,6 +410,9 @@ class GroupRunner:
             await self._kick.wait()
             self._kick = trio.Event()
             if not self.group.members:
+                if self._resets:  # nobody to stop: the resets apply at once
+                    with contextlib.suppress(StoreError):
+                        await self._apply_resets()
                 continue
             try:
                 with trio.CancelScope() as scope:
@@ -366,13 +458,15 @@ class GroupRunner:
         with trio.fail_after(store_deadline):
             await self._commit_positions()
             await self._writer.drain()
+            # Resets after the positions handed back: a reset wins over them.
+            await self._apply_resets()
         await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
         plan = group.plan_assignment(
             trio.current_time(),
             partitions=self._subscribed_partitions(),
             available=self._assignors,
-            log_offsets=self._topics.log_offsets,
+            log_offsets=self._log_offsets,
         )
         with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
             # Shielded from the rebalance's cancellation: a generation that reaches the

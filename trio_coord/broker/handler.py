@@ -1,9 +1,10 @@
 """The broker's side of one client connection: requests in, answers out.
 
 A :class:`BrokerHandler` is bound to one :class:`~trio_coord.protocol.Connection`
-and routes each request to the topic manager or the coordinator service. It
-decides nothing itself. Cheap requests (Heartbeat first of all, and the
-read-only Metadata, ListGroups, DescribeGroup, OffsetFetch) are answered inline
+and routes each request to the topic manager, the partition service (Produce,
+Fetch, ListOffsets) or the coordinator service. It decides nothing itself.
+Cheap requests (Heartbeat first of all, and the read-only Metadata,
+ListGroups, DescribeGroup, OffsetFetch, ListOffsets) are answered inline
 by ``handle_now``, without spawning a task; the rest run in a handler task.
 When the connection ends, the members that lived on it are removed as failed.
 """
@@ -24,8 +25,11 @@ from ..protocol.messages import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
+    DeleteOffsetsRequest,
+    DeleteOffsetsResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
+    FetchRequest,
     HeartbeatRequest,
     HeartbeatResponse,
     JoinGroupRequest,
@@ -33,13 +37,17 @@ from ..protocol.messages import (
     LeaveGroupResponse,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListOffsetsRequest,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    ProduceRequest,
     RequestBody,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
     ResponseBody,
 )
 
@@ -58,6 +66,7 @@ class BrokerHandler(RequestHandler):
         self._broker = broker
         self._coordinator = broker.coordinator
         self._topics = broker.topics
+        self._partitions = broker.partitions
         self._conn = conn
         self._now: dict[type, Callable[[Any], ResponseBody]] = {
             HeartbeatRequest: self._heartbeat,
@@ -65,6 +74,7 @@ class BrokerHandler(RequestHandler):
             ListGroupsRequest: self._list_groups,
             DescribeGroupRequest: self._describe_group,
             OffsetFetchRequest: self._fetch_offsets,
+            ListOffsetsRequest: self._partitions.list_offsets,
         }
         self._later: dict[type, Callable[[Any], Awaitable[ResponseBody]]] = {
             JoinGroupRequest: self._join,
@@ -74,6 +84,10 @@ class BrokerHandler(RequestHandler):
             AddPartitionsRequest: self._add_partitions,
             CreateGroupRequest: self._create_group,
             DeleteGroupRequest: self._delete_group,
+            ProduceRequest: self._partitions.produce,
+            FetchRequest: self._fetch,
+            ResetOffsetsRequest: self._reset_offsets,
+            DeleteOffsetsRequest: self._delete_offsets,
         }
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
@@ -143,3 +157,14 @@ class BrokerHandler(RequestHandler):
     async def _delete_group(self, body: DeleteGroupRequest) -> ResponseBody:
         await self._coordinator.delete_group(body.group)
         return DeleteGroupResponse()
+
+    async def _reset_offsets(self, body: ResetOffsetsRequest) -> ResponseBody:
+        await self._coordinator.reset_offsets(body)
+        return ResetOffsetsResponse()
+
+    async def _delete_offsets(self, body: DeleteOffsetsRequest) -> ResponseBody:
+        await self._coordinator.delete_offsets(body)
+        return DeleteOffsetsResponse()
+
+    async def _fetch(self, body: FetchRequest) -> ResponseBody:
+        return await self._partitions.fetch(body, self._broker.config.max_frame_size)

@@ -29,6 +29,7 @@ from ..core.records import (
     GroupRecord,
     GroupTombstone,
     OffsetRecord,
+    OffsetTombstone,
     Record,
     TopicRecord,
     decode_record,
@@ -68,7 +69,7 @@ def offset_path(group_id: str, tp: TopicPartition) -> str:
     return f"{GROUPS}/{group_id}/offsets/{tp.topic}~{tp.partition}"
 
 
-def record_path(record: TopicRecord | GroupRecord | OffsetRecord) -> str:
+def record_path(record: TopicRecord | GroupRecord | OffsetRecord | OffsetTombstone) -> str:
     """Where a record lives in the store."""
     if isinstance(record, TopicRecord):
         return topic_path(record.name)
@@ -209,13 +210,21 @@ class RecordWriter:
         """The store operations that leave the store as replaying ``records`` leaves memory.
 
         Returns the operations, the paths they create and the paths they
-        delete. A tombstone deletes its group's existing subtree first; what
-        later records in the batch write for that group is then created anew.
+        delete. A group tombstone deletes its group's existing subtree first;
+        what later records in the batch write for that group is then created
+        anew. An offset tombstone deletes one offset node unless a later
+        record in the batch writes it again.
         """
         writes: dict[str, Record] = {}  # path -> the record replay will leave there
         doomed: set[str] = set()  # existing paths that a tombstone deletes
         fresh: set[str] = set()  # groups tombstoned in this batch: nothing durable is left
+        erased: set[str] = set()  # offset paths deleted in this batch (unless written again)
         for record in records:
+            if isinstance(record, OffsetTombstone):
+                path = record_path(record)
+                writes.pop(path, None)
+                erased.add(path)
+                continue
             if isinstance(record, GroupTombstone):
                 base = group_path(record.group_id)
                 for path in [p for p in writes if _under(p, base)]:
@@ -226,12 +235,15 @@ class RecordWriter:
             path = record_path(record)
             if path in writes:
                 old: Record | None = writes[path]
-            elif isinstance(record, OffsetRecord | GroupRecord) and record.group_id in fresh:
+            elif path in erased or (
+                isinstance(record, OffsetRecord | GroupRecord) and record.group_id in fresh
+            ):
                 old = None
             else:
                 old = self._current(record)
             if supersedes(record, old):
                 writes[path] = record
+        doomed |= {p for p in erased if p in self._paths and p not in writes}
         ops: list[Op] = [Delete(p) for p in sorted(doomed, key=len, reverse=True)]
         exists = self._paths - doomed
         created: set[str] = set()

@@ -4,6 +4,7 @@
 
     broker nursery
     ├── store session (the embedded store in the data dir)
+    ├── partition logs (background flush and retention)
     ├── record writer (group commit of every durable record)
     ├── coordinator service → one group task per group
     └── listener → one reader task per connection
@@ -22,6 +23,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -29,6 +31,7 @@ import trio
 from .._aio import unwrap_lone_exception
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord
+from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.connection import Connection
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import BrokerInfo
@@ -37,6 +40,7 @@ from ..store.base import MetadataStore
 from .coordinator import CoordinatorConfig, CoordinatorService
 from .group import EventCallback
 from .handler import BrokerHandler
+from .partitions import PartitionService
 from .persistence import RecordWriter, load_records
 from .topics import TopicManager
 
@@ -54,7 +58,10 @@ class BrokerConfig:
     empty group without offsets is kept; ``position_flush_interval`` is how
     often positions carried by heartbeats (auto-commit) are made durable;
     ``max_in_flight`` bounds concurrent requests per connection and so,
-    with ``max_frame_size``, its memory.
+    with ``max_frame_size``, its memory. ``max_batch_bytes`` is the largest
+    record batch a producer may send and ``max_fetch_bytes`` the most one
+    fetch answer carries (both within ``max_frame_size``); ``log`` holds the
+    partition log's settings (segments, flush policy, retention).
     """
 
     host: str = "127.0.0.1"
@@ -68,7 +75,10 @@ class BrokerConfig:
     position_flush_interval: float = 1.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
+    max_batch_bytes: int = 512 * 1024
+    max_fetch_bytes: int = 16 * 1024 * 1024
     shutdown_grace: float = 5.0
+    log: LogConfig = field(default_factory=LogConfig)
     on_event: EventCallback | None = field(default=None, repr=False)
     """Observer of group events (joined, removed, stable, ...), for tools and tests."""
 
@@ -80,9 +90,22 @@ class BrokerConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not between 0 and 65535")
-        for name in ("max_group_size", "max_partitions", "max_frame_size", "max_in_flight"):
+        for name in (
+            "max_group_size",
+            "max_partitions",
+            "max_frame_size",
+            "max_in_flight",
+            "max_batch_bytes",
+            "max_fetch_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.max_batch_bytes > self.max_frame_size - 64 * 1024:
+            raise ValueError(
+                f"max_batch_bytes ({self.max_batch_bytes}) must leave 64 KiB of "
+                f"max_frame_size ({self.max_frame_size}) for the rest of a request"
+            )
+        self.log.validate()
         for name in ("group_retention", "position_flush_interval", "shutdown_grace"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -93,13 +116,14 @@ class Broker:
 
     ``address`` is the (host, port) it listens on (the real port when 0 was
     asked for) and ``bootstrap`` the same as ``"host:port"``, ready for
-    clients. ``topics`` and ``coordinator`` are its services (for embedding
-    applications and tests).
+    clients. ``topics``, ``partitions`` and ``coordinator`` are its services
+    (for embedding applications and tests).
     """
 
-    def __init__(self, config: BrokerConfig, store: MetadataStore) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, logs: LogManager) -> None:
         self.config = config
         self.store = store
+        self.logs = logs
         self.writer = RecordWriter(
             store,
             existing_paths=set(),
@@ -107,6 +131,12 @@ class Broker:
             current=self._current,
         )
         self.topics = TopicManager(self.writer, max_partitions=config.max_partitions)
+        self.partitions = PartitionService(
+            logs,
+            self.topics,
+            max_batch_bytes=config.max_batch_bytes,
+            max_fetch_bytes=config.max_fetch_bytes,
+        )
         self.coordinator = CoordinatorService(
             self.writer,
             self.topics,
@@ -119,6 +149,7 @@ class Broker:
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,
             ),
+            log_offsets=self.partitions.log_offsets,
             on_event=config.on_event,
         )
         self.address: tuple[str, int] = (config.host, config.port)
@@ -238,8 +269,10 @@ async def open_broker(
 ) -> AsyncIterator[Broker]:
     """Run a broker on the embedded store in ``data_dir`` for the life of the block.
 
-    ``data_dir=None`` runs an ephemeral broker whose store lives in memory:
-    nothing survives it (for tests and throw-away demos).
+    The metadata store lives in ``data_dir`` and the partition logs in
+    ``data_dir/partitions``. ``data_dir=None`` runs an ephemeral broker: its
+    store lives in memory and its logs in a temporary directory, and nothing
+    survives it (for tests and throw-away demos).
 
     ``settings`` override fields of ``config`` (or of the defaults), e.g.
     ``open_broker(d, min_session_timeout=0.1)``. The block is entered once
@@ -249,9 +282,13 @@ async def open_broker(
     """
     config = replace(config or BrokerConfig(), host=host, port=port, **settings)
     config.validate()
+    root = None if data_dir is None else Path(data_dir)
     with unwrap_lone_exception():
-        async with open_embedded_store(data_dir) as store:
-            broker = Broker(config, store)
+        async with (
+            open_embedded_store(root) as store,
+            open_log_manager(None if root is None else root / "partitions", config.log) as logs,
+        ):
+            broker = Broker(config, store, logs)
             await broker._load()
             async with trio.open_nursery() as nursery:
                 await nursery.start(broker._serve)

@@ -2,10 +2,8 @@
 
 It validates and persists CreateTopic and AddPartitions (through the record
 writer, so a topic is acknowledged only once durable), answers what the
-coordinator needs to assign (partition counts, a partition's log offsets),
-and tells its listeners when a topic appears or grows so that the groups
-subscribed to it rebalance. Until the partition log exists, every partition's
-log start and end offsets are 0.
+coordinator needs to assign (partition counts), and tells its listeners when
+a topic appears or grows so that the groups subscribed to it rebalance.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import trio
 from ..core.records import TopicRecord, supersedes
 from ..core.validation import validate_topic_name
 from ..protocol.errors import InvalidPartitionsError, TopicAlreadyExistsError, UnknownTopicError
-from ..protocol.messages import TopicInfo, TopicPartition
+from ..protocol.messages import TopicInfo
 from .persistence import RecordWriter
 
 __all__ = ["TopicManager"]
@@ -97,7 +95,3 @@ class TopicManager:
         """The topics asked for (None: all), sorted; raises UNKNOWN_TOPIC for a missing one."""
         wanted = sorted(self.partitions) if names is None else list(names)
         return [TopicInfo(name, self.require(name)) for name in wanted]
-
-    def log_offsets(self, tp: TopicPartition) -> tuple[int, int]:
-        """A partition's (log start, log end) offsets."""
-        return (0, 0)

@@ -9,12 +9,17 @@ broker refused, with the broker's message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
+import trio
+
+from .._aio import unwrap_lone_exception
 from ..protocol.connection import Connection, open_connection, serving
 from ..protocol.messages import (
+    LATEST,
     AddPartitionsRequest,
     AddPartitionsResponse,
     BrokerInfo,
@@ -22,33 +27,64 @@ from ..protocol.messages import (
     CreateTopicRequest,
     CreateTopicResponse,
     DeleteGroupRequest,
+    DeleteOffsetsRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupDescription,
     GroupSummary,
+    ListedOffset,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     MetadataRequest,
     MetadataResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    PartitionOffset,
     RequestBody,
+    ResetOffsetsRequest,
     TopicInfo,
     TopicPartition,
 )
 from ._bootstrap import Bootstrap
+from ._cluster import ClusterView
 
-__all__ = ["Admin", "open_admin"]
+__all__ = ["Admin", "PartitionLag", "open_admin"]
 
 _R = TypeVar("_R")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition of a group as ``groups describe`` shows it.
+
+    ``committed`` is None where the group has no committed offset; ``lag``
+    counts the records between the committed offset and the log end (all of
+    them when nothing is committed); ``owner`` is the member id, or "".
+    """
+
+    topic: str
+    partition: int
+    committed: int | None
+    log_start: int
+    log_end: int
+    lag: int
+    owner: str
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition."""
+        return TopicPartition(self.topic, self.partition)
 
 
 class Admin:
     """Administrative operations on a cluster; create it with :func:`open_admin`."""
 
-    def __init__(self, bootstrap: Bootstrap, conn: Connection) -> None:
+    def __init__(self, bootstrap: Bootstrap, conn: Connection, cluster: ClusterView) -> None:
         self._bootstrap = bootstrap
         self._conn = conn
+        self._cluster = cluster
 
     async def _ask(
         self, request: RequestBody, expected: type[_R], conn: Connection | None = None
@@ -92,6 +128,36 @@ class Admin:
         """The named topics (raises UnknownTopicError for a missing one)."""
         return (await self.metadata(list(names))).topics
 
+    async def list_offsets(
+        self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp_ms: int = LATEST
+    ) -> dict[TopicPartition, ListedOffset]:
+        """Offsets of partitions, asked of the brokers holding them.
+
+        ``timestamp_ms`` is ``LATEST`` (-1, the log end), ``EARLIEST`` (-2,
+        the log start) or a time in milliseconds since the epoch (the first
+        record at or after it; the log end if there is none).
+        """
+        by_broker: dict[tuple[str, int], tuple[BrokerInfo, list[TopicPartition]]] = {}
+        for tp in sorted({TopicPartition(*tp) for tp in partitions}):
+            broker = await self._cluster.leader(tp)
+            by_broker.setdefault((broker.host, broker.port), (broker, []))[1].append(tp)
+        result: dict[TopicPartition, ListedOffset] = {}
+        for broker, tps in by_broker.values():
+            conn = await self._cluster.connection(broker)
+            response = await self._ask(
+                ListOffsetsRequest(tps, timestamp_ms), ListOffsetsResponse, conn
+            )
+            result.update((o.tp, o) for o in response.offsets)
+        return result
+
+    async def topic_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
+        """Every partition of the named topics, sorted."""
+        return [
+            TopicPartition(info.name, p)
+            for info in await self.describe_topics(sorted(set(topics)))
+            for p in range(info.partitions)
+        ]
+
     # -- groups --------------------------------------------------------------------------
 
     async def list_groups(self) -> list[GroupSummary]:
@@ -120,6 +186,43 @@ class Admin:
         )
         return {o.tp: o.offset for o in response.offsets}
 
+    async def group_lag(self, group_id: str) -> list[PartitionLag]:
+        """Per partition the group consumes or has offsets for: committed, log end, lag, owner."""
+        group = await self.describe_group(group_id)
+        owners = {tp: m.member_id for m in group.members for tp in m.partitions}
+        committed = {o.tp: o.offset for o in group.offsets}
+        topics = {t for m in group.members for t in m.topics} | {tp.topic for tp in committed}
+        known = {t.name for t in await self.list_topics()}
+        partitions = set(await self.topic_partitions(topics & known)) | set(committed)
+        ends = await self.list_offsets([tp for tp in partitions if tp.topic in known])
+        rows = []
+        for tp in sorted(partitions):
+            listed = ends.get(tp)
+            start, end = (listed.log_start, listed.log_end) if listed else (0, 0)
+            offset = committed.get(tp)
+            lag = max(0, end - (start if offset is None else offset))
+            rows.append(
+                PartitionLag(tp.topic, tp.partition, offset, start, end, lag, owners.get(tp, ""))
+            )
+        return rows
+
+    async def reset_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition | tuple[str, int], int]
+    ) -> None:
+        """Move a group's committed offsets (backwards too); a running group restarts there."""
+        request = ResetOffsetsRequest(
+            group_id,
+            [PartitionOffset(tp[0], tp[1], off) for tp, off in sorted(offsets.items())],
+        )
+        await self._ask_coordinator(group_id, request, object)
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition | tuple[str, int]]
+    ) -> None:
+        """Forget a group's offsets of partitions none of its members consumes."""
+        request = DeleteOffsetsRequest(group_id, sorted(TopicPartition(*tp) for tp in partitions))
+        await self._ask_coordinator(group_id, request, object)
+
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (raises GroupAlreadyExistsError)."""
         await self._ask_coordinator(group_id, CreateGroupRequest(group_id), object)
@@ -138,5 +241,14 @@ async def open_admin(bootstrap: str | Sequence[str]) -> AsyncIterator[Admin]:
     """
     boot = Bootstrap(bootstrap)
     stream, (host, port) = await boot.connect_any()
-    async with serving(Connection(stream, name=f"{host}:{port}")) as conn:
-        yield Admin(boot, conn)
+    with unwrap_lone_exception():
+        async with (
+            serving(Connection(stream, name=f"{host}:{port}")) as conn,
+            trio.open_nursery() as nursery,
+        ):
+            cluster = ClusterView(boot, nursery, name="admin")
+            try:
+                yield Admin(boot, conn, cluster)
+            finally:
+                await cluster.aclose()
+                nursery.cancel_scope.cancel()

@@ -1,10 +1,11 @@
-"""The group consumer: joins a group, keeps its session, and obeys Stop/StartFetchers.
+"""The consumer: joins a group (or takes fixed partitions), keeps its session, and fetches.
 
 ``open_consumer`` finds the group's coordinator (through the bootstrap list,
-retrying with backoff), joins, and runs three kinds of task in its nursery:
-the session (one connection to the coordinator, over which the coordinator
+retrying with backoff), joins, and runs its tasks in its nursery: the
+session (one connection to the coordinator, over which the coordinator
 pushes StopFetchers and StartFetchers and the consumer sends heartbeats every
-third of its session timeout), and a watchdog. The watchdog holds the
+third of its session timeout), the fetcher (``_fetcher.Fetcher``: one long
+poll per broker holding owned partitions), and a watchdog. The watchdog holds the
 member's side of the lease: the partitions are kept only while a heartbeat
 *sent* less than a session timeout ago was accepted, so a consumer cut off
 from its coordinator drops its partitions no later than the coordinator
@@ -13,8 +14,18 @@ keeping its member id so that a restarted coordinator recognizes it.
 
 State is ``UNJOINED`` → ``REBALANCING`` (joined; fetchers stopped) →
 ``STABLE`` (fetching its assignment), awaitable through :meth:`Consumer.wait_state`.
-Leaving the ``async with`` block (or being cancelled) revokes the partitions,
-hands the final positions to the coordinator with LeaveGroup, and closes.
+The application reads records with ``async for record in consumer`` or
+:meth:`Consumer.getmany`. A StopFetchers first stops handing out records of
+the partitions (none is handed out after ``on_revoked`` returns), then calls
+``on_revoked``, then hands back what the application has *consumed* (see
+``_fetcher``). Leaving the ``async with`` block (or being cancelled) revokes
+the partitions, hands the final positions to the coordinator with
+LeaveGroup, and closes.
+
+With ``partitions=[...]`` instead of topics the consumer joins no group: it
+fetches exactly those partitions, from the group's committed offsets if a
+group is named (committing to it as a standalone committer) or else by its
+reset policy.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import (
+    EARLIEST,
+    LATEST,
     NO_OFFSET,
     HeartbeatRequest,
     JoinGroupRequest,
@@ -59,7 +72,10 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..protocol.records import ConsumerRecord
 from ._bootstrap import Backoff, Bootstrap
+from ._cluster import ClusterView
+from ._fetcher import Fetcher, FetchSettings
 
 __all__ = ["Consumer", "ConsumerState", "PartitionsCallback", "open_consumer"]
 
@@ -120,9 +136,10 @@ class Consumer:
     def __init__(
         self,
         bootstrap: str | Sequence[str],
-        group_id: str,
-        topics: Iterable[str],
+        group_id: str | None = None,
+        topics: Iterable[str] = (),
         *,
+        partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
         session_timeout: float = 10.0,
         rebalance_timeout: float = 30.0,
         auto_commit: bool = True,
@@ -132,12 +149,28 @@ class Consumer:
         on_revoked: PartitionsCallback | None = None,
         on_lost: PartitionsCallback | None = None,
         client_id: str = "trio-coord",
+        fetch_max_wait: float = 0.5,
+        fetch_min_bytes: int = 1,
+        max_partition_fetch_bytes: int = 1024 * 1024,
     ) -> None:
-        self.topics = sorted(set(topics))
-        if not self.topics:
-            raise ValueError("subscribe to at least one topic")
-        if not group_id:
-            raise ValueError("a group id is required")
+        self.topics = sorted(set([topics] if isinstance(topics, str) else topics))
+        self.static_partitions = (
+            None if partitions is None else sorted({TopicPartition(*tp) for tp in partitions})
+        )
+        if self.static_partitions is None:
+            if not self.topics:
+                raise ValueError("subscribe to at least one topic (or give partitions=[...])")
+            if not group_id:
+                raise ValueError("a group id is required to subscribe to topics")
+        elif self.topics:
+            raise ValueError("give either topics (group membership) or partitions, not both")
+        elif not self.static_partitions:
+            raise ValueError("partitions=[...] must name at least one (topic, partition)")
+        if fetch_max_wait < 0 or fetch_min_bytes < 1 or max_partition_fetch_bytes < 1:
+            raise ValueError(
+                "fetch_max_wait must not be negative; fetch_min_bytes and "
+                "max_partition_fetch_bytes must be at least 1"
+            )
         if session_timeout <= 0 or rebalance_timeout <= 0:
             raise ValueError("session_timeout and rebalance_timeout must be positive (seconds)")
         if offset_reset not in OFFSET_RESET_POLICIES:
@@ -147,7 +180,7 @@ class Consumer:
             )
         if not assignors:
             raise ValueError("name at least one assignor (for example 'range')")
-        self.group_id = group_id
+        self.group_id = group_id or ""
         self.session_timeout = session_timeout
         self._granted_session = session_timeout
         self.rebalance_timeout = rebalance_timeout
@@ -163,8 +196,10 @@ class Consumer:
         self.generation = -1
         self._state = AsyncValue(ConsumerState.UNJOINED)
         self._assignment: dict[TopicPartition, int] = {}
-        self._positions: dict[TopicPartition, int] = {}
-        self._dirty: set[TopicPartition] = set()
+        self._fetch_settings = FetchSettings(
+            offset_reset, fetch_max_wait, fetch_min_bytes, max_partition_fetch_bytes
+        )
+        self._fetcher: Fetcher | None = None
         self._lease_end = -math.inf
         self._lease_moved = trio.Event()
         self._member_ready = trio.Event()
@@ -195,10 +230,22 @@ class Consumer:
     async def _run_for_block(self) -> AsyncIterator[Consumer]:
         with unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
-                await nursery.start(self._run)
+                cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                self._fetcher = Fetcher(cluster, self._fetch_settings)
+                nursery.start_soon(self._fetcher.run)
+                if self.static_partitions is not None:
+                    await self._start_static()
+                    if self.group_id and self.auto_commit:
+                        nursery.start_soon(self._auto_commit_standalone)
+                else:
+                    await nursery.start(self._run)
+                clean = False
                 try:
                     yield self
+                    clean = True
                 finally:
+                    if clean:  # the last records handed out were processed
+                        self._fetcher.mark_consumed()
                     # The session survives a cancelled block (it is shielded once
                     # joined), so the goodbye goes out on a live connection.
                     with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
@@ -206,6 +253,33 @@ class Consumer:
                         await self._leave()
                     self._left = True
                     self._tasks.cancel()
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True):
+                        await cluster.aclose()
+
+    async def _auto_commit_standalone(self) -> None:
+        """Without a group session, commit what was consumed every third of a session timeout."""
+        while True:
+            await trio.sleep(self.session_timeout / 3)
+            positions = self._engine().take_dirty()
+            if not positions:
+                continue
+            try:
+                await self.commit({p.tp: p.offset for p in positions})
+            except CoordError as exc:
+                log.warning("consumer: auto-commit to %s failed: %s", self.group_id, exc)
+                self._engine().return_dirty(positions)
+
+    async def _start_static(self) -> None:
+        """Own the fixed partitions: from the group's committed offsets, or by the policy."""
+        assert self.static_partitions is not None and self._fetcher is not None
+        committed: dict[TopicPartition, int] = {}
+        if self.group_id:
+            committed = await self.committed(self.static_partitions)
+        offsets = {tp: committed.get(tp, NO_OFFSET) for tp in self.static_partitions}
+        self._assignment = dict(offsets)
+        self._fetcher.assign(offsets)
+        self._state.value = ConsumerState.STABLE
 
     # -- what the application reads ----------------------------------------------------
 
@@ -228,26 +302,98 @@ class Consumer:
         await self.wait_state(ConsumerState.STABLE)
         return self.assignment
 
+    def _engine(self) -> Fetcher:
+        if self._fetcher is None:
+            raise RuntimeError("use the consumer inside its async with block")
+        return self._fetcher
+
     def position(self, tp: TopicPartition | tuple[str, int]) -> int | None:
-        """The next offset to consume on an owned partition (None: none known yet)."""
-        tp = TopicPartition(*tp)
-        self._require_owned(tp)
-        return self._positions.get(tp)
+        """The offset of the next record to hand out on an owned partition (None: not known yet).
+
+        Raises ValueError for a partition this consumer does not own.
+        """
+        return self._engine().position(TopicPartition(*tp))
 
     def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
-        """Set the next offset to consume on an owned partition (auto-commit reports it)."""
-        tp = TopicPartition(*tp)
-        self._require_owned(tp)
-        if offset < 0:
-            raise ValueError(f"offset must not be negative, got {offset}")
-        self._positions[tp] = offset
-        self._dirty.add(tp)
+        """Hand out an owned partition's records from ``offset`` on (auto-commit reports it)."""
+        self._engine().seek(TopicPartition(*tp), offset)
 
-    def _require_owned(self, tp: TopicPartition) -> None:
-        if tp not in self._assignment:
-            raise ValueError(f"{tp} is not assigned to this consumer")
+    def seek_to_beginning(self, *tps: TopicPartition | tuple[str, int]) -> None:
+        """Continue the given owned partitions (default: all) from their log start."""
+        self._engine().reset(self._chosen(tps), EARLIEST)
+
+    def seek_to_end(self, *tps: TopicPartition | tuple[str, int]) -> None:
+        """Continue the given owned partitions (default: all) from their log end."""
+        self._engine().reset(self._chosen(tps), LATEST)
+
+    def pause(self, *tps: TopicPartition | tuple[str, int]) -> None:
+        """Stop handing out (and fetching) records of these owned partitions (default: all)."""
+        self._engine().pause(self._chosen(tps))
+
+    def resume(self, *tps: TopicPartition | tuple[str, int]) -> None:
+        """Undo :meth:`pause` for these partitions (default: all)."""
+        self._engine().resume(self._chosen(tps))
+
+    def paused(self) -> list[TopicPartition]:
+        """The paused partitions."""
+        return self._engine().paused()
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per owned partition, how many records lie between its position and the log end
+        (as of the last fetch)."""
+        return self._engine().lag()
+
+    def _chosen(self, tps: tuple[TopicPartition | tuple[str, int], ...]) -> list[TopicPartition]:
+        return [TopicPartition(*tp) for tp in tps] if tps else self._engine().owned
+
+    # -- reading records -----------------------------------------------------------------
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """The next record of an owned partition (waits for one).
+
+        Coming back for the next record marks the previous one consumed: it
+        is what auto-commit, :meth:`commit` and a rebalance hand on.
+        """
+        return (await self._engine().next_records(1))[0]
+
+    async def getone(self) -> ConsumerRecord:
+        """The next record (the same as ``await anext(consumer)``)."""
+        return await self.__anext__()
+
+    async def getmany(self, max_records: int = 500) -> list[ConsumerRecord]:
+        """Up to ``max_records`` records, as soon as at least one is there.
+
+        The records handed out by the previous call count as consumed. To
+        wait a bounded time, wrap it: ``with trio.move_on_after(1): ...``.
+        """
+        if max_records < 1:
+            raise ValueError("max_records must be at least 1")
+        return await self._engine().next_records(max_records)
+
+    async def batches(self, max_records: int = 500) -> AsyncIterator[list[ConsumerRecord]]:
+        """``async for batch in consumer.batches()``: :meth:`getmany` in a loop."""
+        while True:
+            yield await self.getmany(max_records)
 
     # -- commits -------------------------------------------------------------------------
+
+    async def _committer(self) -> Connection:
+        """The connection commits go over: the session's, or (standalone) one of its own."""
+        if self.static_partitions is None:
+            return self._coordinator()
+        if not self.group_id:
+            raise ValueError("this consumer has no group to commit to: pass group_id")
+        if self._lifetime is None or self._left:
+            raise UnknownMemberError("use the consumer inside its async with block")
+        if self._conn is None or self._conn.closed:
+            assert self._fetcher is not None
+            coordinator = await self._bootstrap.find_coordinator(self.group_id)
+            self._conn = await self._fetcher.cluster.connection(coordinator)
+            self.member_id, self.generation = "", -1  # a standalone committer
+        return self._conn
 
     def _coordinator(self) -> Connection:
         if self._lifetime is None or self._left:
@@ -280,12 +426,15 @@ class Consumer:
         :class:`~trio_coord.UnknownMemberError` outside its ``async with`` block.
         """
         if offsets is None:
-            items = [(tp, pos) for tp, pos in self._positions.items() if tp in self._assignment]
+            engine = self._engine()
+            engine.mark_consumed()
+            items = [(p.tp, p.offset) for p in engine.consumed()]
         else:
             items = [(TopicPartition(*tp), off) for tp, off in offsets.items()]
         if not items:
             return
-        await self._coordinator().request(
+        conn = await self._committer()
+        await conn.request(
             OffsetCommitRequest(
                 self.group_id,
                 self.member_id,
@@ -300,7 +449,8 @@ class Consumer:
     ) -> dict[TopicPartition, int]:
         """The group's committed offsets (default: for this consumer's assignment)."""
         wanted = sorted(TopicPartition(*tp) for tp in (partitions or self._assignment))
-        response = await self._coordinator().request(OffsetFetchRequest(self.group_id, wanted))
+        conn = await self._committer()
+        response = await conn.request(OffsetFetchRequest(self.group_id, wanted))
         assert isinstance(response, OffsetFetchResponse)
         return {o.tp: o.offset for o in response.offsets}
 
@@ -321,12 +471,15 @@ class Consumer:
         return await self._revoke()
 
     async def _revoke(self) -> list[PartitionOffset]:
-        """Give up every partition cleanly: ``on_revoked`` (which may still commit),
-        then the positions to hand back (with auto-commit)."""
+        """Give up every partition cleanly: stop handing records out, ``on_revoked``
+        (which may still commit), then the consumed positions to hand back (with
+        auto-commit)."""
         revoked = sorted(self._assignment)
+        engine = self._engine()
+        engine.freeze()
         if revoked:
             await self._call(self._on_revoked, revoked)
-        positions = self._current_positions(revoked) if self.auto_commit else []
+        positions = engine.consumed(revoked) if self.auto_commit else []
         self._drop()
         return positions
 
@@ -334,8 +487,7 @@ class Consumer:
         """Forget every partition, its position and unsent progress; return what was owned."""
         owned = sorted(self._assignment)
         self._assignment.clear()
-        self._positions.clear()
-        self._dirty.clear()
+        self._engine().drop()
         return owned
 
     async def _start_fetchers(self, request: StartFetchersRequest) -> None:
@@ -348,8 +500,7 @@ class Consumer:
             )
         self.generation = request.generation
         self._assignment = {p.tp: p.offset for p in request.partitions}
-        self._positions = {p.tp: p.offset for p in request.partitions if p.offset != NO_OFFSET}
-        self._dirty.clear()
+        self._engine().assign(dict(self._assignment))
         self._state.value = ConsumerState.STABLE
         await self._call(self._on_assigned, sorted(self._assignment))
 
@@ -367,13 +518,6 @@ class Consumer:
                     "consumer %s lost %d partition(s): %s", self.member_id, len(lost), reason
                 )
                 await self._call(self._on_lost or self._on_revoked, lost)
-
-    def _current_positions(self, partitions: Iterable[TopicPartition]) -> list[PartitionOffset]:
-        return [
-            PartitionOffset(tp.topic, tp.partition, self._positions[tp])
-            for tp in partitions
-            if tp in self._positions
-        ]
 
     def _renew_lease(self, sent_at: float) -> None:
         # The lease is the session the broker granted (what its fences are measured
@@ -459,9 +603,7 @@ class Consumer:
         while True:
             sent_at = trio.current_time()
             generation = self.generation
-            dirty = self._dirty if self.auto_commit else set()
-            positions = self._current_positions(sorted(dirty & self._assignment.keys()))
-            self._dirty = set()
+            positions = self._engine().take_dirty() if self.auto_commit else []
             with trio.move_on_after(interval):
                 try:
                     await conn.request(
@@ -475,7 +617,7 @@ class Consumer:
                 else:
                     self._renew_lease(sent_at)
                     positions = []
-            self._dirty.update(p.tp for p in positions)  # not delivered: send them again
+            self._engine().return_dirty(positions)  # not delivered: send them again
             with trio.move_on_at(sent_at + interval):
                 await conn.wait_closed()
                 raise _Reconnect("the connection to the coordinator closed")
@@ -494,6 +636,14 @@ class Consumer:
             await self._lease_moved.wait()
 
     async def _leave(self) -> None:
+        if self.static_partitions is not None:
+            if self.group_id and self.auto_commit and self._assignment:
+                try:
+                    await self.commit()
+                except (CoordError, ValueError) as exc:
+                    log.info("consumer: final commit of %s failed: %s", self.group_id, exc)
+            self._drop()
+            return
         conn = self._conn
         if conn is None or conn.closed or not self.member_id:
             return
@@ -513,11 +663,18 @@ class Consumer:
 
 def open_consumer(
     bootstrap: str | Sequence[str],
-    group_id: str,
-    topics: Iterable[str],
+    group_id: str | None = None,
+    topics: Iterable[str] = (),
     **options: Any,
 ) -> Consumer:
     """Join ``group_id`` as a consumer of ``topics``: ``async with open_consumer(...) as c``.
+
+    Then ``async for record in c`` reads records of the partitions it owns
+    (or ``await c.getmany()`` for batches). With ``partitions=[("t", 0),
+    ...]`` instead of topics it joins no group and reads exactly those
+    partitions; with a ``group_id`` too, it starts from the group's committed
+    offsets and commits to the group as a standalone committer (accepted only
+    while the group has no members).
 
     ``bootstrap`` is ``"host:port[,host:port...]"``. Options (with defaults):
     ``session_timeout=10.0`` and ``rebalance_timeout=30.0`` seconds,
@@ -525,7 +682,9 @@ def open_consumer(
     ``"none"``), ``assignors=("range", "roundrobin")`` in order of
     preference, ``client_id``, and the callbacks ``on_assigned``,
     ``on_revoked`` and ``on_lost`` (each called with a sorted list of
-    partitions; plain or async functions).
+    partitions; plain or async functions); ``fetch_max_wait=0.5`` seconds a
+    fetch waits for data, ``fetch_min_bytes=1`` and
+    ``max_partition_fetch_bytes=1048576``.
 
     The block is entered once the consumer has joined (use
     :meth:`Consumer.wait_assigned` for its partitions); while no broker is

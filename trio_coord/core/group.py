@@ -48,6 +48,7 @@ from .records import (
     GroupTombstone,
     MemberRecord,
     OffsetRecord,
+    OffsetTombstone,
     Record,
     supersedes,
 )
@@ -497,7 +498,7 @@ class Group:
         what it needed. A record older than the current generation is ignored
         (generations never go back, or fencing would weaken). An
         :class:`OffsetRecord` never moves an offset backwards unless it is an
-        explicit reset.
+        explicit reset; an :class:`OffsetTombstone` forgets one.
         """
         if isinstance(record, OffsetRecord):
             if supersedes(record, self.offsets.get(record.tp)):
@@ -519,6 +520,9 @@ class Group:
                         self.fences[persisted.member_id] = Fence(
                             frozenset(persisted.partitions), now + session, session
                         )
+        elif isinstance(record, OffsetTombstone):
+            self.offsets.pop(record.tp, None)
+            self.positions.pop(record.tp, None)
         elif isinstance(record, GroupTombstone):
             self.offsets.clear()
             self.positions.clear()

@@ -20,6 +20,7 @@ __all__ = [
     "GroupTombstone",
     "MemberRecord",
     "OffsetRecord",
+    "OffsetTombstone",
     "Record",
     "TopicRecord",
     "decode_record",
@@ -83,13 +84,26 @@ class OffsetRecord(_Rec, tag="offset"):
         return TopicPartition(self.topic, self.partition)
 
 
+class OffsetTombstone(_Rec, tag="offset-deleted"):
+    """A group's committed offset for one partition is deleted."""
+
+    group_id: str
+    topic: str
+    partition: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition whose offset is deleted."""
+        return TopicPartition(self.topic, self.partition)
+
+
 class GroupTombstone(_Rec, tag="group-deleted"):
     """The group and all its offsets are deleted."""
 
     group_id: str
 
 
-Record = TopicRecord | GroupRecord | OffsetRecord | GroupTombstone
+Record = TopicRecord | GroupRecord | OffsetRecord | OffsetTombstone | GroupTombstone
 
 
 def supersedes(new: Record, old: Record | None) -> bool:

@@ -23,20 +23,25 @@ __all__ = [
     "GroupAlreadyExistsError",
     "GroupMaxSizeReachedError",
     "GroupNotFoundError",
+    "GroupSubscribedToTopicError",
     "IllegalGenerationError",
     "InconsistentAssignorError",
     "InvalidGroupIdError",
     "InvalidPartitionsError",
+    "InvalidRecordError",
     "InvalidRequestError",
     "InvalidSessionTimeoutError",
     "InvalidTopicError",
     "MemberIdInUseError",
+    "NoOffsetForPartitionError",
     "NonEmptyGroupError",
     "NotCoordinatorError",
+    "NotLeaderForPartitionError",
     "OffsetOutOfRangeError",
     "OffsetRegressionError",
     "PartitionNotOwnedError",
     "RebalanceInProgressError",
+    "RecordTooLargeError",
     "RequestTimedOutError",
     "TopicAlreadyExistsError",
     "UnknownMemberError",
@@ -80,6 +85,11 @@ class ErrorCode(enum.IntEnum):
     REQUEST_TIMED_OUT = 26
     MEMBER_ID_IN_USE = 27
     BROKER_SHUTTING_DOWN = 28
+    NOT_LEADER_FOR_PARTITION = 29
+    RECORD_TOO_LARGE = 30
+    INVALID_RECORD = 31
+    GROUP_SUBSCRIBED_TO_TOPIC = 32
+    NO_OFFSET_FOR_PARTITION = 33
 
 
 _HINTS: dict[ErrorCode, str] = {
@@ -111,6 +121,11 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.REQUEST_TIMED_OUT: "no answer arrived in time",
     ErrorCode.MEMBER_ID_IN_USE: "another live member uses that id",
     ErrorCode.BROKER_SHUTTING_DOWN: "the broker is shutting down; use another broker",
+    ErrorCode.NOT_LEADER_FOR_PARTITION: "this broker does not hold the partition; refresh metadata",
+    ErrorCode.RECORD_TOO_LARGE: "the batch is larger than the broker accepts; send smaller batches",
+    ErrorCode.INVALID_RECORD: "the record batch is malformed",
+    ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "members of the group still consume that partition",
+    ErrorCode.NO_OFFSET_FOR_PARTITION: "no committed offset and the reset policy is 'none'",
 }
 
 
@@ -316,6 +331,37 @@ class BrokerShuttingDownError(CoordError):
 
     code = ErrorCode.BROKER_SHUTTING_DOWN
     retriable = True
+
+
+class NotLeaderForPartitionError(CoordError):
+    """This broker does not hold that partition; refresh metadata and ask its leader."""
+
+    code = ErrorCode.NOT_LEADER_FOR_PARTITION
+    retriable = True
+
+
+class RecordTooLargeError(CoordError):
+    """A batch (or one record) is larger than the broker or the client accepts."""
+
+    code = ErrorCode.RECORD_TOO_LARGE
+
+
+class InvalidRecordError(CoordError):
+    """A record batch could not be decoded or its header does not match its records."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class GroupSubscribedToTopicError(CoordError):
+    """Offsets of a partition that live members consume cannot be deleted."""
+
+    code = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+
+
+class NoOffsetForPartitionError(CoordError):
+    """A partition has no committed offset and the consumer's reset policy is "none"."""
+
+    code = ErrorCode.NO_OFFSET_FOR_PARTITION
 
 
 assert set(_BY_CODE) == set(ErrorCode) - {ErrorCode.NONE}, "every code needs an exception"

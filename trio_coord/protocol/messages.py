@@ -27,6 +27,8 @@ from typing import NamedTuple
 import msgspec
 
 __all__ = [
+    "EARLIEST",
+    "LATEST",
     "NO_OFFSET",
     "AddPartitionsRequest",
     "AddPartitionsResponse",
@@ -37,8 +39,15 @@ __all__ = [
     "CreateTopicResponse",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
+    "DeleteOffsetsRequest",
+    "DeleteOffsetsResponse",
     "DescribeGroupRequest",
     "DescribeGroupResponse",
+    "FetchPartition",
+    "FetchRequest",
+    "FetchResponse",
+    "FetchedBatch",
+    "FetchedPartition",
     "Frame",
     "Goodbye",
     "GroupDescription",
@@ -51,6 +60,9 @@ __all__ = [
     "LeaveGroupResponse",
     "ListGroupsRequest",
     "ListGroupsResponse",
+    "ListOffsetsRequest",
+    "ListOffsetsResponse",
+    "ListedOffset",
     "MemberDescription",
     "MetadataRequest",
     "MetadataResponse",
@@ -59,8 +71,12 @@ __all__ = [
     "OffsetFetchRequest",
     "OffsetFetchResponse",
     "PartitionOffset",
+    "ProduceRequest",
+    "ProduceResponse",
     "Request",
     "RequestBody",
+    "ResetOffsetsRequest",
+    "ResetOffsetsResponse",
     "Response",
     "ResponseBody",
     "StartFetchersRequest",
@@ -73,6 +89,12 @@ __all__ = [
 
 NO_OFFSET = -1
 """The offset value that means "no committed offset"."""
+
+LATEST = -1
+"""ListOffsets ``timestamp_ms``: the log end offset (the next record's offset)."""
+
+EARLIEST = -2
+"""ListOffsets ``timestamp_ms``: the log start offset (the oldest record still held)."""
 
 
 class TopicPartition(NamedTuple):
@@ -117,10 +139,15 @@ class BrokerInfo(_Wire):
 
 
 class TopicInfo(_Wire):
-    """A topic and its partition count."""
+    """A topic and its partition count.
+
+    ``leaders`` names, per partition, the broker holding it; empty means
+    every partition is on the broker that answered.
+    """
 
     name: str
     partitions: int
+    leaders: list[int] = []
 
 
 class GroupSummary(_Wire):
@@ -264,6 +291,70 @@ class DeleteGroupRequest(_Wire, tag=12):
     group: str
 
 
+class ProduceRequest(_Wire, tag=13):
+    """Append one record batch (``protocol.records`` encodes it) to a partition.
+
+    ``count`` is the number of records in the batch and ``max_timestamp_ms``
+    the newest record timestamp in it; the broker checks both against the
+    batch before it stores it.
+    """
+
+    topic: str
+    partition: int
+    records: bytes
+    count: int
+    max_timestamp_ms: int
+
+
+class FetchPartition(_Wire):
+    """One partition of a fetch: read from ``offset``, at most ``max_bytes`` of batches."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = 1024 * 1024
+
+
+class FetchRequest(_Wire, tag=14):
+    """Read record batches from several partitions (a long poll).
+
+    The broker answers once it has ``min_bytes`` of batches for the
+    partitions together, or after ``max_wait_ms`` with what it has.
+    ``max_bytes`` bounds the answer as a whole (0: the broker's limit).
+    """
+
+    partitions: list[FetchPartition]
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 0
+
+
+class ListOffsetsRequest(_Wire, tag=15):
+    """Find offsets: the earliest (``timestamp_ms=-2``), the latest (``-1``), or
+    the first record at or after a time (``timestamp_ms >= 0``)."""
+
+    partitions: list[TopicPartition]
+    timestamp_ms: int = -1
+
+
+class ResetOffsetsRequest(_Wire, tag=16):
+    """Rewind (or move) a group's committed offsets, even while it runs.
+
+    The coordinator stops the members owning those partitions, records the
+    offsets as explicit resets, and restarts their fetchers there.
+    """
+
+    group: str
+    offsets: list[PartitionOffset]
+
+
+class DeleteOffsetsRequest(_Wire, tag=17):
+    """Forget a group's committed offsets for partitions no live member consumes."""
+
+    group: str
+    partitions: list[TopicPartition]
+
+
 # --- requests the coordinator pushes to a member ------------------------------
 
 
@@ -303,6 +394,11 @@ RequestBody = (
     | DescribeGroupRequest
     | CreateGroupRequest
     | DeleteGroupRequest
+    | ProduceRequest
+    | FetchRequest
+    | ListOffsetsRequest
+    | ResetOffsetsRequest
+    | DeleteOffsetsRequest
     | StopFetchersRequest
     | StartFetchersRequest
 )
@@ -377,6 +473,72 @@ class DeleteGroupResponse(_Wire, tag=12):
     """The group and its offsets are gone."""
 
 
+class ProduceResponse(_Wire, tag=13):
+    """The batch is stored (durable as the broker's flush policy says) from ``base_offset``."""
+
+    base_offset: int
+
+
+class FetchedBatch(_Wire):
+    """A stored batch: its records have offsets ``base_offset``, ``base_offset + 1``, ..."""
+
+    base_offset: int
+    count: int
+    records: bytes
+
+
+class FetchedPartition(_Wire):
+    """One partition's part of a fetch answer; ``error`` is per partition.
+
+    ``log_start`` and ``log_end`` are the partition's offsets when it was
+    read (the consumer's lag is ``log_end`` minus its position). The first
+    batch may begin before the offset asked for.
+    """
+
+    topic: str
+    partition: int
+    error: int
+    message: str
+    log_start: int
+    log_end: int
+    batches: list[FetchedBatch] = []
+
+
+class FetchResponse(_Wire, tag=14):
+    """Batches per partition, in the order asked."""
+
+    partitions: list[FetchedPartition]
+
+
+class ListedOffset(_Wire):
+    """The offset found for one partition, with its log start and end offsets."""
+
+    topic: str
+    partition: int
+    offset: int
+    log_start: int
+    log_end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition this offset belongs to."""
+        return TopicPartition(self.topic, self.partition)
+
+
+class ListOffsetsResponse(_Wire, tag=15):
+    """One offset per partition asked for (by time: the log end if no record is that new)."""
+
+    offsets: list[ListedOffset]
+
+
+class ResetOffsetsResponse(_Wire, tag=16):
+    """The new offsets are durable; owners restart from them."""
+
+
+class DeleteOffsetsResponse(_Wire, tag=17):
+    """The offsets are gone."""
+
+
 class StopFetchersResponse(_Wire, tag=20):
     """Fetchers stopped; the positions consumed (empty without auto-commit)."""
 
@@ -400,6 +562,11 @@ ResponseBody = (
     | DescribeGroupResponse
     | CreateGroupResponse
     | DeleteGroupResponse
+    | ProduceResponse
+    | FetchResponse
+    | ListOffsetsResponse
+    | ResetOffsetsResponse
+    | DeleteOffsetsResponse
     | StopFetchersResponse
     | StartFetchersResponse
 )

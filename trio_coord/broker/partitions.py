@@ -1,0 +1,244 @@
+"""The data plane of a broker: Produce, Fetch (a long poll) and ListOffsets over the partition log.
+
+:class:`PartitionService` checks each request against the topics the
+:class:`~trio_coord.broker.topics.TopicManager` knows, appends batches to
+(and reads them from) the :class:`~trio_coord.log.LogManager`, and answers
+the coordinator's question "where does this partition start and end?". A
+fetch that finds less than it asked for waits in a cancel scope whose
+deadline is its ``max_wait``, parked on one event that every partition it
+reads wakes when a batch is appended: the Trio shape of Kafka's fetch
+purgatory. Produce validates a batch (it decodes, its count and newest
+timestamp match the header) before storing it, so a bad producer cannot
+poison the consumers of a partition.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import trio
+
+from ..log import LogManager, LogOffsetOutOfRangeError, PartitionLog
+from ..protocol.errors import (
+    CoordError,
+    ErrorCode,
+    InvalidRecordError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnknownTopicError,
+)
+from ..protocol.messages import (
+    EARLIEST,
+    LATEST,
+    FetchedBatch,
+    FetchedPartition,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    ListedOffset,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ProduceRequest,
+    ProduceResponse,
+    TopicPartition,
+)
+from ..protocol.records import decode_batch
+from .topics import TopicManager
+
+__all__ = ["PartitionService"]
+
+_FETCH_HEADROOM = 1024
+"""Bytes of a fetch answer kept for its envelope."""
+_PER_PARTITION_HEADROOM = 320
+"""Bytes of a fetch answer kept per partition for its header (names are at most 249)."""
+
+
+class PartitionService:
+    """Produce, fetch and list offsets for the partitions this broker holds."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        topics: TopicManager,
+        *,
+        max_batch_bytes: int,
+        max_fetch_bytes: int,
+    ) -> None:
+        self._logs = logs
+        self._topics = topics
+        self._max_batch_bytes = max_batch_bytes
+        self._max_fetch_bytes = max_fetch_bytes
+        # Long-polling fetches, parked per partition; an append wakes that partition's.
+        self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
+
+    def _require(self, topic: str, partition: int) -> None:
+        count = self._topics.require(topic)
+        if not 0 <= partition < count:
+            raise UnknownTopicError(
+                f"topic {topic!r} has partitions 0..{count - 1}; partition {partition} "
+                "does not exist"
+            )
+
+    def log_offsets(self, tp: TopicPartition) -> tuple[int, int]:
+        """A partition's (log start, log end) offsets; (0, 0) before its first record."""
+        log = self._logs.get(tp.topic, tp.partition)
+        return (0, 0) if log is None else (log.start_offset, log.end_offset)
+
+    # -- produce -------------------------------------------------------------------------
+
+    async def produce(self, request: ProduceRequest) -> ProduceResponse:
+        """Validate and append one batch; answer once it is stored per the flush policy."""
+        self._require(request.topic, request.partition)
+        size = len(request.records)
+        if size > self._max_batch_bytes:
+            raise RecordTooLargeError(
+                f"a batch of {size} bytes exceeds this broker's limit of "
+                f"{self._max_batch_bytes} bytes; lower the producer's batch_size"
+            )
+        records = decode_batch(request.records)
+        if len(records) != request.count or not records:
+            raise InvalidRecordError(
+                f"the batch holds {len(records)} record(s) but its header says {request.count}"
+            )
+        newest = max(r.timestamp_ms for r in records)
+        if newest != request.max_timestamp_ms or min(r.timestamp_ms for r in records) < 0:
+            raise InvalidRecordError(
+                "the batch's max_timestamp_ms does not match its records "
+                "(or a record has a negative timestamp)"
+            )
+        tp = TopicPartition(request.topic, request.partition)
+        log = self._logs.get(tp.topic, tp.partition) or await self._logs.create(*tp)
+        base = await log.append(request.records, request.count, newest)
+        for waiter in self._waiters.pop(tp, ()):
+            waiter.set()
+        return ProduceResponse(base)
+
+    # -- fetch -----------------------------------------------------------------------------
+
+    async def fetch(self, request: FetchRequest, max_frame_size: int) -> FetchResponse:
+        """Answer once ``min_bytes`` are there, or at ``max_wait`` with what there is."""
+        limit = max_frame_size - _FETCH_HEADROOM - _PER_PARTITION_HEADROOM * len(request.partitions)
+        if limit <= 0:
+            raise InvalidRequestError(
+                f"a fetch of {len(request.partitions)} partitions cannot fit in one answer; "
+                "fetch fewer partitions per request"
+            )
+        if request.max_bytes > 0:
+            limit = min(limit, request.max_bytes)
+        limit = min(limit, self._max_fetch_bytes)
+        deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
+        while True:
+            answer, size, failed = self._read(request.partitions, limit)
+            if size >= max(1, request.min_bytes) or failed or trio.current_time() >= deadline:
+                return answer
+            woken = trio.Event()
+            parked = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+            for tp in parked:
+                self._waiters[tp].add(woken)
+            try:
+                with trio.move_on_at(deadline):
+                    await woken.wait()
+            finally:
+                for tp in parked:
+                    waiters = self._waiters.get(tp)
+                    if waiters is not None:
+                        waiters.discard(woken)
+                        if not waiters:
+                            del self._waiters[tp]
+
+    def _read(
+        self, partitions: list[FetchPartition], limit: int
+    ) -> tuple[FetchResponse, int, bool]:
+        """Read every partition once: (answer, payload bytes, whether any partition failed)."""
+        answers: list[FetchedPartition] = []
+        total = 0
+        failed = False
+        for part in partitions:
+            try:
+                self._require(part.topic, part.partition)
+                log = self._logs.get(part.topic, part.partition)
+                batches = self._read_one(log, part, max(0, limit - total), has_data=total > 0)
+            except CoordError as exc:
+                failed = True
+                answers.append(
+                    FetchedPartition(part.topic, part.partition, exc.code, str(exc), -1, -1)
+                )
+                continue
+            start, end = (0, 0) if log is None else (log.start_offset, log.end_offset)
+            total += sum(len(b.records) for b in batches)
+            answers.append(
+                FetchedPartition(
+                    part.topic, part.partition, ErrorCode.NONE, "", start, end, batches
+                )
+            )
+        return FetchResponse(answers), total, failed
+
+    @staticmethod
+    def _read_one(
+        log: PartitionLog | None, part: FetchPartition, budget: int, *, has_data: bool
+    ) -> list[FetchedBatch]:
+        if log is None:
+            if part.offset != 0:
+                raise OffsetOutOfRangeError(
+                    f"offset {part.offset} is out of range for {part.topic}-{part.partition}, "
+                    "which holds no records yet (valid: 0)"
+                )
+            return []
+        max_bytes = min(budget, max(1, part.max_bytes))
+        if has_data and max_bytes <= 0:
+            return []
+        try:
+            stored = log.read(part.offset, max(1, max_bytes))
+        except LogOffsetOutOfRangeError as exc:
+            raise OffsetOutOfRangeError(
+                f"{part.topic}-{part.partition}: {exc}; seek to a valid offset "
+                "(the consumer's reset policy does so)"
+            ) from None
+        # The log returns at least one batch so that a consumer can always make progress;
+        # but an answer that has data already must not outgrow the frame for it.
+        if has_data and stored and len(stored[0].payload) > budget:
+            return []
+        batches = []
+        used = 0
+        for batch in stored:
+            used += len(batch.payload)
+            if batches and used > budget:
+                break
+            batches.append(FetchedBatch(batch.base_offset, batch.count, batch.payload))
+        return batches
+
+    # -- list offsets ----------------------------------------------------------------------------
+
+    def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
+        """The earliest, latest, or first-at-a-time offset of each partition."""
+        when = request.timestamp_ms
+        if when < EARLIEST:
+            raise InvalidRequestError(
+                f"timestamp_ms {when} is not valid: use -2 (earliest), -1 (latest) or a time "
+                "in milliseconds since the epoch"
+            )
+        answers = []
+        for tp in request.partitions:
+            self._require(tp.topic, tp.partition)
+            log = self._logs.get(tp.topic, tp.partition)
+            start, end = (0, 0) if log is None else (log.start_offset, log.end_offset)
+            if when == EARLIEST:
+                offset = start
+            elif when == LATEST or log is None:
+                offset = end
+            else:
+                offset = self._offset_at_time(log, when)
+            answers.append(ListedOffset(tp.topic, tp.partition, offset, start, end))
+        return ListOffsetsResponse(answers)
+
+    @staticmethod
+    def _offset_at_time(log: PartitionLog, timestamp_ms: int) -> int:
+        """The first offset whose record is at or after ``timestamp_ms`` (else the log end)."""
+        batch = log.batch_at_time(timestamp_ms)
+        if batch is None:
+            return log.end_offset
+        for index, record in enumerate(decode_batch(batch.payload)):
+            if record.timestamp_ms >= timestamp_ms:
+                return max(batch.base_offset + index, log.start_offset)
+        return batch.next_offset  # (the batch's newest record is that new; not reached)

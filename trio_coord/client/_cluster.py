@@ -1,0 +1,120 @@
+"""The data clients' view of the cluster: topic metadata, partition leaders, and pooled connections.
+
+A :class:`ClusterView` lives in a client's nursery. It caches what Metadata
+said about topics (partition counts, the broker holding each partition) and
+refreshes it when a broker answers UNKNOWN_TOPIC or NOT_LEADER_FOR_PARTITION;
+and it keeps one multiplexed connection per broker, opened on first use and
+reopened after it breaks, so that a producer or a consumer's fetchers share
+it however many partitions they talk to.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ..protocol.connection import Connection, connect_tcp
+from ..protocol.errors import UnknownTopicError
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from ..protocol.messages import BrokerInfo, MetadataRequest, TopicInfo, TopicPartition
+from ._bootstrap import Bootstrap
+
+__all__ = ["ClusterView"]
+
+log = logging.getLogger(__name__)
+
+
+class ClusterView:
+    """Topic metadata and broker connections for one client; see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: Bootstrap,
+        nursery: trio.Nursery,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        name: str = "client",
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._nursery = nursery
+        self._max_frame_size = max_frame_size
+        self._name = name
+        self._topics: dict[str, TopicInfo] = {}
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._conns: dict[tuple[str, int], Connection] = {}
+        self._connecting: dict[tuple[str, int], trio.Lock] = {}
+
+    # -- metadata ----------------------------------------------------------------------
+
+    async def refresh(self, topics: list[str]) -> None:
+        """Ask for fresh metadata about ``topics`` (retrying while no broker answers)."""
+        response = await self._bootstrap.metadata(MetadataRequest(sorted(set(topics))))
+        self._brokers = {b.broker_id: b for b in response.brokers}
+        for info in response.topics:
+            self._topics[info.name] = info
+
+    def forget(self, topic: str) -> None:
+        """Drop what is cached about ``topic`` (the next lookup asks again)."""
+        self._topics.pop(topic, None)
+
+    async def topic(self, name: str) -> TopicInfo:
+        """The topic's metadata (from the cache, or asked for); UnknownTopicError if none."""
+        info = self._topics.get(name)
+        if info is None:
+            await self.refresh([name])
+            info = self._topics.get(name)
+            if info is None:  # pragma: no cover - Metadata answers UNKNOWN_TOPIC first
+                raise UnknownTopicError(f"topic {name!r} does not exist")
+        return info
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has."""
+        return (await self.topic(topic)).partitions
+
+    async def leader(self, tp: TopicPartition) -> BrokerInfo:
+        """The broker holding ``tp``."""
+        info = await self.topic(tp.topic)
+        if not 0 <= tp.partition < info.partitions:
+            await self.refresh([tp.topic])  # it may have grown since we asked
+            info = await self.topic(tp.topic)
+            if not 0 <= tp.partition < info.partitions:
+                raise UnknownTopicError(
+                    f"topic {tp.topic!r} has partitions 0..{info.partitions - 1}; "
+                    f"partition {tp.partition} does not exist"
+                )
+        if info.leaders and tp.partition < len(info.leaders):
+            broker = self._brokers.get(info.leaders[tp.partition])
+            if broker is not None:
+                return broker
+        # No leader named: every partition is on the broker that answered (one broker).
+        return next(iter(self._brokers.values()))
+
+    # -- connections -------------------------------------------------------------------
+
+    async def connection(self, broker: BrokerInfo) -> Connection:
+        """The open connection to ``broker``, connecting (once) if there is none."""
+        address = (broker.host, broker.port)
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._connecting.setdefault(address, trio.Lock())
+        async with lock:
+            conn = self._conns.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            stream = await connect_tcp(*address)
+            conn = Connection(
+                stream,
+                max_frame_size=self._max_frame_size,
+                name=f"{self._name}→{broker.address}",
+            )
+            await self._nursery.start(conn.serve)
+            self._conns[address] = conn
+            return conn
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        for conn in list(self._conns.values()):
+            await conn.aclose()
+        self._conns.clear()

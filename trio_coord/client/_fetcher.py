@@ -1,0 +1,433 @@
+"""The consumer's fetching engine: positions, fetch loops and the records handed to the application.
+
+A :class:`Fetcher` holds, per owned partition, three offsets: the *fetch
+offset* (the next offset to ask a broker for), the *position* (the next
+record to hand to the application) and the *consumed* offset (after the last
+record the application has finished with: it came back for more, or
+committed). Auto-commit and the positions handed back to the coordinator use
+the consumed offset, so a record the application was still processing when
+its consumer crashed or gave the partition up is delivered again (at least
+once), never skipped.
+
+One fetch loop per broker long-polls the partitions that broker holds and
+whose buffer the application has drained, so memory per partition is bounded
+by one fetch. Records are handed out round-robin over partitions, in offset
+order within each. Every change of a partition (assigned, sought, revoked)
+bumps its epoch, and a fetch answer for an older epoch is dropped: no record
+of a revoked partition, or from before a seek, is ever handed out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import trio
+
+from ..protocol.errors import (
+    BrokerShuttingDownError,
+    ConnectionClosedError,
+    CoordError,
+    NoOffsetForPartitionError,
+    NotLeaderForPartitionError,
+    OffsetOutOfRangeError,
+    RequestTimedOutError,
+    UnknownTopicError,
+    error_for,
+)
+from ..protocol.messages import (
+    EARLIEST,
+    LATEST,
+    NO_OFFSET,
+    BrokerInfo,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    PartitionOffset,
+    ResponseBody,
+    TopicPartition,
+)
+from ..protocol.records import ConsumerRecord, records_from
+from ._bootstrap import Backoff
+from ._cluster import ClusterView
+
+__all__ = ["FetchSettings", "Fetcher"]
+
+log = logging.getLogger(__name__)
+
+_RETRIABLE = (
+    ConnectionClosedError,
+    BrokerShuttingDownError,
+    RequestTimedOutError,
+    NotLeaderForPartitionError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSettings:
+    """How a consumer fetches: long-poll wait and size limits, and the reset policy."""
+
+    offset_reset: str = "latest"
+    max_wait: float = 0.5
+    min_bytes: int = 1
+    max_partition_bytes: int = 1024 * 1024
+    request_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class _Partition:
+    """What the fetcher keeps for one owned partition."""
+
+    fetch_offset: int
+    position: int
+    consumed: int
+    epoch: int = 0
+    paused: bool = False
+    failed: bool = False  # an error was raised to the application; a seek clears it
+    buffer: deque[ConsumerRecord] = field(default_factory=deque)
+    log_end: int | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.fetch_offset != NO_OFFSET
+
+
+class Fetcher:
+    """Fetches owned partitions and hands their records out; see the module docstring."""
+
+    def __init__(self, cluster: ClusterView, settings: FetchSettings) -> None:
+        self.cluster = cluster
+        """The cluster view the fetcher's connections come from (shared with its consumer)."""
+        self._settings = settings
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._ready: deque[TopicPartition] = deque()  # partitions with buffered records
+        self._outstanding: dict[TopicPartition, int] = {}  # handed out, not yet consumed
+        self._dirty: set[TopicPartition] = set()  # consumed moved; auto-commit reports it
+        self._errors: list[CoordError] = []
+        self._records_ready = trio.Event()
+        self._wanted = trio.Event()  # a buffer drained, a seek, a resume: fetch again
+        self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
+        self._epochs = 0
+        self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
+
+    # -- ownership (called by the consumer) --------------------------------------------------
+
+    def assign(self, offsets: dict[TopicPartition, int]) -> None:
+        """Own exactly these partitions from these offsets (NO_OFFSET: per the reset policy)."""
+        self._parts = {}
+        self._ready.clear()
+        self._outstanding.clear()
+        self._dirty.clear()
+        for tp, offset in sorted(offsets.items()):
+            self._parts[tp] = _Partition(offset, offset, offset, self._next_epoch())
+        self._layout_changed.set()
+
+    def freeze(self) -> None:
+        """Stop handing out and fetching anything, keeping the offsets (a revoke begins)."""
+        for part in self._parts.values():
+            part.buffer.clear()
+            part.paused = True
+            part.epoch = self._next_epoch()
+        self._ready.clear()
+        self._layout_changed.set()
+
+    def drop(self) -> list[TopicPartition]:
+        """Forget every partition and its offsets; return what was owned."""
+        owned = sorted(self._parts)
+        self.assign({})
+        return owned
+
+    def _next_epoch(self) -> int:
+        self._epochs += 1
+        return self._epochs
+
+    @property
+    def owned(self) -> list[TopicPartition]:
+        """The partitions owned, sorted."""
+        return sorted(self._parts)
+
+    def _part(self, tp: TopicPartition) -> _Partition:
+        part = self._parts.get(tp)
+        if part is None:
+            raise ValueError(f"{tp} is not assigned to this consumer")
+        return part
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record to hand out (None: not known yet)."""
+        part = self._part(tp)
+        return part.position if part.resolved else None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Hand out ``tp``'s records from ``offset`` on (buffered records are dropped)."""
+        if offset < 0:
+            raise ValueError(f"offset must not be negative, got {offset}")
+        part = self._part(tp)
+        part.fetch_offset = part.position = part.consumed = offset
+        part.failed = False
+        part.buffer.clear()
+        part.epoch = self._next_epoch()
+        self._outstanding.pop(tp, None)
+        self._dirty.add(tp)
+        self._wanted.set()
+
+    def reset(self, tps: Iterable[TopicPartition], where: int) -> None:
+        """Make ``tps`` resolve their position again by EARLIEST or LATEST (seek_to_*)."""
+        for tp in tps:
+            part = self._part(tp)
+            part.fetch_offset = part.position = NO_OFFSET
+            part.failed = False
+            part.buffer.clear()
+            part.epoch = self._next_epoch()
+            self._outstanding.pop(tp, None)
+            self._pending_reset[tp] = where
+        self._wanted.set()
+
+    def pause(self, tps: Iterable[TopicPartition]) -> None:
+        """Hand out and fetch nothing more from ``tps`` until :meth:`resume`."""
+        for tp in tps:
+            self._part(tp).paused = True
+
+    def resume(self, tps: Iterable[TopicPartition]) -> None:
+        """Undo :meth:`pause`."""
+        for tp in tps:
+            part = self._part(tp)
+            if part.paused:
+                part.paused = False
+                if part.buffer:
+                    self._ready.append(tp)
+                    self._records_ready.set()
+        self._wanted.set()
+
+    def paused(self) -> list[TopicPartition]:
+        """The paused partitions, sorted."""
+        return sorted(tp for tp, p in self._parts.items() if p.paused)
+
+    def mark_consumed(self) -> None:
+        """The records handed out so far are done with: their offsets count as consumed."""
+        for tp, offset in self._outstanding.items():
+            part = self._parts.get(tp)
+            if part is not None and offset > part.consumed:
+                part.consumed = offset
+                self._dirty.add(tp)
+        self._outstanding.clear()
+
+    def consumed(self, tps: Iterable[TopicPartition] | None = None) -> list[PartitionOffset]:
+        """The consumed offsets (of ``tps``, default all owned) that are known."""
+        wanted = self._parts if tps is None else tps
+        return [
+            PartitionOffset(tp.topic, tp.partition, part.consumed)
+            for tp in sorted(wanted)
+            if (part := self._parts.get(tp)) is not None and part.consumed != NO_OFFSET
+        ]
+
+    def take_dirty(self) -> list[PartitionOffset]:
+        """Consumed offsets that moved since the last call (for auto-commit)."""
+        dirty, self._dirty = self._dirty, set()
+        return self.consumed(dirty & self._parts.keys())
+
+    def return_dirty(self, positions: Iterable[PartitionOffset]) -> None:
+        """Report these again next time (their heartbeat was not delivered)."""
+        self._dirty.update(p.tp for p in positions)
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Per owned partition, records between the position and the log end last seen."""
+        return {
+            tp: max(0, part.log_end - part.position)
+            for tp, part in sorted(self._parts.items())
+            if part.log_end is not None and part.resolved
+        }
+
+    # -- handing records out ----------------------------------------------------------------
+
+    async def next_records(self, limit: int) -> list[ConsumerRecord]:
+        """Wait for records and hand out up to ``limit`` (those handed out before are consumed)."""
+        self.mark_consumed()
+        while True:
+            taken = self._take(limit)
+            if taken:
+                return taken
+            if self._errors:
+                raise self._errors.pop(0)
+            self._records_ready = trio.Event()
+            await self._records_ready.wait()
+
+    def _take(self, limit: int) -> list[ConsumerRecord]:
+        taken: list[ConsumerRecord] = []
+        while self._ready and len(taken) < limit:
+            tp = self._ready.popleft()
+            part = self._parts.get(tp)
+            if part is None or part.paused or not part.buffer:
+                continue
+            while part.buffer and len(taken) < limit:
+                record = part.buffer.popleft()
+                taken.append(record)
+                part.position = record.offset + 1
+                self._outstanding[tp] = record.offset + 1
+            if part.buffer:
+                self._ready.append(tp)
+            else:
+                self._wanted.set()
+        return taken
+
+    # -- fetching -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Fetch forever: one loop per broker holding owned partitions, restarted on change."""
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        while True:
+            self._layout_changed = trio.Event()
+            try:
+                by_broker = await self._by_broker()
+            except CoordError as exc:
+                if not exc.retriable:
+                    self._fail(exc)
+                    await self._layout_changed.wait()
+                else:
+                    await backoff.sleep()
+                continue
+            async with trio.open_nursery() as nursery:
+                for broker, tps in by_broker.items():
+                    nursery.start_soon(self._fetch_loop, broker, tps)
+                await self._layout_changed.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _by_broker(self) -> dict[BrokerInfo, list[TopicPartition]]:
+        groups: dict[BrokerInfo, list[TopicPartition]] = {}
+        for tp in sorted(self._parts):
+            groups.setdefault(await self.cluster.leader(tp), []).append(tp)
+        return groups
+
+    def _fail(self, error: CoordError) -> None:
+        self._errors.append(error)
+        self._records_ready.set()
+
+    async def _fetch_loop(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        while True:
+            self._wanted = trio.Event()
+            try:
+                await self._resolve(broker, tps)
+                wanted = [
+                    (tp, part)
+                    for tp in tps
+                    if (part := self._parts.get(tp)) is not None
+                    and part.resolved
+                    and not part.paused
+                    and not part.failed
+                    and not part.buffer
+                ]
+                if not wanted:
+                    await self._wanted.wait()
+                    continue
+                response = await self._request(broker, self._fetch_request(wanted))
+                assert isinstance(response, FetchResponse)
+            except _RETRIABLE as exc:
+                log.info("fetching from %s: %s; retrying", broker.address, exc)
+                if isinstance(exc, NotLeaderForPartitionError):
+                    await self._refresh(tps)
+                await backoff.sleep()
+                continue
+            backoff.reset()
+            self._absorb(response, {tp: part.epoch for tp, part in wanted})
+
+    def _fetch_request(self, wanted: list[tuple[TopicPartition, _Partition]]) -> FetchRequest:
+        s = self._settings
+        return FetchRequest(
+            [
+                FetchPartition(tp.topic, tp.partition, p.fetch_offset, s.max_partition_bytes)
+                for tp, p in wanted
+            ],
+            max_wait_ms=round(s.max_wait * 1000),
+            min_bytes=s.min_bytes,
+        )
+
+    async def _request(
+        self, broker: BrokerInfo, request: FetchRequest | ListOffsetsRequest
+    ) -> ResponseBody | None:
+        conn = await self.cluster.connection(broker)
+        with trio.fail_after(self._settings.request_timeout + self._settings.max_wait):
+            return await conn.request(request)
+
+    def _absorb(self, response: FetchResponse, epochs: dict[TopicPartition, int]) -> None:
+        """Buffer what a fetch brought, unless its partition changed while it was in flight."""
+        arrived = False
+        for answer in response.partitions:
+            tp = TopicPartition(answer.topic, answer.partition)
+            part = self._parts.get(tp)
+            if part is None or part.epoch != epochs.get(tp):
+                continue
+            if answer.error:
+                self._partition_error(tp, part, error_for(answer.error, answer.message))
+                continue
+            part.log_end = answer.log_end
+            records = list(
+                records_from(
+                    tp.topic,
+                    tp.partition,
+                    ((b.base_offset, b.records) for b in answer.batches),
+                    part.fetch_offset,
+                )
+            )
+            if records:
+                part.buffer.extend(records)
+                part.fetch_offset = records[-1].offset + 1
+                self._ready.append(tp)
+                arrived = True
+        if arrived:
+            self._records_ready.set()
+
+    def _partition_error(self, tp: TopicPartition, part: _Partition, error: CoordError) -> None:
+        if isinstance(error, OffsetOutOfRangeError) and self._settings.offset_reset != "none":
+            log.warning("%s; resetting to the %s offset", error, self._settings.offset_reset)
+            self.reset([tp], EARLIEST if self._settings.offset_reset == "earliest" else LATEST)
+        elif isinstance(error, UnknownTopicError | NotLeaderForPartitionError):
+            self.cluster.forget(tp.topic)
+            self._layout_changed.set()
+        else:
+            part.failed = True  # until the application seeks
+            self._fail(error)
+
+    async def _refresh(self, tps: list[TopicPartition]) -> None:
+        for topic in {tp.topic for tp in tps}:
+            self.cluster.forget(topic)
+        self._layout_changed.set()
+
+    async def _resolve(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
+        """Find a position for partitions that have none, by their reset (or the policy)."""
+        todo: dict[int, list[TopicPartition]] = {}
+        for tp in tps:
+            part = self._parts.get(tp)
+            if part is None or part.resolved or part.paused or part.failed:
+                continue
+            where = self._pending_reset.get(tp)
+            if where is None:
+                policy = self._settings.offset_reset
+                if policy == "none":
+                    part.failed = True
+                    self._fail(
+                        NoOffsetForPartitionError(
+                            f"{tp} has no committed offset and offset_reset is 'none': "
+                            "seek to an offset, or use offset_reset='earliest' or 'latest'"
+                        )
+                    )
+                    continue
+                where = EARLIEST if policy == "earliest" else LATEST
+            todo.setdefault(where, []).append(tp)
+        for where, asked in todo.items():
+            epochs = {tp: self._parts[tp].epoch for tp in asked}
+            response = await self._request(broker, ListOffsetsRequest(asked, where))
+            assert isinstance(response, ListOffsetsResponse)
+            for listed in response.offsets:
+                part = self._parts.get(listed.tp)
+                if part is None or part.epoch != epochs.get(listed.tp):
+                    continue
+                part.fetch_offset = part.position = part.consumed = listed.offset
+                part.log_end = listed.log_end
+                self._pending_reset.pop(listed.tp, None)
+                self._dirty.add(listed.tp)

@@ -1,0 +1,494 @@
+"""The producer: batches records per partition and appends them to the brokers holding them.
+
+``open_producer(bootstrap)`` gives a :class:`Producer`. ``await
+producer.send(topic, value, key=...)`` returns the record's
+:class:`RecordMetadata` once the broker has stored it; ``await
+producer.enqueue(...)`` returns a :class:`Delivery` at once (after waiting
+for buffer space), to be awaited later, which is how a loop sends many
+records without a round trip each. Records wait in their partition's open
+batch until it holds ``batch_size`` bytes or is ``linger`` seconds old; each
+partition has one sender task and at most one batch in flight, so records of
+a partition are stored in the order they were sent, retries included, while
+many partitions (on one connection per broker) are in flight at once. A
+record with a key goes to a partition by a stable hash of the key (CRC-32,
+the same in every process and run); records without a key stick to one
+partition per topic until its batch is sent, then move to the next (fewer,
+fuller batches, still spread evenly).
+
+Delivery is at least once: a batch whose answer is lost with its connection
+is sent again, so a broker may store it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .._aio import unwrap_lone_exception
+from ..protocol.errors import (
+    CoordError,
+    NotLeaderForPartitionError,
+    RecordTooLargeError,
+    RequestTimedOutError,
+    UnknownTopicError,
+)
+from ..protocol.messages import ProduceRequest, ProduceResponse, TopicPartition
+from ..protocol.records import COMPRESSION, Header, WireRecord, encode_batch
+from ._bootstrap import Backoff, Bootstrap
+from ._cluster import ClusterView
+
+__all__ = ["Delivery", "Producer", "RecordMetadata", "open_producer"]
+
+log = logging.getLogger(__name__)
+
+_RECORD_OVERHEAD = 24
+"""Bytes a record costs in a batch besides its key, value and headers (an estimate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a record was stored: its partition and offset, and its timestamp (seconds)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition the record was stored in."""
+        return TopicPartition(self.topic, self.partition)
+
+
+class Delivery:
+    """The outcome of one enqueued record; ``await delivery`` gives its :class:`RecordMetadata`.
+
+    Awaiting raises the typed error if the record could not be stored.
+    Several tasks may await the same delivery.
+    """
+
+    __slots__ = ("_done", "_error", "_result", "timestamp_ms", "tp")
+
+    def __init__(self, tp: TopicPartition, timestamp_ms: int) -> None:
+        self.tp = tp
+        self.timestamp_ms = timestamp_ms
+        self._done = trio.Event()
+        self._result: RecordMetadata | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the record was stored or failed."""
+        return self._done.is_set()
+
+    def _resolve(self, offset: int) -> None:
+        self._result = RecordMetadata(
+            self.tp.topic, self.tp.partition, offset, self.timestamp_ms / 1000
+        )
+        self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    async def wait(self) -> RecordMetadata:
+        """Wait for the outcome: the record's metadata, or its error raised."""
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        return self.wait().__await__()
+
+
+class _Batch:
+    __slots__ = ("created", "deliveries", "records", "size")
+
+    def __init__(self, now: float) -> None:
+        self.records: list[WireRecord] = []
+        self.deliveries: list[Delivery] = []
+        self.size = 0
+        self.created = now
+
+
+class _PartitionQueue:
+    """One partition's open batch, its closed batches, and whether its sender runs."""
+
+    __slots__ = ("closed", "open", "sending", "wake")
+
+    def __init__(self) -> None:
+        self.open: _Batch | None = None
+        self.closed: deque[_Batch] = deque()
+        self.sending = False
+        self.wake = trio.Event()
+
+
+def _as_bytes(value: bytes | bytearray | memoryview | str | None, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"a record's {what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition a keyed record goes to: CRC-32 of the key modulo the partition count."""
+    return zlib.crc32(key) % partitions
+
+
+class Producer:
+    """Sends records to topic partitions; create it with :func:`open_producer`."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        linger: float = 0.005,
+        batch_size: int = 64 * 1024,
+        max_batch_bytes: int = 512 * 1024,
+        buffer_bytes: int = 32 * 1024 * 1024,
+        max_in_flight: int = 16,
+        compression: str | None = None,
+        delivery_timeout: float = 120.0,
+        request_timeout: float = 30.0,
+        close_timeout: float = 30.0,
+        client_id: str = "trio-coord-producer",
+    ) -> None:
+        if linger < 0:
+            raise ValueError("linger must not be negative (seconds)")
+        if not 0 < batch_size <= max_batch_bytes:
+            raise ValueError("batch_size must be positive and at most max_batch_bytes")
+        if buffer_bytes < max_batch_bytes:
+            raise ValueError("buffer_bytes must hold at least one batch (max_batch_bytes)")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        if compression not in COMPRESSION:
+            known = ", ".join(repr(c) for c in COMPRESSION)
+            raise ValueError(f"unknown compression {compression!r}; choose one of {known}")
+        for name, value in (
+            ("delivery_timeout", delivery_timeout),
+            ("request_timeout", request_timeout),
+            ("close_timeout", close_timeout),
+        ):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive (seconds)")
+        self.linger = linger
+        self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        self.buffer_bytes = buffer_bytes
+        self.max_in_flight = max_in_flight
+        self.compression = compression
+        self.delivery_timeout = delivery_timeout
+        self.request_timeout = request_timeout
+        self.close_timeout = close_timeout
+        self.client_id = client_id
+        self._bootstrap = Bootstrap(bootstrap)
+        self._cluster: ClusterView | None = None
+        self._nursery: trio.Nursery | None = None
+        self._queues: dict[TopicPartition, _PartitionQueue] = {}
+        self._sticky: dict[str, int] = {}
+        self._buffered = 0
+        self._space = trio.Event()
+        self._pending = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._flush_requested = 0
+        self._slots: dict[tuple[str, int], trio.Semaphore] = {}
+        self._closed = False
+        self._lifetime: AbstractAsyncContextManager[Producer] | None = None
+        self.batches_sent = 0
+        """How many batches were stored (for tests and benchmarks)."""
+
+    def __repr__(self) -> str:
+        return f"<Producer {self.client_id} pending={self._pending}>"
+
+    async def __aenter__(self) -> Producer:
+        if self._lifetime is not None:
+            raise RuntimeError("a Producer can be entered only once")
+        self._lifetime = self._run_for_block()
+        return await self._lifetime.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._lifetime is not None
+        return await self._lifetime.__aexit__(*exc_info)
+
+    @asynccontextmanager
+    async def _run_for_block(self) -> AsyncIterator[Producer]:
+        with unwrap_lone_exception():
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                try:
+                    yield self
+                finally:
+                    with trio.move_on_after(self.close_timeout) as grace:
+                        grace.shield = True
+                        await self.flush()
+                    if grace.cancelled_caught:
+                        log.warning(
+                            "producer closed with %d record(s) undelivered after %gs",
+                            self._pending,
+                            self.close_timeout,
+                        )
+                    self._closed = True
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True):
+                        await self._cluster.aclose()
+            self._fail_everything(
+                RequestTimedOutError("the producer closed before the record was stored")
+            )
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        *,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        headers: Iterable[tuple[str, bytes | str]] | None = None,
+        timestamp: float | None = None,
+    ) -> RecordMetadata:
+        """Send one record and return where it was stored, once the broker has it.
+
+        ``value`` and ``key`` are bytes (str is UTF-8 encoded) or None;
+        ``partition`` overrides the partitioner; ``timestamp`` (seconds since
+        the epoch) defaults to now. Raises UnknownTopicError,
+        RecordTooLargeError, or the broker's typed error if the record could
+        not be stored within ``delivery_timeout``.
+        """
+        delivery = await self.enqueue(
+            topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp
+        )
+        return await delivery
+
+    async def enqueue(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        *,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        headers: Iterable[tuple[str, bytes | str]] | None = None,
+        timestamp: float | None = None,
+    ) -> Delivery:
+        """Add a record to its partition's batch and return its :class:`Delivery` at once.
+
+        Waits only while the producer's buffer (``buffer_bytes``) is full.
+        Arguments are as for :meth:`send`; errors about the record itself
+        (unknown topic or partition, too large) are raised here.
+        """
+        if self._nursery is None or self._closed:
+            raise RuntimeError("use the producer inside its async with block")
+        key_b = _as_bytes(key, "key")
+        value_b = _as_bytes(value, "value")
+        hdrs: list[Header] = [
+            (str(name), _as_bytes(v, "header value") or b"") for name, v in (headers or ())
+        ]
+        size = (
+            _RECORD_OVERHEAD
+            + len(key_b or b"")
+            + len(value_b or b"")
+            + sum(len(n) + len(v) + 4 for n, v in hdrs)
+        )
+        if size > self.max_batch_bytes:
+            raise RecordTooLargeError(
+                f"a record of about {size} bytes exceeds max_batch_bytes "
+                f"({self.max_batch_bytes}); raise it (within the broker's max_batch_bytes)"
+            )
+        tp = TopicPartition(topic, await self._choose_partition(topic, key_b, partition))
+        ts_ms = round((time.time() if timestamp is None else timestamp) * 1000)
+        if ts_ms < 0:
+            raise ValueError(f"timestamp {timestamp} is before the epoch")
+        while self._buffered + size > self.buffer_bytes and self._buffered > 0:
+            self._space = trio.Event() if self._space.is_set() else self._space
+            await self._space.wait()
+        delivery = Delivery(tp, ts_ms)
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = _PartitionQueue()
+        batch = queue.open
+        if batch is not None and batch.size + size > self.batch_size and batch.records:
+            self._close_open(tp, queue)
+            batch = None
+        if batch is None:
+            batch = queue.open = _Batch(trio.current_time())
+        batch.records.append(WireRecord(ts_ms, key_b, value_b, hdrs))
+        batch.deliveries.append(delivery)
+        batch.size += size
+        self._buffered += size
+        self._pending += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        if batch.size >= self.batch_size:
+            self._close_open(tp, queue)
+        if not queue.sending:
+            queue.sending = True
+            self._nursery.start_soon(self._sender, tp, queue)
+        return delivery
+
+    async def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        assert self._cluster is not None
+        count = await self._cluster.partition_count(topic)
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise UnknownTopicError(
+                    f"topic {topic!r} has partitions 0..{count - 1}; "
+                    f"partition {partition} does not exist"
+                )
+            return partition
+        if key is not None:
+            return partition_for_key(key, count)
+        return self._sticky.setdefault(topic, len(self._sticky) % count) % count
+
+    def _close_open(self, tp: TopicPartition, queue: _PartitionQueue) -> None:
+        """Move the open batch to the queue of batches ready to send."""
+        if queue.open is None:
+            return
+        queue.closed.append(queue.open)
+        queue.open = None
+        if tp.topic in self._sticky:  # keyless records move on to the next partition
+            self._sticky[tp.topic] += 1
+        queue.wake.set()
+
+    async def flush(self) -> None:
+        """Send every record enqueued so far now (no lingering) and wait for all outcomes."""
+        self._flush_requested += 1
+        try:
+            for tp, queue in self._queues.items():
+                self._close_open(tp, queue)
+            await self._idle.wait()
+        finally:
+            self._flush_requested -= 1
+
+    # -- the sender tasks --------------------------------------------------------------------
+
+    async def _sender(self, tp: TopicPartition, queue: _PartitionQueue) -> None:
+        """Send one partition's batches, one at a time, until it has none."""
+        try:
+            while True:
+                if not queue.closed:
+                    if queue.open is None:
+                        return
+                    deadline = queue.open.created + self.linger
+                    with trio.move_on_at(deadline):
+                        while not queue.closed and not self._flush_requested:
+                            queue.wake = trio.Event()
+                            await queue.wake.wait()
+                    self._close_open(tp, queue)
+                    continue
+                batch = queue.closed.popleft()
+                try:
+                    await self._deliver(tp, batch)
+                except BaseException:  # cancelled: the producer is closing
+                    self._resolve_failed(
+                        batch,
+                        RequestTimedOutError("the producer closed before the record was stored"),
+                    )
+                    raise
+        finally:
+            queue.sending = False
+
+    async def _deliver(self, tp: TopicPartition, batch: _Batch) -> None:
+        """Send a batch until it is stored or its delivery timeout passes; resolve its records."""
+        assert self._cluster is not None
+        payload = encode_batch(batch.records, self.compression)
+        request = ProduceRequest(
+            tp.topic,
+            tp.partition,
+            payload,
+            len(batch.records),
+            max(r.timestamp_ms for r in batch.records),
+        )
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        error: BaseException | None = None
+        with trio.move_on_at(batch.created + self.delivery_timeout):
+            while True:
+                try:
+                    base = await self._send_once(tp, request)
+                except CoordError as exc:
+                    error = exc
+                    if not exc.retriable:
+                        break
+                    if isinstance(exc, NotLeaderForPartitionError):
+                        self._cluster.forget(tp.topic)
+                    log.info("producer: retrying a batch for %s: %s", tp, exc)
+                    await backoff.sleep()
+                    continue
+                for index, delivery in enumerate(batch.deliveries):
+                    delivery._resolve(base + index)
+                error = None
+                self.batches_sent += 1
+                break
+        if error is None and not all(d.done for d in batch.deliveries):
+            error = RequestTimedOutError(
+                f"the batch for {tp} was not stored within delivery_timeout "
+                f"({self.delivery_timeout:g}s)"
+            )
+        if error is not None:
+            self._resolve_failed(batch, error)
+        else:
+            self._settle(batch)
+
+    def _resolve_failed(self, batch: _Batch, error: BaseException) -> None:
+        for delivery in batch.deliveries:
+            if not delivery.done:
+                delivery._fail(error)
+        self._settle(batch)
+
+    async def _send_once(self, tp: TopicPartition, request: ProduceRequest) -> int:
+        assert self._cluster is not None
+        broker = await self._cluster.leader(tp)
+        address = (broker.host, broker.port)
+        slots = self._slots.get(address)
+        if slots is None:
+            slots = self._slots[address] = trio.Semaphore(self.max_in_flight)
+        async with slots:
+            conn = await self._cluster.connection(broker)
+            with trio.fail_after(self.request_timeout):
+                response = await conn.request(request)
+        assert isinstance(response, ProduceResponse)
+        return response.base_offset
+
+    def _settle(self, batch: _Batch) -> None:
+        self._buffered -= batch.size
+        self._pending -= len(batch.deliveries)
+        self._space.set()
+        if self._pending == 0:
+            self._idle.set()
+
+    def _fail_everything(self, error: BaseException) -> None:
+        """Fail what is still queued when the producer closes."""
+        for queue in self._queues.values():
+            batches = list(queue.closed) + ([queue.open] if queue.open else [])
+            queue.closed.clear()
+            queue.open = None
+            for batch in batches:
+                self._resolve_failed(batch, error)
+
+
+def open_producer(bootstrap: str | Sequence[str], **options: Any) -> Producer:
+    """A producer for the brokers of ``bootstrap``: ``async with open_producer(b) as p``.
+
+    Options (defaults): ``linger=0.005`` s and ``batch_size=65536`` bytes
+    (a partition's batch is sent when either is reached), ``max_batch_bytes``
+    (the largest batch, hence record, 524288), ``buffer_bytes`` (records
+    waiting to be stored, 32 MiB: :meth:`Producer.enqueue` waits while it is
+    full), ``max_in_flight=16`` requests per broker, ``compression`` (None,
+    ``"zlib"`` or ``"lzma"``), ``delivery_timeout=120`` s,
+    ``request_timeout=30`` s, ``close_timeout=30`` s (how long leaving the
+    block waits for records still in flight) and ``client_id``.
+    """
+    return Producer(bootstrap, **options)

@@ -1,0 +1,130 @@
+"""Record batches: how a producer packs records and a consumer unpacks them.
+
+A batch is the unit a producer sends, a partition log stores and a fetch
+returns, and the broker never looks inside it on the hot path: it stores the
+bytes with the batch's record count and newest timestamp and assigns the
+offsets (the ``i``-th record of a batch stored at ``base`` has offset
+``base + i``). The bytes are one codec byte (see :data:`COMPRESSION`) followed
+by a msgpack array of records, compressed as a whole when a codec is chosen;
+each record is ``[timestamp_ms, key, value, headers]``. Producers, consumers,
+the broker (to find an offset by timestamp) and the Spark data source all use
+this one module, so the format has exactly one definition.
+"""
+
+from __future__ import annotations
+
+import lzma
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from .errors import InvalidRecordError
+from .messages import TopicPartition
+
+__all__ = [
+    "COMPRESSION",
+    "ConsumerRecord",
+    "Header",
+    "WireRecord",
+    "decode_batch",
+    "encode_batch",
+    "records_from",
+]
+
+Header = tuple[str, bytes]
+"""A record header: a name and opaque bytes."""
+
+
+class WireRecord(msgspec.Struct, frozen=True, array_like=True):
+    """One record inside a batch, as encoded (its offset is implied by its place)."""
+
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header] = []
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    """A record as a consumer receives it.
+
+    ``timestamp`` is in seconds since the epoch (the producer's clock when it
+    was sent, unless the producer set it); ``key`` and ``value`` are bytes or
+    None; ``headers`` keeps the producer's order and may repeat a name.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition this record belongs to."""
+        return TopicPartition(self.topic, self.partition)
+
+
+_Codec = tuple[int, Callable[[bytes], bytes], Callable[[bytes], bytes]]
+
+COMPRESSION: Final[dict[str | None, _Codec]] = {
+    None: (0, bytes, bytes),
+    "zlib": (1, lambda b: zlib.compress(b, 1), zlib.decompress),
+    "lzma": (2, lambda b: lzma.compress(b, preset=0), lzma.decompress),
+}
+"""Codec name → (the id byte a batch starts with, compress, decompress)."""
+
+_BY_ID: Final = {ident: unpack for ident, _, unpack in COMPRESSION.values()}
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(list[WireRecord])
+
+
+def encode_batch(records: Sequence[WireRecord], compression: str | None = None) -> bytes:
+    """Pack records into a batch payload, compressed with ``compression`` (None, zlib, lzma)."""
+    try:
+        ident, pack, _ = COMPRESSION[compression]
+    except KeyError:
+        known = ", ".join(repr(c) for c in COMPRESSION)
+        raise ValueError(f"unknown compression {compression!r}; choose one of {known}") from None
+    return bytes((ident,)) + pack(_encoder.encode(records))
+
+
+def decode_batch(payload: bytes) -> list[WireRecord]:
+    """Unpack a batch payload; raises :class:`InvalidRecordError` if it is malformed."""
+    if not payload:
+        raise InvalidRecordError("empty record batch")
+    unpack = _BY_ID.get(payload[0])
+    if unpack is None:
+        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
+    try:
+        return _decoder.decode(unpack(payload[1:]))
+    except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
+        raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
+
+
+def records_from(
+    topic: str, partition: int, batches: Iterable[tuple[int, bytes]], start: int = 0
+) -> Iterator[ConsumerRecord]:
+    """The records of ``(base_offset, payload)`` batches from offset ``start`` on.
+
+    A fetch may return a batch that begins before the offset asked for; its
+    earlier records are skipped here.
+    """
+    for base, payload in batches:
+        for index, rec in enumerate(decode_batch(payload)):
+            offset = base + index
+            if offset >= start:
+                yield ConsumerRecord(
+                    topic,
+                    partition,
+                    offset,
+                    rec.timestamp_ms / 1000,
+                    rec.key,
+                    rec.value,
+                    tuple(rec.headers),
+                )
