@@ -167,10 +167,15 @@ def test_admin_commands_print_tables_and_json(broker_process):
     assert json.loads(ok("topics", "list", "--json", "-b", bootstrap)) == [
         {"topic": "orders", "partitions": 3}
     ]
-    assert re.search(r"orders\s+3", ok("topics", "describe", "orders", "-b", bootstrap))
+    assert re.search(r"orders\s+2\s+0\s+0", ok("topics", "describe", "orders", "-b", bootstrap))
     ok("topics", "add-partitions", "orders", "--total", "5", "-b", bootstrap)
-    assert json.loads(ok("topics", "describe", "orders", "--json", "-b", bootstrap)) == [
-        {"topic": "orders", "partitions": 5}
+    described = json.loads(ok("topics", "describe", "orders", "--json", "-b", bootstrap))
+    assert described == [
+        {
+            "topic": "orders",
+            "partitions": 5,
+            "offsets": [{"partition": p, "log_start": 0, "log_end": 0} for p in range(5)],
+        }
     ]
     ok("groups", "create", "g", "-b", bootstrap)
     listed = json.loads(ok("groups", "list", "--json", "-b", bootstrap))

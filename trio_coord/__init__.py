@@ -1,9 +1,10 @@
 """trio_coord: a consumer-group coordinator for partitioned logs, built on Trio.
 
-The public API. Start a broker with :func:`open_broker`, manage topics and
-groups with :func:`open_admin`, and consume as a group member with
-:func:`open_consumer`; every error a broker reports arrives as a subclass of
-:class:`CoordError`, one per :class:`ErrorCode`.
+The public API. Start a broker with :func:`open_broker`, manage topics,
+groups and offsets with :func:`open_admin`, append records with
+:func:`open_producer`, and consume them as a group member (or from fixed
+partitions) with :func:`open_consumer`; every error a broker reports arrives
+as a subclass of :class:`CoordError`, one per :class:`ErrorCode`.
 """
 
 from .broker import Broker as Broker
@@ -12,24 +13,42 @@ from .broker import open_broker as open_broker
 from .client import Admin as Admin
 from .client import Consumer as Consumer
 from .client import ConsumerState as ConsumerState
+from .client import Delivery as Delivery
+from .client import PartitionLag as PartitionLag
+from .client import Producer as Producer
+from .client import RecordMetadata as RecordMetadata
 from .client import open_admin as open_admin
 from .client import open_consumer as open_consumer
+from .client import open_producer as open_producer
+from .log import LogConfig as LogConfig
+from .protocol import EARLIEST as EARLIEST
+from .protocol import LATEST as LATEST
 from .protocol import TopicPartition as TopicPartition
 from .protocol.errors import *  # noqa: F403  (one exception class per error code)
 from .protocol.errors import __all__ as _errors_all
+from .protocol.records import ConsumerRecord as ConsumerRecord
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EARLIEST",
+    "LATEST",
     "Admin",
     "Broker",
     "BrokerConfig",
     "Consumer",
+    "ConsumerRecord",
     "ConsumerState",
+    "Delivery",
+    "LogConfig",
+    "PartitionLag",
+    "Producer",
+    "RecordMetadata",
     "TopicPartition",
     "__version__",
     "open_admin",
     "open_broker",
     "open_consumer",
+    "open_producer",
     *_errors_all,
 ]

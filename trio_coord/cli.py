@@ -1,7 +1,7 @@
 """The ``trio-coord`` command line: parse, call the public API, print.
 
-Every subcommand is a thin shell over ``open_broker``, ``open_admin`` or
-``open_consumer``: it prints tables for people and, with ``--json``, one JSON
+Every subcommand is a thin shell over ``open_broker``, ``open_admin``,
+``open_producer`` or ``open_consumer``: it prints tables for people and, with ``--json``, one JSON
 document (or one JSON object per line for event streams) for scripts. Errors
 a user can cause are printed as one ``error:`` line saying what to do, with
 exit status 1 (2 for bad usage). SIGINT and SIGTERM stop a broker or a
@@ -12,6 +12,7 @@ writes.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -24,9 +25,11 @@ import trio
 
 from . import __version__
 from .broker import BrokerConfig, open_broker
-from .client import Admin, Consumer, open_admin
+from .client import Admin, Consumer, PartitionLag, open_admin, open_producer
+from .log import LogConfig
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
+from .protocol.records import ConsumerRecord
 from .store.base import StoreError
 
 __all__ = ["main"]
@@ -61,8 +64,12 @@ def _tp(tp: TopicPartition) -> list[Any]:
     return [tp.topic, tp.partition]
 
 
-def group_to_json(desc: GroupDescription) -> dict[str, Any]:
-    """A group description as plain JSON (what ``groups describe --json`` prints)."""
+def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> dict[str, Any]:
+    """A group description as plain JSON (what ``groups describe --json`` prints).
+
+    ``partitions`` has one object per partition the group consumes or has an
+    offset for: committed offset (null: none), log end, lag and owner.
+    """
     owner = {tp: m.member_id for m in desc.members for tp in m.partitions}
     return {
         "group": desc.group_id,
@@ -88,6 +95,18 @@ def group_to_json(desc: GroupDescription) -> dict[str, Any]:
                 "owner": owner.get(o.tp),
             }
             for o in desc.offsets
+        ],
+        "partitions": [
+            {
+                "topic": row.topic,
+                "partition": row.partition,
+                "committed": row.committed,
+                "log_start": row.log_start,
+                "log_end": row.log_end,
+                "lag": row.lag,
+                "owner": row.owner or None,
+            }
+            for row in lag
         ],
     }
 
@@ -121,6 +140,12 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
         group_retention=args.group_retention,
+        log=LogConfig(
+            segment_bytes=args.segment_bytes,
+            flush_interval=args.flush_interval,
+            retention_seconds=None if args.retention_hours <= 0 else args.retention_hours * 3600,
+            retention_bytes=None if args.retention_bytes <= 0 else args.retention_bytes,
+        ),
     )
     async with open_broker(args.data_dir, args.host, args.port, config=config) as broker:
         data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
@@ -167,6 +192,39 @@ async def cmd_topics_list(args: argparse.Namespace) -> None:
     _say(args, _topic_json(topics), text)
 
 
+async def cmd_topics_describe(args: argparse.Namespace) -> None:
+    """Describe topics partition by partition, with their log offsets."""
+
+    async def ask(admin: Admin) -> tuple[list[TopicInfo], dict[TopicPartition, Any]]:
+        topics = await (admin.describe_topics(args.names) if args.names else admin.list_topics())
+        partitions = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
+        return topics, await admin.list_offsets(partitions) if partitions else {}
+
+    topics, offsets = await _ask_admin(args, ask)
+    rows = [
+        [tp.topic, tp.partition, o.log_start, o.log_end, o.log_end - o.log_start]
+        for tp, o in sorted(offsets.items())
+    ]
+    _say(
+        args,
+        [
+            {
+                "topic": t.name,
+                "partitions": t.partitions,
+                "offsets": [
+                    {"partition": r[1], "log_start": r[2], "log_end": r[3]}
+                    for r in rows
+                    if r[0] == t.name
+                ],
+            }
+            for t in topics
+        ],
+        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        if rows
+        else "no topics (create one with: trio-coord topics create NAME --partitions N)",
+    )
+
+
 async def cmd_groups_list(args: argparse.Namespace) -> None:
     """List groups."""
     groups = await _ask_admin(args, lambda admin: admin.list_groups())
@@ -180,11 +238,15 @@ async def cmd_groups_list(args: argparse.Namespace) -> None:
 
 async def cmd_groups_describe(args: argparse.Namespace) -> None:
     """Describe one group."""
-    desc = await _ask_admin(args, lambda admin: admin.describe_group(args.group))
-    _say(args, group_to_json(desc), describe_text(desc))
+
+    async def ask(admin: Admin) -> tuple[GroupDescription, list[PartitionLag]]:
+        return await admin.describe_group(args.group), await admin.group_lag(args.group)
+
+    desc, lag = await _ask_admin(args, ask)
+    _say(args, group_to_json(desc, lag), describe_text(desc, lag))
 
 
-def describe_text(desc: GroupDescription) -> str:
+def describe_text(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> str:
     """A group description as ``groups describe`` prints it for people."""
     lines = [
         f"group {desc.group_id}: {desc.state}, generation {desc.generation}, "
@@ -196,12 +258,23 @@ def describe_text(desc: GroupDescription) -> str:
             for m in desc.members
         ]
         lines += ["", format_table(["MEMBER", "HOST", "TOPICS", "PARTITIONS"], rows)]
-    owner = {tp: m.member_id for m in desc.members for tp in m.partitions}
-    committed = {o.tp: o.offset for o in desc.offsets}
-    partitions = sorted(set(committed) | set(owner))
-    if partitions:
-        table = [[str(tp), committed.get(tp, "-"), owner.get(tp, "-")] for tp in partitions]
-        lines += ["", format_table(["PARTITION", "COMMITTED", "OWNER"], table)]
+    if lag:
+        table = [
+            [
+                row.topic,
+                row.partition,
+                "-" if row.committed is None else row.committed,
+                row.log_end,
+                row.lag,
+                row.owner or "-",
+            ]
+            for row in lag
+        ]
+        lines += [
+            "",
+            format_table(["TOPIC", "PARTITION", "COMMITTED", "LOG-END", "LAG", "OWNER"], table),
+            f"total lag: {sum(row.lag for row in lag)}",
+        ]
     return "\n".join(lines)
 
 
@@ -217,8 +290,153 @@ async def cmd_groups_delete(args: argparse.Namespace) -> None:
     _say(args, {"group": args.group, "deleted": True}, f"deleted group {args.group}")
 
 
+def _parse_datetime(text: str) -> int:
+    """An ISO 8601 time (local time if it names no zone) as milliseconds since the epoch."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--to-datetime {text!r} is not an ISO 8601 time (e.g. 2026-11-22T10:00:00+00:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return round(when.timestamp() * 1000)
+
+
+def _partitions_arg(text: str | None) -> set[int] | None:
+    if text is None:
+        return None
+    try:
+        return {int(p) for p in text.split(",") if p.strip()}
+    except ValueError:
+        raise UsageError(
+            f"--partitions {text!r} is not a comma-separated list of numbers"
+        ) from None
+
+
+async def cmd_groups_reset_offsets(args: argparse.Namespace) -> None:
+    """Plan (and with --execute apply) new committed offsets for a group."""
+    wanted = _partitions_arg(args.partitions)
+
+    async def ask(admin: Admin) -> list[dict[str, Any]]:
+        tps = [
+            tp
+            for tp in await admin.topic_partitions([args.topic])
+            if wanted is None or tp.partition in wanted
+        ]
+        if not tps:
+            raise UsageError(f"topic {args.topic} has none of the partitions {args.partitions}")
+        committed = await admin.committed_offsets(args.group, tps)
+        bounds = await admin.list_offsets(tps)
+        if args.to_datetime is not None:
+            targets = {
+                tp: o.offset
+                for tp, o in (
+                    await admin.list_offsets(tps, _parse_datetime(args.to_datetime))
+                ).items()
+            }
+        elif args.to_earliest:
+            targets = {tp: bounds[tp].log_start for tp in tps}
+        elif args.to_latest:
+            targets = {tp: bounds[tp].log_end for tp in tps}
+        elif args.to_offset is not None:
+            targets = {tp: args.to_offset for tp in tps}
+        else:
+            targets = {tp: committed.get(tp, bounds[tp].log_end) + args.shift_by for tp in tps}
+        # Like kafka-consumer-groups: a target outside the log is clamped into it.
+        new = {tp: min(max(targets[tp], bounds[tp].log_start), bounds[tp].log_end) for tp in tps}
+        if args.execute:
+            await admin.reset_offsets(args.group, new)
+        return [
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "current": committed.get(tp),
+                "new": new[tp],
+            }
+            for tp in tps
+        ]
+
+    plan = await _ask_admin(args, ask)
+    rows = [
+        [r["topic"], r["partition"], "-" if r["current"] is None else r["current"], r["new"]]
+        for r in plan
+    ]
+    verdict = (
+        f"offsets of group {args.group} reset; running members restart from them"
+        if args.execute
+        else "dry run: nothing changed (add --execute to apply)"
+    )
+    _say(
+        args,
+        {"group": args.group, "executed": args.execute, "partitions": plan},
+        format_table(["TOPIC", "PARTITION", "CURRENT", "NEW"], rows) + "\n" + verdict,
+    )
+
+
+async def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
+    """Delete a group's committed offsets for a topic's partitions."""
+    wanted = _partitions_arg(args.partitions)
+
+    async def ask(admin: Admin) -> list[TopicPartition]:
+        tps = [
+            tp
+            for tp in await admin.topic_partitions([args.topic])
+            if wanted is None or tp.partition in wanted
+        ]
+        await admin.delete_offsets(args.group, tps)
+        return tps
+
+    tps = await _ask_admin(args, ask)
+    _say(
+        args,
+        {"group": args.group, "deleted": [_tp(tp) for tp in tps]},
+        f"deleted the offsets of group {args.group} for {len(tps)} partition(s) of {args.topic}",
+    )
+
+
+async def cmd_produce(args: argparse.Namespace) -> None:
+    """Send each line of stdin as one record."""
+    sent = 0
+    async with open_producer(args.bootstrap, compression=args.compression) as producer:
+        deliveries = []
+        stdin = trio.wrap_file(sys.stdin)
+        async for line in stdin:
+            text = line.rstrip("\n")
+            key: str | None = None
+            if args.key_separator:
+                key, sep, value = text.partition(args.key_separator)
+                if not sep:
+                    raise UsageError(
+                        f"line {sent + 1} has no key separator {args.key_separator!r}: {text!r}"
+                    )
+            else:
+                value = text
+            deliveries.append(
+                await producer.enqueue(args.topic, value, key=key, partition=args.partition)
+            )
+            sent += 1
+            if len(deliveries) >= 1000:
+                await _report_deliveries(args, deliveries)
+        await _report_deliveries(args, deliveries)
+    if not args.json:
+        print(f"produced {sent} record(s) to {args.topic}", file=sys.stderr, flush=True)
+
+
+async def _report_deliveries(args: argparse.Namespace, deliveries: list[Any]) -> None:
+    for delivery in deliveries:
+        meta = await delivery
+        if args.json:
+            _print_json({"topic": meta.topic, "partition": meta.partition, "offset": meta.offset})
+    deliveries.clear()
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", errors="backslashreplace")
+
+
 async def cmd_consume(args: argparse.Namespace) -> None:
-    """Join a group and print membership events until SIGINT/SIGTERM."""
+    """Join a group, print its records and membership events until SIGINT/SIGTERM."""
     as_json = args.events == "json" or args.json
 
     def emit(event: str, partitions: list[TopicPartition] | None = None, **extra: Any) -> None:
@@ -264,8 +482,42 @@ async def cmd_consume(args: argparse.Namespace) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        await _until_signalled()
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                await _until_signalled()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            printed = 0
+            async for record in consumer:
+                _print_record(record, as_json)
+                printed += 1
+                if args.max_records is not None and printed >= args.max_records:
+                    break
+            nursery.cancel_scope.cancel()
     emit("left")
+
+
+def _print_record(record: ConsumerRecord, as_json: bool) -> None:
+    if as_json:
+        _print_json(
+            {
+                "event": "record",
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "timestamp": record.timestamp,
+                "key": _text(record.key),
+                "value": _text(record.value),
+            }
+        )
+    else:
+        key = "" if record.key is None else f"{_text(record.key)}: "
+        print(
+            f"{record.topic}-{record.partition}@{record.offset}  {key}{_text(record.value)}",
+            flush=True,
+        )
 
 
 async def _until_signalled() -> None:
@@ -363,6 +615,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="remove groups empty and without offsets for this long (default: %(default)s)",
     )
+    p.add_argument(
+        "--flush-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="0: fsync every produced batch before acknowledging it (group commit); "
+        "otherwise acknowledge at once and fsync this often (default: %(default)s)",
+    )
+    p.add_argument(
+        "--retention-hours",
+        type=float,
+        default=168.0,
+        metavar="HOURS",
+        help="delete log segments older than this; 0 keeps them (default: %(default)s)",
+    )
+    p.add_argument(
+        "--retention-bytes",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="per partition, delete the oldest segments beyond this size; 0: no limit",
+    )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=LogConfig().segment_bytes,
+        metavar="BYTES",
+        help="roll a partition's log to a new segment file past this size (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.set_defaults(func=cmd_broker, log_default="INFO")
 
@@ -385,13 +666,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total", type=int, required=True, help="the new partition count")
     _add_client_options(p)
     p.set_defaults(func=cmd_topics_add_partitions)
-    for action, text in (("list", "list topics"), ("describe", "describe topics")):
+    for action, func, text in (
+        ("list", cmd_topics_list, "list topics and their partition counts"),
+        ("describe", cmd_topics_describe, "show each partition's log start and end offsets"),
+    ):
         p = topics.add_parser(
-            action, help=text, description=text.capitalize() + " (all, or the ones named)."
+            action, help=text, description=text[0].upper() + text[1:] + " (all, or the ones named)."
         )
         p.add_argument("names", nargs="*", metavar="NAME")
         _add_client_options(p)
-        p.set_defaults(func=cmd_topics_list)
+        p.set_defaults(func=func)
 
     groups = sub.add_parser(
         "groups", help="list, describe, create and delete consumer groups"
@@ -402,7 +686,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(p)
     p.set_defaults(func=cmd_groups_list)
     for action, func, text in (
-        ("describe", cmd_groups_describe, "show state, members, partitions and committed offsets"),
+        (
+            "describe",
+            cmd_groups_describe,
+            "show state, members, and per partition the committed offset, log end, lag and owner",
+        ),
         ("create", cmd_groups_create, "create an empty group"),
         ("delete", cmd_groups_delete, "delete an empty group and its offsets"),
     ):
@@ -411,12 +699,73 @@ def build_parser() -> argparse.ArgumentParser:
         _add_client_options(p)
         p.set_defaults(func=func)
 
+    p = groups.add_parser(
+        "reset-offsets",
+        help="move a group's committed offsets (dry run unless --execute)",
+        description="Compute new committed offsets for GROUP on TOPIC's partitions and show "
+        "them; with --execute, apply them. A running group is rewound live: its coordinator "
+        "stops the owners, records the offsets and restarts them there. Targets outside a "
+        "partition's log are clamped into it.",
+    )
+    p.add_argument("group")
+    p.add_argument("--topic", "-t", required=True, help="the topic whose offsets move")
+    p.add_argument("--partitions", metavar="N,N,...", help="only these partitions (default: all)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the log start")
+    target.add_argument("--to-latest", action="store_true", help="the log end (skip everything)")
+    target.add_argument("--to-offset", type=int, metavar="N", help="offset N")
+    target.add_argument(
+        "--to-datetime",
+        metavar="ISO",
+        help="the first record at or after this time (ISO 8601; local time without a zone)",
+    )
+    target.add_argument(
+        "--shift-by", type=int, metavar="N", help="the committed offset plus N (negative: back)"
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="only show the plan (the default)")
+    mode.add_argument("--execute", action="store_true", help="apply the plan")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_groups_reset_offsets)
+
+    p = groups.add_parser(
+        "delete-offsets",
+        help="forget a group's committed offsets for a topic",
+        description="Delete GROUP's committed offsets for TOPIC's partitions. Refused while a "
+        "member of the group consumes the topic.",
+    )
+    p.add_argument("group")
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--partitions", metavar="N,N,...", help="only these partitions (default: all)")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_groups_delete_offsets)
+
+    p = sub.add_parser(
+        "produce",
+        help="send lines of stdin as records",
+        description="Read stdin line by line and send each line as one record to TOPIC. "
+        "With --key-separator, the text before the first separator is the record's key. "
+        "Exits once every record is stored.",
+    )
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument(
+        "--key-separator", metavar="SEP", help="split each line into key SEP value (e.g. ':')"
+    )
+    p.add_argument("--partition", type=int, help="send every record to this partition")
+    p.add_argument(
+        "--compression", choices=["zlib", "lzma"], help="compress batches (default: none)"
+    )
+    _add_client_options(p, timeout=False)
+    p.set_defaults(func=cmd_produce)
+
     p = sub.add_parser(
         "consume",
-        help="join a group and print its membership events",
-        description="Join GROUP as a consumer of TOPIC(s) and print every membership event "
-        "(joined, assigned, revoked, lost, left). With --events json, one JSON object per line, "
-        'e.g. {"event": "assigned", "generation": 3, "member_id": "...", '
+        help="join a group, print its records and membership events",
+        description="Join GROUP as a consumer of TOPIC(s) and print every record it is given "
+        "and every membership event (joined, assigned, revoked, lost, left). With --events "
+        "json, one JSON object per line, e.g. "
+        '{"event": "record", "topic": "t", "partition": 0, "offset": 7, "key": null, '
+        '"value": "hello"} or {"event": "assigned", "generation": 3, "member_id": "...", '
         '"partitions": [["t", 0]]}. '
         "Stop with Ctrl-C or SIGTERM: the consumer leaves the group cleanly.",
     )
@@ -459,6 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="output format (default: %(default)s)",
     )
+    p.add_argument("--max-records", type=int, metavar="N", help="leave the group after N records")
     _add_client_options(p, timeout=False)
     p.set_defaults(func=cmd_consume)
 

@@ -199,7 +199,7 @@ class PartitionService:
         # but an answer that has data already must not outgrow the frame for it.
         if has_data and stored and len(stored[0].payload) > budget:
             return []
-        batches = []
+        batches: list[FetchedBatch] = []
         used = 0
         for batch in stored:
             used += len(batch.payload)

@@ -75,12 +75,19 @@ class BrokerConfig:
     position_flush_interval: float = 1.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
-    max_batch_bytes: int = 512 * 1024
+    max_batch_bytes: int | None = None
     max_fetch_bytes: int = 16 * 1024 * 1024
     shutdown_grace: float = 5.0
     log: LogConfig = field(default_factory=LogConfig)
     on_event: EventCallback | None = field(default=None, repr=False)
     """Observer of group events (joined, removed, stable, ...), for tools and tests."""
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch a producer may send, in bytes."""
+        if self.max_batch_bytes is not None:
+            return self.max_batch_bytes
+        return min(512 * 1024, self.max_frame_size // 2)
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that makes no sense."""
@@ -95,15 +102,16 @@ class BrokerConfig:
             "max_partitions",
             "max_frame_size",
             "max_in_flight",
-            "max_batch_bytes",
             "max_fetch_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if self.max_batch_bytes > self.max_frame_size - 64 * 1024:
+        if self.max_batch_bytes is not None and not 0 < self.max_batch_bytes <= (
+            self.max_frame_size // 2
+        ):
             raise ValueError(
-                f"max_batch_bytes ({self.max_batch_bytes}) must leave 64 KiB of "
-                f"max_frame_size ({self.max_frame_size}) for the rest of a request"
+                f"max_batch_bytes ({self.max_batch_bytes}) must be positive and at most half "
+                f"of max_frame_size ({self.max_frame_size}), so that a batch fits in any frame"
             )
         self.log.validate()
         for name in ("group_retention", "position_flush_interval", "shutdown_grace"):
@@ -134,7 +142,7 @@ class Broker:
         self.partitions = PartitionService(
             logs,
             self.topics,
-            max_batch_bytes=config.max_batch_bytes,
+            max_batch_bytes=config.batch_limit,
             max_fetch_bytes=config.max_fetch_bytes,
         )
         self.coordinator = CoordinatorService(

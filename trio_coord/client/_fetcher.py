@@ -99,9 +99,8 @@ class _Partition:
 class Fetcher:
     """Fetches owned partitions and hands their records out; see the module docstring."""
 
-    def __init__(self, cluster: ClusterView, settings: FetchSettings) -> None:
-        self.cluster = cluster
-        """The cluster view the fetcher's connections come from (shared with its consumer)."""
+    def __init__(self, settings: FetchSettings) -> None:
+        self._cluster_view: ClusterView | None = None
         self._settings = settings
         self._parts: dict[TopicPartition, _Partition] = {}
         self._ready: deque[TopicPartition] = deque()  # partitions with buffered records
@@ -113,6 +112,17 @@ class Fetcher:
         self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
+
+    @property
+    def cluster(self) -> ClusterView:
+        """The cluster view the fetcher's connections come from (shared with its consumer)."""
+        if self._cluster_view is None:
+            raise RuntimeError("use the consumer inside its async with block")
+        return self._cluster_view
+
+    def attach(self, cluster: ClusterView) -> None:
+        """Fetch through ``cluster`` (once the consumer's nursery exists)."""
+        self._cluster_view = cluster
 
     # -- ownership (called by the consumer) --------------------------------------------------
 

@@ -207,7 +207,9 @@ class Admin:
         return rows
 
     async def reset_offsets(
-        self, group_id: str, offsets: Mapping[TopicPartition | tuple[str, int], int]
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int] | Mapping[tuple[str, int], int],
     ) -> None:
         """Move a group's committed offsets (backwards too); a running group restarts there."""
         request = ResetOffsetsRequest(

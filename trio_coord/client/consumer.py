@@ -199,7 +199,7 @@ class Consumer:
         self._fetch_settings = FetchSettings(
             offset_reset, fetch_max_wait, fetch_min_bytes, max_partition_fetch_bytes
         )
-        self._fetcher: Fetcher | None = None
+        self._fetcher = Fetcher(self._fetch_settings)
         self._lease_end = -math.inf
         self._lease_moved = trio.Event()
         self._member_ready = trio.Event()
@@ -231,7 +231,7 @@ class Consumer:
         with unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
                 cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
-                self._fetcher = Fetcher(cluster, self._fetch_settings)
+                self._fetcher.attach(cluster)
                 nursery.start_soon(self._fetcher.run)
                 if self.static_partitions is not None:
                     await self._start_static()
@@ -272,7 +272,7 @@ class Consumer:
 
     async def _start_static(self) -> None:
         """Own the fixed partitions: from the group's committed offsets, or by the policy."""
-        assert self.static_partitions is not None and self._fetcher is not None
+        assert self.static_partitions is not None
         committed: dict[TopicPartition, int] = {}
         if self.group_id:
             committed = await self.committed(self.static_partitions)
@@ -303,8 +303,6 @@ class Consumer:
         return self.assignment
 
     def _engine(self) -> Fetcher:
-        if self._fetcher is None:
-            raise RuntimeError("use the consumer inside its async with block")
         return self._fetcher
 
     def position(self, tp: TopicPartition | tuple[str, int]) -> int | None:
@@ -389,7 +387,6 @@ class Consumer:
         if self._lifetime is None or self._left:
             raise UnknownMemberError("use the consumer inside its async with block")
         if self._conn is None or self._conn.closed:
-            assert self._fetcher is not None
             coordinator = await self._bootstrap.find_coordinator(self.group_id)
             self._conn = await self._fetcher.cluster.connection(coordinator)
             self.member_id, self.generation = "", -1  # a standalone committer
@@ -410,7 +407,7 @@ class Consumer:
 
     async def commit(
         self,
-        offsets: Mapping[TopicPartition | tuple[str, int], int] | None = None,
+        offsets: Mapping[TopicPartition, int] | Mapping[tuple[str, int], int] | None = None,
         *,
         allow_regression: bool = False,
     ) -> None:

@@ -1,0 +1,282 @@
+"""Records end to end: producer → partition log → consumer group, over real sockets.
+
+What an application relies on: every record sent comes back, with its key,
+value, headers and timestamp, in order per partition; keyed records land on
+a partition that depends only on the key (the same in every process); a
+consumer group reads exactly the partitions it owns, never a record of a
+revoked partition after ``on_revoked``; a crash costs duplicates only after
+the last commit (at least once); a live group rewinds when its offsets are
+reset; fixed-partition consumers commit as standalone committers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+
+import pytest
+import trio
+
+from trio_coord import (
+    EARLIEST,
+    ConsumerRecord,
+    NoOffsetForPartitionError,
+    OffsetRegressionError,
+    RecordTooLargeError,
+    TopicPartition,
+    UnknownTopicError,
+    open_admin,
+    open_consumer,
+    open_producer,
+)
+from trio_coord.client import partition_for_key
+
+S = 0.6  # session timeout (seconds of real time)
+
+
+async def make_topic(bootstrap: str, name: str, partitions: int) -> None:
+    async with open_admin(bootstrap) as admin:
+        await admin.create_topic(name, partitions)
+
+
+async def produce(bootstrap: str, topic: str, count: int, **kw) -> list:
+    async with open_producer(bootstrap, **kw) as producer:
+        deliveries = [
+            await producer.enqueue(
+                topic,
+                f"value-{i}",
+                key=f"key-{i % 17}",
+                headers=[("n", str(i).encode())],
+                timestamp=1_700_000_000 + i,
+            )
+            for i in range(count)
+        ]
+        return [await d for d in deliveries]
+
+
+async def read_all(consumer, count: int, timeout: float = 10.0) -> list[ConsumerRecord]:
+    records: list[ConsumerRecord] = []
+    with trio.fail_after(timeout):
+        async for record in consumer:
+            records.append(record)
+            if len(records) == count:
+                break
+    return records
+
+
+async def test_every_record_comes_back_in_order_with_key_value_headers(broker):
+    await make_topic(broker.bootstrap, "t", 3)
+    metas = await produce(broker.bootstrap, "t", 300)
+    # Offsets are dense and in send order per partition.
+    per_partition: dict[int, list[int]] = defaultdict(list)
+    for meta in metas:
+        per_partition[meta.partition].append(meta.offset)
+    for offsets in per_partition.values():
+        assert offsets == list(range(len(offsets)))
+    async with open_consumer(
+        broker.bootstrap, "g", ["t"], session_timeout=S, offset_reset="earliest"
+    ) as consumer:
+        records = await read_all(consumer, 300)
+    by_n = {int(dict(r.headers)["n"]): r for r in records}
+    assert sorted(by_n) == list(range(300))
+    for i, record in by_n.items():
+        assert record.value == f"value-{i}".encode()
+        assert record.key == f"key-{i % 17}".encode()
+        assert record.timestamp == 1_700_000_000 + i
+        assert (record.partition, record.offset) == (metas[i].partition, metas[i].offset)
+        assert record.partition == partition_for_key(record.key, 3)
+    # Order per partition as consumed.
+    seen: dict[int, list[int]] = defaultdict(list)
+    for record in records:
+        seen[record.partition].append(record.offset)
+    assert all(offsets == sorted(offsets) for offsets in seen.values())
+
+
+async def test_send_waits_for_the_broker_and_returns_the_offset(broker):
+    await make_topic(broker.bootstrap, "t", 2)
+    async with open_producer(broker.bootstrap, linger=0) as producer:
+        first = await producer.send("t", b"a", partition=1)
+        second = await producer.send("t", b"b", partition=1)
+        keyless = [await producer.send("t", b"x") for _ in range(4)]
+    assert (first.partition, first.offset, second.offset) == (1, 0, 1)
+    assert all(m.topic == "t" and m.partition in (0, 1) for m in keyless)
+
+
+def test_key_partitioning_is_stable_across_processes():
+    keys = [f"user-{i}".encode() for i in range(50)]
+    here = [partition_for_key(k, 12) for k in keys]
+    script = textwrap.dedent(
+        """
+        from trio_coord.client import partition_for_key
+        keys = [f"user-{i}".encode() for i in range(50)]
+        print([partition_for_key(k, 12) for k in keys])
+        """
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        assert out.strip() == str(here)
+    assert len(set(here)) > 6  # and it spreads
+
+
+async def test_unknown_topic_and_oversized_records_fail_clearly(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    async with open_producer(broker.bootstrap, max_batch_bytes=64 * 1024) as producer:
+        with pytest.raises(UnknownTopicError, match="nope"):
+            await producer.send("nope", b"x")
+        with pytest.raises(UnknownTopicError, match="partition 5"):
+            await producer.send("t", b"x", partition=5)
+        with pytest.raises(RecordTooLargeError, match="max_batch_bytes"):
+            await producer.send("t", b"x" * 100_000)
+        assert (await producer.send("t", b"fine")).offset == 0
+
+
+async def test_compressed_batches_round_trip(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    for codec in ("zlib", "lzma"):
+        await produce(broker.bootstrap, "t", 20, compression=codec)
+    async with open_consumer(broker.bootstrap, partitions=[("t", 0)], offset_reset="earliest") as c:
+        records = await read_all(c, 40)
+    assert [r.offset for r in records] == list(range(40))
+    assert [r.value for r in records] == [f"value-{i}".encode() for i in range(20)] * 2
+
+
+async def test_fixed_partitions_seek_pause_and_standalone_commits(broker):
+    await make_topic(broker.bootstrap, "t", 2)
+    await produce(broker.bootstrap, "t", 40)
+    tp0 = TopicPartition("t", 0)
+    async with open_consumer(
+        broker.bootstrap, "standalone", partitions=[tp0], offset_reset="earliest"
+    ) as consumer:
+        first = await read_all(consumer, 3)
+        assert [r.offset for r in first] == [0, 1, 2]
+        consumer.seek(tp0, 1)
+        again = await consumer.getone()
+        assert again.offset == 1
+        assert consumer.position(tp0) == 2
+        await consumer.commit()  # what was handed out counts as consumed
+        async with open_admin(broker.bootstrap) as admin:
+            assert await admin.committed_offsets("standalone") == {tp0: 2}
+        with pytest.raises(OffsetRegressionError):
+            await consumer.commit({tp0: 1})
+        await consumer.commit({tp0: 1}, allow_regression=True)
+        consumer.pause()
+        with trio.move_on_after(0.3) as idle:
+            await consumer.getone()
+        assert idle.cancelled_caught
+        consumer.resume()
+        assert (await consumer.getone()).offset == 2
+
+
+async def test_offset_reset_none_raises_until_the_application_seeks(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    await produce(broker.bootstrap, "t", 5)
+    async with open_consumer(broker.bootstrap, partitions=[("t", 0)], offset_reset="none") as c:
+        with trio.fail_after(5), pytest.raises(NoOffsetForPartitionError, match="offset_reset"):
+            await c.getone()
+        c.seek(("t", 0), 3)
+        assert (await c.getone()).offset == 3
+        c.seek_to_beginning()
+        assert (await c.getone()).offset == 0
+
+
+async def test_no_record_of_a_revoked_partition_after_on_revoked(broker):
+    await make_topic(broker.bootstrap, "t", 4)
+    handed: list[tuple[float, TopicPartition]] = []
+    revoked_at: dict[TopicPartition, float] = {}
+
+    def on_revoked(tps):
+        for tp in tps:
+            revoked_at[tp] = trio.current_time()
+
+    async def consume(consumer):
+        async for record in consumer:
+            handed.append((trio.current_time(), record.tp))
+            await trio.sleep(0.001)
+
+    opts = dict(session_timeout=S, offset_reset="earliest")
+    async with trio.open_nursery() as nursery:
+        async with open_producer(broker.bootstrap, linger=0.001) as producer:
+
+            async def keep_producing():
+                i = 0
+                while True:
+                    await producer.send("t", str(i), partition=i % 4)
+                    i += 1
+
+            nursery.start_soon(keep_producing)
+            async with open_consumer(
+                broker.bootstrap, "g", ["t"], on_revoked=on_revoked, **opts
+            ) as a:
+                nursery.start_soon(consume, a)
+                await a.wait_assigned()
+                await trio.sleep(0.3)
+                async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as b:
+                    with trio.fail_after(5):
+                        while len(b.assignment) != 2 or len(a.assignment) != 2:
+                            await trio.sleep(0.01)
+                    await trio.sleep(0.3)
+                    kept = set(a.assignment)
+                    for tp, at in revoked_at.items():
+                        if tp in kept:
+                            continue
+                        late = [t for t, seen in handed if seen == tp and t > at]
+                        assert late == [], f"{tp} handed out after on_revoked"
+                    assert revoked_at, "the rebalance revoked nothing"
+            nursery.cancel_scope.cancel()
+
+
+async def test_reset_offsets_rewinds_a_live_group(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    await produce(broker.bootstrap, "t", 30)
+    tp = TopicPartition("t", 0)
+    async with open_consumer(
+        broker.bootstrap, "g", ["t"], session_timeout=S, offset_reset="earliest"
+    ) as consumer:
+        assert [r.offset for r in await read_all(consumer, 30)] == list(range(30))
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.reset_offsets("g", {tp: 10})
+            again = await read_all(consumer, 5)
+            assert [r.offset for r in again] == [10, 11, 12, 13, 14]
+            lag = await admin.group_lag("g")
+        assert [(row.log_end, row.owner != "") for row in lag] == [(30, True)]
+
+
+async def test_delete_offsets_refuses_partitions_a_member_consumes(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    tp = TopicPartition("t", 0)
+    async with open_admin(broker.bootstrap) as admin:
+        async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=S) as consumer:
+            await consumer.wait_assigned()
+            await consumer.commit({tp: 0})
+            with pytest.raises(CoordErrorOf("GroupSubscribedToTopicError")):
+                await admin.delete_offsets("g", [tp])
+        await admin.delete_offsets("g", [tp])
+        assert await admin.committed_offsets("g") == {}
+
+
+def CoordErrorOf(name: str) -> type[Exception]:
+    import trio_coord
+
+    return getattr(trio_coord, name)
+
+
+async def test_list_offsets_by_time(broker):
+    await make_topic(broker.bootstrap, "t", 1)
+    await produce(broker.bootstrap, "t", 10)  # timestamps 1_700_000_000 + i seconds
+    tp = TopicPartition("t", 0)
+    async with open_admin(broker.bootstrap) as admin:
+        assert (await admin.list_offsets([tp], EARLIEST))[tp].offset == 0
+        assert (await admin.list_offsets([tp]))[tp].offset == 10
+        at = await admin.list_offsets([tp], (1_700_000_000 + 4) * 1000)
+        assert at[tp].offset == 4
+        later = await admin.list_offsets([tp], 1_800_000_000_000)
+        assert later[tp].offset == 10
