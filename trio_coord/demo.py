@@ -1,13 +1,14 @@
 """``trio-coord demo``: a guided tour of a consumer group, in a few seconds.
 
-It starts a broker on a temporary data dir (in this process) and consumer
-*processes* (``trio-coord consume --events json``), then narrates what a
-newcomer should see: consumers joining and the partitions spreading out, a
-new consumer arriving, one consumer killed with SIGKILL (a real crash: no
-goodbye), the coordinator noticing at once and handing the dead consumer's
-partitions over only once its lease has certainly run out, and a clean
-shutdown. Every rebalance is shown with its timing, taken from the broker's
-own events.
+It starts a broker on a temporary data dir (in this process), a producer
+sending orders all along, and consumer *processes* (``trio-coord consume
+--events json``), then narrates what a newcomer should see: consumers joining
+and the partitions spreading out, a new consumer arriving, one consumer
+killed with SIGKILL (a real crash: no goodbye), the coordinator noticing at
+once and handing the dead consumer's partitions over only once its lease has
+certainly run out, and a clean shutdown after which every order was
+processed (at least once) and the group's lag is zero. Every rebalance is
+shown with its timing, taken from the broker's own events.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import trio
 
 from .broker import open_broker
-from .client import open_admin
+from .client import open_admin, open_producer
 
 __all__ = ["run_demo"]
 
@@ -41,6 +42,24 @@ class _Consumer:
     process: trio.Process
     member_id: str = ""
     partitions: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+@dataclass
+class _Tally:
+    """Which orders the consumers processed, to show at-least-once at the end."""
+
+    produced: int = 0
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    duplicates: int = 0
+    progress: trio.Event = field(default_factory=trio.Event)
+
+    def record(self, partition: int, offset: int) -> None:
+        if (partition, offset) in self.seen:
+            self.duplicates += 1
+        self.seen.add((partition, offset))
+        self.progress.set()
+        self.progress = trio.Event()
 
 
 class _Narrator:
@@ -89,12 +108,30 @@ async def run_demo(*, partitions: int = 6, session_timeout: float = 1.5) -> None
             narrator.say(f"created topic '{TOPIC}' with {partitions} partitions")
 
             consumers: dict[str, _Consumer] = {}
+            tally = _Tally()
             async with trio.open_nursery() as nursery:
 
                 async def start(name: str) -> _Consumer:
                     return await nursery.start(
-                        _run_consumer, name, broker.bootstrap, session_timeout, consumers
+                        _run_consumer, name, broker.bootstrap, session_timeout, consumers, tally
                     )
+
+                producing = trio.CancelScope()
+
+                async def produce() -> None:
+                    async with open_producer(broker.bootstrap, linger=0.01) as producer:
+                        with producing:
+                            while True:
+                                await producer.enqueue(
+                                    TOPIC,
+                                    f"order {tally.produced}",
+                                    key=f"customer-{tally.produced % 50}",
+                                )
+                                tally.produced += 1
+                                await trio.sleep(0.002)
+
+                nursery.start_soon(produce)
+                narrator.say("a producer sends orders, keyed by customer, all along")
 
                 narrator.step(f"Three consumers join group '{GROUP}'")
                 for name in ("A", "B", "C"):
@@ -150,6 +187,20 @@ async def run_demo(*, partitions: int = 6, session_timeout: float = 1.5) -> None
                 )
                 _show(narrator, consumers, last_stable)
 
+                narrator.step("The producer stops; the consumers drain the topic")
+                producing.cancel()
+                await trio.sleep(0.05)
+                with trio.move_on_after(10):
+                    while len(tally.seen) < tally.produced:
+                        await tally.progress.wait()
+                counts = ", ".join(f"{c.name} {c.records}" for c in consumers.values())
+                narrator.say(
+                    f"{tally.produced} orders sent, {len(tally.seen)} distinct processed "
+                    f"(records per consumer: {counts}); {tally.duplicates} processed twice: "
+                    "records B had not committed when it died, or that were in flight at a "
+                    "rebalance, go to their new owner again (at least once, never lost)"
+                )
+
                 narrator.step("The others shut down cleanly (SIGTERM: they leave the group)")
                 for consumer in consumers.values():
                     consumer.process.send_signal(signal.SIGTERM)
@@ -157,14 +208,17 @@ async def run_demo(*, partitions: int = 6, session_timeout: float = 1.5) -> None
                     await consumer.process.wait()
                 async with open_admin(broker.bootstrap) as admin:
                     desc = await admin.describe_group(GROUP)
+                    lag = await admin.group_lag(GROUP)
                 narrator.say(
                     f"group '{GROUP}' is {desc.state} at generation {desc.generation}; "
-                    f"committed offsets kept for {len(desc.offsets)} partitions"
+                    f"offsets committed for {len(desc.offsets)} partitions, total lag "
+                    f"{sum(row.lag for row in lag)}"
                 )
         print(
             "\nNext: run your own broker with 'trio-coord broker', then "
-            "'trio-coord consume TOPIC --group G' in a few terminals and "
-            "'trio-coord groups describe G'.",
+            "'trio-coord consume TOPIC --group G' in a few terminals, "
+            "'trio-coord produce TOPIC' to send lines as records, and "
+            "'trio-coord groups describe G' for the group's lag.",
             flush=True,
         )
 
@@ -189,6 +243,7 @@ async def _run_consumer(
     bootstrap: str,
     session_timeout: float,
     consumers: dict[str, _Consumer],
+    tally: _Tally,
     *,
     task_status: trio.TaskStatus[_Consumer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -208,6 +263,8 @@ async def _run_consumer(
         f"demo-{name}",
         "--events",
         "json",
+        "--offset-reset",
+        "earliest",
     ]
     async with trio.open_nursery() as nursery:
         process = await nursery.start(
@@ -226,7 +283,10 @@ async def _run_consumer(
         started = False
         async for event in _json_lines(process.stdout):
             consumer.member_id = event.get("member_id", consumer.member_id)
-            if event["event"] == "assigned":
+            if event["event"] == "record":
+                consumer.records += 1
+                tally.record(event["partition"], event["offset"])
+            elif event["event"] == "assigned":
                 consumer.partitions = [f"{t}-{p}" for t, p in event["partitions"]]
             elif event["event"] in ("revoked", "lost"):
                 consumer.partitions = []

@@ -107,8 +107,8 @@ class Fetcher:
         self._outstanding: dict[TopicPartition, int] = {}  # handed out, not yet consumed
         self._dirty: set[TopicPartition] = set()  # consumed moved; auto-commit reports it
         self._errors: list[CoordError] = []
-        self._records_ready = trio.Event()
-        self._wanted = trio.Event()  # a buffer drained, a seek, a resume: fetch again
+        self._records_ready = trio.Event()  # set (and replaced) by _records_arrived
+        self._wanted = trio.Event()  # by _fetch_wanted: a buffer drained, a seek, a resume
         self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
@@ -151,6 +151,14 @@ class Fetcher:
         self.assign({})
         return owned
 
+    def _records_arrived(self) -> None:
+        self._records_ready.set()
+        self._records_ready = trio.Event()
+
+    def _fetch_wanted(self) -> None:
+        self._wanted.set()
+        self._wanted = trio.Event()
+
     def _next_epoch(self) -> int:
         self._epochs += 1
         return self._epochs
@@ -184,7 +192,7 @@ class Fetcher:
         part.epoch = self._next_epoch()
         self._outstanding.pop(tp, None)
         self._dirty.add(tp)
-        self._wanted.set()
+        self._fetch_wanted()
 
     def reset(self, tps: Iterable[TopicPartition], where: int) -> None:
         """Make ``tps`` resolve their position again by EARLIEST or LATEST (seek_to_*)."""
@@ -196,7 +204,7 @@ class Fetcher:
             part.epoch = self._next_epoch()
             self._outstanding.pop(tp, None)
             self._pending_reset[tp] = where
-        self._wanted.set()
+        self._fetch_wanted()
 
     def pause(self, tps: Iterable[TopicPartition]) -> None:
         """Hand out and fetch nothing more from ``tps`` until :meth:`resume`."""
@@ -211,8 +219,8 @@ class Fetcher:
                 part.paused = False
                 if part.buffer:
                     self._ready.append(tp)
-                    self._records_ready.set()
-        self._wanted.set()
+                    self._records_arrived()
+        self._fetch_wanted()
 
     def paused(self) -> list[TopicPartition]:
         """The paused partitions, sorted."""
@@ -264,7 +272,6 @@ class Fetcher:
                 return taken
             if self._errors:
                 raise self._errors.pop(0)
-            self._records_ready = trio.Event()
             await self._records_ready.wait()
 
     def _take(self, limit: int) -> list[ConsumerRecord]:
@@ -282,7 +289,7 @@ class Fetcher:
             if part.buffer:
                 self._ready.append(tp)
             else:
-                self._wanted.set()
+                self._fetch_wanted()
         return taken
 
     # -- fetching -----------------------------------------------------------------------------
@@ -315,12 +322,12 @@ class Fetcher:
 
     def _fail(self, error: CoordError) -> None:
         self._errors.append(error)
-        self._records_ready.set()
+        self._records_arrived()
 
     async def _fetch_loop(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
         backoff = Backoff(initial=0.05, maximum=1.0)
         while True:
-            self._wanted = trio.Event()
+            wake = self._wanted  # taken before looking, so no wake-up is missed
             try:
                 await self._resolve(broker, tps)
                 wanted = [
@@ -333,7 +340,7 @@ class Fetcher:
                     and not part.buffer
                 ]
                 if not wanted:
-                    await self._wanted.wait()
+                    await wake.wait()
                     continue
                 response = await self._request(broker, self._fetch_request(wanted))
                 assert isinstance(response, FetchResponse)
@@ -390,7 +397,7 @@ class Fetcher:
                 self._ready.append(tp)
                 arrived = True
         if arrived:
-            self._records_ready.set()
+            self._records_arrived()
 
     def _partition_error(self, tp: TopicPartition, part: _Partition, error: CoordError) -> None:
         if isinstance(error, OffsetOutOfRangeError) and self._settings.offset_reset != "none":
