@@ -14,7 +14,8 @@ bottleneck.
 Children that do not speak the line protocol (a ``trio-coord consume``
 process, say) are started with :func:`start_logged`, their output going to
 files, and ended with :func:`kill_all`; :func:`load_average` and
-:func:`min_p50_max` serve benchmarks that report few samples.
+:func:`min_p50_max` serve benchmarks that report few samples. A long run
+tells where it is with :class:`Progress`, one line on stderr.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "ROOT",
     "BenchError",
     "Child",
+    "Progress",
     "child_env",
     "cpu_count",
     "emit_json",
@@ -194,6 +196,49 @@ def _json_safe(value: Any) -> Any:
 def emit_json(result: Mapping[str, Any]) -> None:
     """Print ``result`` as one indented JSON object on stdout (NaN and inf become null)."""
     print(json.dumps(_json_safe(result), indent=2))
+
+
+class Progress:
+    """Where a long benchmark is, as one line on stderr (stdout stays for the result).
+
+    On a terminal each :meth:`step` rewrites the line in place; elsewhere
+    (CI logs, a captured stderr) each step is a line of its own, so that a
+    run that hangs shows how far it got. Call :meth:`close` at the end (or
+    use it as a context manager) to finish the line.
+    """
+
+    def __init__(self, name: str, total: int, stream: Any = None) -> None:
+        self.name = name
+        self.total = total
+        self.done = 0
+        self._stream = sys.stderr if stream is None else stream
+        self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
+        self._width = 0
+
+    def step(self, what: str) -> None:
+        """Report that step ``what`` begins (the count is of the steps begun)."""
+        self.done += 1
+        line = f"{self.name}: [{self.done}/{self.total}] {what}"
+        if self._tty:
+            pad = max(0, self._width - len(line))
+            self._stream.write("\r" + line + " " * pad)
+            self._width = len(line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        """End the line (on a terminal: erase it, so the result starts on a clean line)."""
+        if self._tty and self._width:
+            self._stream.write("\r" + " " * self._width + "\r")
+            self._stream.flush()
+            self._width = 0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def say(*parts: object) -> None:

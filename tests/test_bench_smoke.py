@@ -84,3 +84,31 @@ def test_rebalance_bench_quick() -> None:
             assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, figures)
     assert measures["crash_handover"]["max_ratio"] <= 1.2, measures["crash_handover"]
     assert measures["silent_detection"]["min_ratio"] >= 0.5, measures["silent_detection"]
+
+
+@pytest.mark.slow
+def test_throughput_bench_quick_json() -> None:
+    """The quick throughput benchmark reports rates and ratios for every mode, size and phase.
+
+    Only the shape and the signs are checked: every figure is positive and
+    finite, and each phase has its ratio to the plain-file baseline.
+    """
+    result = run_quick("throughput.py")
+    params = result["params"]
+    assert params["quick"] is True
+    runs = result["runs"]
+    expected = {(mode, size) for mode in ("fsync", "interval") for size in params["sizes"]}
+    assert {(run["mode"], run["value_bytes"]) for run in runs} == expected
+    for run in runs:
+        assert run["records"] == params["records"], run
+        assert run["producer_batches"] >= 1, run
+        for phase, base in (("produce", "write"), ("consume", "read")):
+            for figures in (run[phase], run["baseline"][base]):
+                assert len(figures["samples_s"]) == params["repeat"], figures
+                for key in ("records_per_s", "mb_per_s"):
+                    value = figures[key]
+                    assert isinstance(value, float) and math.isfinite(value), (phase, figures)
+                    assert value > 0, (phase, figures)
+            for key in (phase, f"{phase}_min", f"{phase}_max"):
+                value = run["ratio"][key]
+                assert isinstance(value, float) and math.isfinite(value) and value > 0, run["ratio"]
