@@ -30,6 +30,15 @@ unlimited connections per client IP. A server that does not answer ``ruok``
 within ``start_timeout`` seconds fails with the tail of its log (which is in
 ``base_dir/zookeeper.log``).
 
+A restart keeps the sessions (ZooKeeper restores them with a fresh timeout),
+but beware a ZooKeeper 3.8.0 startup race: a client connection that arrives
+while the server is still loading its data can be left open without an answer
+(a NullPointerException in the server's log), and the client's handshake then
+waits for its whole session timeout, long enough for the restored session to
+expire. A test that needs sessions to survive a restart gates its clients
+with a :class:`TcpProxy`: ``stop()``, ``proxy.block()``, ``start()``,
+``proxy.unblock()``.
+
 :class:`TcpProxy` is a Trio TCP proxy to put between clients and the server:
 ``cut()`` drops every proxied connection (the clients see a connection loss
 and reconnect) and ``block()`` / ``unblock()`` refuse new connections in
@@ -40,6 +49,7 @@ stay cut off for longer than their session timeout).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -389,7 +399,9 @@ async def open_tcp_proxy(target_port: int) -> AsyncIterator[TcpProxy]:
     """Run a :class:`TcpProxy` to ``127.0.0.1:target_port`` for the duration of the block."""
     proxy = TcpProxy(target_port)
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, proxy._handle, 0, host="127.0.0.1")
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, proxy._handle, 0, host="127.0.0.1")
+        )
         proxy.port = listeners[0].socket.getsockname()[1]
         try:
             yield proxy

@@ -29,6 +29,7 @@ from trio_coord.store import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    SessionState,
     SetData,
     Stat,
     StoreClosedError,
@@ -350,6 +351,15 @@ async def test_ephemeral_nodes_cannot_have_children(store: MetadataStore) -> Non
     assert not isinstance(info.value, NoNodeError | NodeExistsError)
     with pytest.raises(StoreError, match="/eph"):
         await store.create("/eph/child", make_parents=True)
+
+
+async def test_session_state_is_connected_while_open(store: MetadataStore) -> None:
+    # The broker watches it to step down on expiry; every backend provides it.
+    state = store.session_state
+    assert state.value is SessionState.CONNECTED
+    assert store.session_state is state  # one value per store, not a new one each time
+    with trio.fail_after(WAIT):
+        await state.wait_value(SessionState.CONNECTED)
 
 
 async def test_closed_store_refuses_calls(backend: Backend) -> None:

@@ -457,8 +457,7 @@ class ZooKeeperStore(MetadataStore):
             return
         self._closing = True
         try:
-            self._state.value = SessionState.CLOSED
-            self._notify_all_watches()
+            self._set_state(SessionState.CLOSED)
             with trio.CancelScope(shield=True):
                 await self._bridge.stop()
         finally:
