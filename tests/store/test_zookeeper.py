@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import zkserver
 from kazoo.client import KazooClient
 from zkserver import ZooKeeperServer, ZooKeeperUnavailable, free_port, open_tcp_proxy
 
@@ -426,3 +427,23 @@ async def test_session_closed_by_another_client_expires_the_store(
         assert await later.exists("/e") is None
         with pytest.raises(NoNodeError):
             await later.get("/x")
+
+
+# -- the test server helper itself ---------------------------------------------------------
+
+
+def test_missing_zookeeper_fails_with_a_pointer_to_scripts_test(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zkserver, "ZOOKEEPER_JAR", tmp_path / "no-zookeeper.jar")
+    with pytest.raises(ZooKeeperUnavailable, match="run scripts/test"):
+        ZooKeeperServer(tmp_path)
+
+
+def test_missing_java_fails_with_a_pointer_to_scripts_test(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ZooKeeperUnavailable, match=r"no 'java'.*run scripts/test"):
+        ZooKeeperServer(tmp_path)

@@ -101,9 +101,10 @@ class SessionState(enum.Enum):
     CONNECTED = "connected"
     """The session is live and calls reach the servers."""
     SUSPENDED = "suspended"
-    """The connection is lost; the session may still live. Calls wait or raise
-    :class:`StoreConnectionError`; the servers may expire the session meanwhile,
-    so anything held by it (a leadership) may already belong to someone else."""
+    """The connection is lost; the session may still live. Calls raise
+    :class:`StoreConnectionError` (watch iterators wait); the servers may expire
+    the session meanwhile, so anything held by it (a leadership) may already
+    belong to someone else."""
     EXPIRED = "expired"
     """The servers expired the session (its ephemeral nodes are gone); the store
     is dead and calls raise :class:`SessionExpiredError`. Final, until ``aclose``."""
