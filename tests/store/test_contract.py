@@ -2,11 +2,12 @@
 
 The tests only use the abstract interface, through the ``backend`` and
 ``store`` fixtures. To run them against another backend, write an async
-context manager that yields a :class:`Backend` for it (see
-:func:`embedded_backend`) and add it to ``BACKENDS``. A ZooKeeper factory
-gives each test its own chroot on a private server that the test session
-starts; it never skips (``scripts/test`` installs ZooKeeper, and CI must run
-these tests).
+context manager that takes the test's ``pytest.FixtureRequest`` and yields a
+:class:`Backend` for it (see :func:`embedded_backend`) and add it to
+``BACKENDS``. The ZooKeeper factory (:func:`zookeeper_backend`) gives each
+test its own chroot on the private server that the test session starts
+(the ``zookeeper_server`` fixture); it never skips (``scripts/test`` installs
+ZooKeeper, and CI must run these tests).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from trio_coord.store import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    SessionState,
     SetData,
     Stat,
     StoreClosedError,
     StoreError,
     open_embedded_store,
+    open_zookeeper_store,
 )
 
 WAIT = 5  # seconds before a watch test gives up instead of hanging
@@ -53,20 +56,30 @@ class Backend:
 
 
 @asynccontextmanager
-async def embedded_backend(tmp_path: Path) -> AsyncIterator[Backend]:
-    """The embedded store, in a fresh directory under ``tmp_path``."""
+async def embedded_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """The embedded store, in a fresh directory under the test's ``tmp_path``."""
+    tmp_path: Path = request.getfixturevalue("tmp_path")
     data_dir = tmp_path / "store"
     yield Backend("embedded", lambda: open_embedded_store(data_dir), concurrent_sessions=False)
 
 
-BACKENDS: dict[str, Callable[[Path], AbstractAsyncContextManager[Backend]]] = {
+@asynccontextmanager
+async def zookeeper_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """The ZooKeeper store, in a fresh chroot on the test run's ZooKeeper server."""
+    server = request.getfixturevalue("zookeeper_server")
+    url = server.url(request.getfixturevalue("zk_chroot"))
+    yield Backend("zookeeper", lambda: open_zookeeper_store(url), concurrent_sessions=True)
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[Backend]]] = {
     "embedded": embedded_backend,
+    "zookeeper": zookeeper_backend,
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    async with BACKENDS[request.param](tmp_path) as b:
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    async with BACKENDS[request.param](request) as b:
         yield b
 
 
@@ -338,6 +351,15 @@ async def test_ephemeral_nodes_cannot_have_children(store: MetadataStore) -> Non
     assert not isinstance(info.value, NoNodeError | NodeExistsError)
     with pytest.raises(StoreError, match="/eph"):
         await store.create("/eph/child", make_parents=True)
+
+
+async def test_session_state_is_connected_while_open(store: MetadataStore) -> None:
+    # The broker watches it to step down on expiry; every backend provides it.
+    state = store.session_state
+    assert state.value is SessionState.CONNECTED
+    assert store.session_state is state  # one value per store, not a new one each time
+    with trio.fail_after(WAIT):
+        await state.wait_value(SessionState.CONNECTED)
 
 
 async def test_closed_store_refuses_calls(backend: Backend) -> None:

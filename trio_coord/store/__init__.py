@@ -5,9 +5,11 @@ membership, generations, assignments, committed offsets). It re-exports the
 backend-neutral interface from :mod:`trio_coord.store.base` (the
 :class:`MetadataStore` ABC, its multi-op types, :class:`Stat`, the error
 hierarchy and the path helpers) together with the backends that implement
-it: today the embedded, single-process file store (:class:`EmbeddedStore`,
-opened with :func:`open_embedded_store`); a ZooKeeper-backed one is meant to
-be exported next to it.
+it: the embedded, single-process file store (:class:`EmbeddedStore`, opened
+with :func:`open_embedded_store`) and the ZooKeeper store for a cluster
+(:class:`ZooKeeperStore`, opened with :func:`open_zookeeper_store` from a
+``zk://host:port,.../chroot`` URL that :func:`parse_zk_url` reads). Both
+report their session through :class:`SessionState`.
 """
 
 from .base import (
@@ -20,14 +22,18 @@ from .base import (
     NoNodeError,
     NotEmptyError,
     Op,
+    SessionExpiredError,
+    SessionState,
     SetData,
     Stat,
     StoreClosedError,
+    StoreConnectionError,
     StoreError,
     parent_path,
     validate_path,
 )
 from .embedded import EmbeddedStore, open_embedded_store
+from .zookeeper import ZooKeeperStore, open_zookeeper_store, parse_zk_url
 
 __all__ = [
     "BadVersionError",
@@ -40,11 +46,17 @@ __all__ = [
     "NodeExistsError",
     "NotEmptyError",
     "Op",
+    "SessionExpiredError",
+    "SessionState",
     "SetData",
     "Stat",
     "StoreClosedError",
+    "StoreConnectionError",
     "StoreError",
+    "ZooKeeperStore",
     "open_embedded_store",
+    "open_zookeeper_store",
     "parent_path",
+    "parse_zk_url",
     "validate_path",
 ]

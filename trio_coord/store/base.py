@@ -9,14 +9,24 @@ built from :class:`Create`, :class:`SetData`, :class:`Delete` and
 and watches, exposed the Trio way as async iterators of snapshots. Paths use
 ZooKeeper's rules: they start with ``/``, have no empty segment and no
 trailing slash (except the root ``/`` itself).
+
+A store's session can be interrupted only where there is a network between
+the store and its data (ZooKeeper): :attr:`MetadataStore.session_state` says
+where the session stands (:class:`SessionState`), calls made over a lost
+connection raise :class:`StoreConnectionError` (retriable) and calls after the
+session expired raise :class:`SessionExpiredError` (the store is dead; open a
+new one). The embedded store is always ``CONNECTED`` and raises neither.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+
+from trio_util import AsyncValue
 
 __all__ = [
     "BadVersionError",
@@ -28,9 +38,12 @@ __all__ = [
     "NodeExistsError",
     "NotEmptyError",
     "Op",
+    "SessionExpiredError",
+    "SessionState",
     "SetData",
     "Stat",
     "StoreClosedError",
+    "StoreConnectionError",
     "StoreError",
     "parent_path",
     "validate_path",
@@ -59,6 +72,44 @@ class NotEmptyError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store (or its session) is closed; no further calls are possible."""
+
+
+class StoreConnectionError(StoreError):
+    """The connection to the store's servers was lost; retriable.
+
+    The session may still be alive (:attr:`SessionState.SUSPENDED`): retry once
+    the store is ``CONNECTED`` again. A write that raised this may or may not
+    have been applied (its reply was lost), so retry it in a form that is safe
+    to repeat (conditional on a version, or checking first). Never raised by
+    the embedded store.
+    """
+
+
+class SessionExpiredError(StoreError):
+    """The store's session has expired: its ephemeral nodes are gone, and the store is dead.
+
+    Every later call raises this too. The owner must close the store and open
+    a new one (a new session), then re-create its ephemeral nodes and re-check
+    anything it held by virtue of the old session (leadership, leases). Never
+    raised by the embedded store.
+    """
+
+
+class SessionState(enum.Enum):
+    """Where a store's session stands; see :attr:`MetadataStore.session_state`."""
+
+    CONNECTED = "connected"
+    """The session is live and calls reach the servers."""
+    SUSPENDED = "suspended"
+    """The connection is lost; the session may still live. Calls raise
+    :class:`StoreConnectionError` (watch iterators wait); the servers may expire
+    the session meanwhile, so anything held by it (a leadership) may already
+    belong to someone else."""
+    EXPIRED = "expired"
+    """The servers expired the session (its ephemeral nodes are gone); the store
+    is dead and calls raise :class:`SessionExpiredError`. Final, until ``aclose``."""
+    CLOSED = "closed"
+    """``aclose`` ended the session; calls raise :class:`StoreClosedError`. Final."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +193,32 @@ class MetadataStore(abc.ABC):
     durable (the embedded store has fsynced it; ZooKeeper has committed it).
     ``session_id`` identifies the session that owns this store's ephemeral
     nodes; they disappear when the session ends (``aclose`` of the store, or
-    ZooKeeper expiring the session).
+    ZooKeeper expiring the session). ``session_state`` tracks that session.
     """
+
+    _always_connected: AsyncValue | None = None
 
     @property
     @abc.abstractmethod
     def session_id(self) -> int:
         """The id of this store's session (the owner of its ephemeral nodes)."""
+
+    @property
+    def session_state(self) -> AsyncValue:
+        """The session's :class:`SessionState`, as a ``trio_util.AsyncValue``.
+
+        Wait on it (``await store.session_state.wait_value(SessionState.EXPIRED)``)
+        to act when the session is lost: a broker steps down from everything it
+        holds through ephemeral nodes on ``EXPIRED``, and should stop acting on
+        them while ``SUSPENDED``. This default, for stores without a network
+        between them and their data (the embedded store), is always
+        ``CONNECTED``; backends that can lose their session override it.
+        Only the store changes the value.
+        """
+        state = self._always_connected
+        if state is None:
+            state = self._always_connected = AsyncValue(SessionState.CONNECTED)
+        return state
 
     @abc.abstractmethod
     async def create(
