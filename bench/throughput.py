@@ -22,12 +22,18 @@ machine's noise hits both:
   with one ``os.write`` per batch, followed by ``os.fdatasync`` per batch in
   the fsync mode (the broker syncs with fdatasync too) and by nothing in the
   interval mode; then read back with ``os.pread`` in 1 MiB chunks (what a
-  consumer asks per partition per fetch). The file is then deleted.
+  consumer asks per partition per fetch). The file is then deleted. In the
+  fsync mode the batches are also dealt round-robin to P files, each written
+  and fdatasynced per batch by a thread of its own, all at once: that is the
+  broker's pattern (one batch in flight per partition, each partition synced
+  in a worker thread), and on a disk whose fsyncs overlap it is the higher
+  limit.
 
 Throughput is payload bytes (N x S, MB = 10^6 bytes) and records per second
 of wall time; the figure that travels between machines is the ratio
-system/baseline of each repetition (produce against the write, consume
-against the read), whose median is reported with its range. CPU time per
+system/baseline of each repetition (produce against the write, or the
+parallel write, consume against the read), whose median is reported with
+its range. CPU time per
 record of the client (this process) and of the broker process tell where
 the time went. With ``--profile DIR`` the broker and the client's measured
 windows run under cProfile (the figures are then slower: do not quote them;
@@ -44,6 +50,7 @@ import os
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -152,34 +159,35 @@ def _write_all(fd: int, data: bytes) -> None:
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # as the broker's log does (fsync on macOS)
 
 
-def baseline(
-    path: Path, value: bytes, records: int, per_batch: int, sync: bool
-) -> tuple[float, float]:
-    """Write ``records`` copies of ``value`` to ``path``, then read them back; (write s, read s).
-
-    One ``os.write`` per batch of ``per_batch`` values (the last one may be
-    shorter), each followed by ``fdatasync`` if ``sync``; then ``pread`` in
-    1 MiB chunks until every byte is back. The file is deleted afterwards.
-    """
+def _chunks(value: bytes, records: int, per_batch: int) -> list[bytes]:
+    """The run's payload as the producer batches it: full batches of ``per_batch``, then a rest."""
     full, rest = divmod(records, per_batch)
-    batch, tail = value * per_batch, value * rest
-    clock = time.perf_counter
-    start = clock()
+    batch = value * per_batch
+    return [batch] * full + ([value * rest] if rest else [])
+
+
+def _write_file(path: Path, chunks: Sequence[bytes], sync: bool) -> None:
+    """Write ``chunks`` to a new file, one ``os.write`` each (then fdatasync, if ``sync``)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for _ in range(full):
-            _write_all(fd, batch)
-            if sync:
-                _fdatasync(fd)
-        if tail:
-            _write_all(fd, tail)
+        for chunk in chunks:
+            _write_all(fd, chunk)
             if sync:
                 _fdatasync(fd)
     finally:
         os.close(fd)
-    written = clock() - start
-    total = len(batch) * full + len(tail)
-    start = clock()
+
+
+def baseline_write(path: Path, chunks: Sequence[bytes], sync: bool) -> float:
+    """Seconds to write ``chunks`` to a new file at ``path`` (fdatasync after each if ``sync``)."""
+    start = time.perf_counter()
+    _write_file(path, chunks, sync)
+    return time.perf_counter() - start
+
+
+def baseline_read(path: Path, total: int) -> float:
+    """Seconds to read the ``total`` bytes of ``path`` back with ``pread`` in 1 MiB chunks."""
+    start = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
     try:
         pos = 0
@@ -190,9 +198,38 @@ def baseline(
             pos += len(chunk)
     finally:
         os.close(fd)
-    read = clock() - start
-    path.unlink()
-    return written, read
+    return time.perf_counter() - start
+
+
+def baseline_parallel_write(paths: Sequence[Path], chunks: Sequence[bytes]) -> float:
+    """Seconds for one thread per path to write its share of ``chunks``, fdatasync after each.
+
+    The chunks are dealt round-robin, as the producer's sticky partitioner
+    deals batches to partitions; each thread syncs its own file, as the
+    broker syncs each partition's segment in a worker thread.
+    """
+    errors: list[BaseException] = []
+
+    def write(path: Path, share: Sequence[bytes]) -> None:
+        try:
+            _write_file(path, share, sync=True)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    n = len(paths)
+    threads = [
+        threading.Thread(target=write, args=(path, chunks[i::n]), daemon=True)
+        for i, path in enumerate(paths)
+    ]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return elapsed
 
 
 # -- the system ------------------------------------------------------------------------------
@@ -203,7 +240,7 @@ class _Samples:
     """Every repetition's measurements for one (mode, value size)."""
 
     seconds: dict[str, list[float]] = field(
-        default_factory=lambda: {k: [] for k in ("write", "read", *PHASES)}
+        default_factory=lambda: {k: [] for k in ("write", "write_parallel", "read", *PHASES)}
     )
     client_cpu: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PHASES})
     broker_cpu: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in PHASES})
@@ -340,12 +377,25 @@ class _Target:
 
 
 def _plain(path: Path, value: bytes, params: Params, mode: str, samples: _Samples) -> None:
-    """One baseline repetition: write and read back the run's payload with plain file I/O."""
-    written, read = baseline(
-        path, value, params.records, params.batch_records(len(value)), sync=mode == "fsync"
-    )
-    samples.seconds["write"].append(written)
-    samples.seconds["read"].append(read)
+    """One baseline repetition: write and read back the run's payload with plain file I/O.
+
+    In the fsync mode the payload is also written to one file per partition
+    by as many threads at once (then the files are deleted).
+    """
+    chunks = _chunks(value, params.records, params.batch_records(len(value)))
+    sync = mode == "fsync"
+    try:
+        samples.seconds["write"].append(baseline_write(path, chunks, sync))
+        samples.seconds["read"].append(baseline_read(path, params.records * len(value)))
+    finally:
+        path.unlink(missing_ok=True)
+    if sync:
+        paths = [path.with_suffix(f".{i}") for i in range(params.partitions)]
+        try:
+            samples.seconds["write_parallel"].append(baseline_parallel_write(paths, chunks))
+        finally:
+            for each in paths:
+                each.unlink(missing_ok=True)
 
 
 async def _measure_mode(
@@ -426,19 +476,28 @@ def _summarize(mode: str, size: int, params: Params, s: _Samples) -> dict[str, A
     }
     entry["disk_per_payload"] = ratio(entry["disk_bytes"], payload)
     entry["ratio"] = {}
-    for phase, base in (("produce", "write"), ("consume", "read")):
+    pairs = [("produce", "produce", "write"), ("consume", "consume", "read")]
+    if s.seconds["write_parallel"]:
+        entry["baseline"]["write_parallel"] = {
+            **_rates(s.seconds["write_parallel"], n, payload),
+            "fdatasync": True,
+            "files": params.partitions,
+        }
+        pairs.insert(1, ("produce_parallel", "produce", "write_parallel"))
+    for phase in PHASES:
         entry[phase] = {
             **_rates(s.seconds[phase], n, payload),
             "client_cpu_us_per_record": _per_record_us(s.client_cpu[phase], n),
             "broker_cpu_us_per_record": _per_record_us(s.broker_cpu[phase], n),
         }
+    for name, phase, base in pairs:
         # Each repetition's ratio pairs runs made moments apart; their median is the figure.
         ratios = min_p50_max(
             ratio(b, t) for b, t in zip(s.seconds[base], s.seconds[phase], strict=True)
         )
-        entry["ratio"][phase] = ratios["p50"]
-        entry["ratio"][f"{phase}_min"] = ratios["min"]
-        entry["ratio"][f"{phase}_max"] = ratios["max"]
+        entry["ratio"][name] = ratios["p50"]
+        entry["ratio"][f"{name}_min"] = ratios["min"]
+        entry["ratio"][f"{name}_max"] = ratios["max"]
     return entry
 
 
@@ -483,20 +542,30 @@ def render(result: dict[str, Any]) -> str:
     ]
     rows = []
     for run in result["runs"]:
-        for phase, base in (("produce", "write"), ("consume", "read")):
-            r, b, q = run[phase], run["baseline"][base], run["ratio"]
+        q = run["ratio"]
+        sync = run["baseline"]["write"]["fdatasync"]
+        rows_of_run = [
+            ("produce", "produce", "write", "1 file, fdatasync" if sync else "1 file, no sync"),
+            ("", "produce_parallel", "write_parallel", f"{p['partitions']} files, threads"),
+            ("consume", "consume", "read", "pread 1 MiB"),
+        ]
+        for phase, name, base, label in rows_of_run:
+            if base not in run["baseline"]:
+                continue
+            r = run[phase] if phase else None
             rows.append(
                 [
-                    run["mode"],
-                    f"{run['value_bytes']} B",
+                    run["mode"] if phase else "",
+                    f"{run['value_bytes']} B" if phase else "",
                     phase,
-                    _num(r["records_per_s"], ",.0f"),
-                    _num(r["mb_per_s"], ".1f"),
-                    _num(b["mb_per_s"], ".1f"),
-                    _num(q[phase], ".3f"),
-                    f"{_num(q[f'{phase}_min'], '.3f')}-{_num(q[f'{phase}_max'], '.3f')}",
-                    _num(r["client_cpu_us_per_record"], ".2f"),
-                    _num(r["broker_cpu_us_per_record"], ".2f"),
+                    _num(r["records_per_s"], ",.0f") if r else "",
+                    _num(r["mb_per_s"], ".1f") if r else "",
+                    label,
+                    _num(run["baseline"][base]["mb_per_s"], ".1f"),
+                    _num(q[name], ".3f"),
+                    f"{_num(q[f'{name}_min'], '.3f')}-{_num(q[f'{name}_max'], '.3f')}",
+                    _num(r["client_cpu_us_per_record"], ".2f") if r else "",
+                    _num(r["broker_cpu_us_per_record"], ".2f") if r else "",
                 ]
             )
     headers = [
@@ -505,6 +574,7 @@ def render(result: dict[str, Any]) -> str:
         "phase",
         "records/s",
         "MB/s",
+        "baseline",
         "file MB/s",
         "ratio",
         "range",
@@ -516,8 +586,10 @@ def render(result: dict[str, Any]) -> str:
     interval = f"flush_interval = {p['flush_interval']:g} s"
     legend = (
         "file MB/s: the same payload bytes with plain file I/O on the same disk, moments apart: "
-        "produce against os.write per producer batch, plus fdatasync per batch in the fsync "
-        f"mode (flush_interval = 0) and nothing more in the interval mode ({interval}); consume "
+        "produce against one os.write per producer batch to one file, plus fdatasync per batch "
+        f"in the fsync mode (flush_interval = 0) and nothing more in the interval mode "
+        f"({interval}); in the fsync mode also against {p['partitions']} files written by as "
+        "many threads at once (the broker syncs each partition in a worker thread); consume "
         "against pread in 1 MiB chunks. ratio: system / file throughput, the median of the "
         "repetitions' ratios (range: min-max). us/rec: CPU time per record of this process "
         "(client) and of the broker process."

@@ -109,6 +109,8 @@ def test_throughput_bench_quick_json() -> None:
                     value = figures[key]
                     assert isinstance(value, float) and math.isfinite(value), (phase, figures)
                     assert value > 0, (phase, figures)
-            for key in (phase, f"{phase}_min", f"{phase}_max"):
+        ratios = ["produce", "consume"] + (["produce_parallel"] if run["mode"] == "fsync" else [])
+        for name in ratios:
+            for key in (name, f"{name}_min", f"{name}_max"):
                 value = run["ratio"][key]
                 assert isinstance(value, float) and math.isfinite(value) and value > 0, run["ratio"]

@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import trio
 
-import trio_coord.cli as cli_module
 from trio_coord import open_admin, open_consumer, open_producer
 from trio_coord.cli import main
 from trio_coord.client import partition_for_key
@@ -88,16 +87,6 @@ def cli_error(capsys, *args: str) -> str:
     """The one ``error:`` line of a command that must fail with status 1."""
     status, out, err = cli(capsys, *args)
     return error_line(subprocess.CompletedProcess(args, status, out, err))
-
-
-@pytest.fixture(autouse=True)
-def json_to_current_stdout(monkeypatch):
-    """Work around a CLI bug (see the test at the end): ``--json`` output goes to the
-    ``sys.stdout`` of import time, so capsys would not see it."""
-    original = cli_module._print_json
-    monkeypatch.setattr(
-        cli_module, "_print_json", lambda value, out=None: original(value, out or sys.stdout)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -521,7 +510,7 @@ def test_every_data_command_has_help(command, options, capsys):
         assert option in text, option
 
 
-def test_json_output_goes_to_the_current_stdout(bootstrap, monkeypatch):
+def test_json_output_goes_to_the_current_stdout(bootstrap):
     """``--json`` output follows ``sys.stdout`` as the text output does.
 
     Fails today: ``cli._print_json(value, out=sys.stdout)`` binds the
@@ -529,7 +518,6 @@ def test_json_output_goes_to_the_current_stdout(bootstrap, monkeypatch):
     ``contextlib.redirect_stdout`` (an embedding application, a test's
     capsys) prints its tables into the redirect but its JSON elsewhere.
     """
-    monkeypatch.undo()  # without the autouse work-around
     outputs = []
     for args in (["topics", "list"], ["topics", "list", "--json"]):
         text = io.StringIO()

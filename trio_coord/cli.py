@@ -26,7 +26,7 @@ import trio
 from . import __version__
 from .broker import BrokerConfig, open_broker
 from .client import Admin, Consumer, PartitionLag, open_admin, open_producer
-from .log import LogConfig
+from .log import LogConfig, LogError
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .protocol.records import ConsumerRecord
@@ -47,7 +47,8 @@ class UsageError(Exception):
 # -- output helpers ---------------------------------------------------------------------
 
 
-def _print_json(value: Any, out: TextIO = sys.stdout) -> None:
+def _print_json(value: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # (looked up per call: callers may redirect stdout)
     out.write(json.dumps(value, sort_keys=False) + "\n")
     out.flush()
 
@@ -554,6 +555,16 @@ def _add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> 
         )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``trio-coord`` (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -575,12 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
         "broker",
         help="run a broker on the embedded store",
         description="Run a broker that keeps its metadata (topics, groups, offsets) in an "
-        "embedded, crash-safe store in --data-dir. Stop it with Ctrl-C or SIGTERM.",
+        "embedded, crash-safe store in --data-dir, and its partitions' records in "
+        "--data-dir/partitions. Stop it with Ctrl-C or SIGTERM.",
     )
     p.add_argument(
         "--data-dir",
         default="./trio-coord-data",
-        help="where metadata is kept (default: %(default)s)",
+        help="where metadata and records are kept (default: %(default)s)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
@@ -704,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="move a group's committed offsets (dry run unless --execute)",
         description="Compute new committed offsets for GROUP on TOPIC's partitions and show "
         "them; with --execute, apply them. A running group is rewound live: its coordinator "
-        "stops the owners, records the offsets and restarts them there. Targets outside a "
+        "stops its members, records the offsets and restarts them there. Targets outside a "
         "partition's log are clamped into it.",
     )
     p.add_argument("group")
@@ -808,7 +820,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="output format (default: %(default)s)",
     )
-    p.add_argument("--max-records", type=int, metavar="N", help="leave the group after N records")
+    p.add_argument(
+        "--max-records",
+        type=_positive_int,
+        metavar="N",
+        help="leave the group after N records (N >= 1)",
+    )
     _add_client_options(p, timeout=False)
     p.set_defaults(func=cmd_consume)
 
@@ -849,9 +866,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         trio.run(args.func, args)
-    except (CoordError, StoreError, UsageError, ValueError) as exc:
+    except (CoordError, StoreError, LogError, UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `trio-coord groups describe g | head`
+        sys.stderr.close()  # (and say nothing more on a closed pipe)
+        return 0
     except OSError as exc:
         print(f"error: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -40,7 +40,6 @@ from ..protocol.errors import (
     CoordinatorNotAvailableError,
     GroupSubscribedToTopicError,
     InvalidRequestError,
-    OffsetOutOfRangeError,
     UnknownMemberError,
     UnknownTopicError,
 )
@@ -352,7 +351,7 @@ class GroupRunner:
                     f"topic {o.topic!r} has partitions 0..{count - 1}, not {o.partition}"
                 )
             if o.offset < 0:
-                raise OffsetOutOfRangeError(f"offset {o.offset} for {o.tp} is negative")
+                raise InvalidRequestError(f"offset {o.offset} for {o.tp} is negative")
             records.append(
                 OffsetRecord(
                     self.group_id, o.topic, o.partition, o.offset, o.metadata, now_ms, True

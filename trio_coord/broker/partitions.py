@@ -7,18 +7,19 @@ the coordinator's question "where does this partition start and end?". A
 fetch that finds less than it asked for waits in a cancel scope whose
 deadline is its ``max_wait``, parked on one event that every partition it
 reads wakes when a batch is appended: the Trio shape of Kafka's fetch
-purgatory. Produce validates a batch (it decodes, its count and newest
-timestamp match the header) before storing it, so a bad producer cannot
-poison the consumers of a partition.
+purgatory (``min_bytes=0`` answers at once). Produce validates a batch (it
+decodes, its count and newest timestamp match the header) before storing
+it, so a bad producer cannot poison the consumers of a partition.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import trio
 
-from ..log import LogManager, LogOffsetOutOfRangeError, PartitionLog
+from ..log import LogError, LogManager, LogOffsetOutOfRangeError, PartitionLog
 from ..protocol.errors import (
     CoordError,
     ErrorCode,
@@ -26,6 +27,7 @@ from ..protocol.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    UnknownServerError,
     UnknownTopicError,
 )
 from ..protocol.messages import (
@@ -47,6 +49,8 @@ from ..protocol.records import decode_batch
 from .topics import TopicManager
 
 __all__ = ["PartitionService"]
+
+logger = logging.getLogger(__name__)
 
 _FETCH_HEADROOM = 1024
 """Bytes of a fetch answer kept for its envelope."""
@@ -130,7 +134,7 @@ class PartitionService:
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
             answer, size, failed = self._read(request.partitions, limit)
-            if size >= max(1, request.min_bytes) or failed or trio.current_time() >= deadline:
+            if size >= request.min_bytes or failed or trio.current_time() >= deadline:
                 return answer
             woken = trio.Event()
             parked = [TopicPartition(p.topic, p.partition) for p in request.partitions]
@@ -192,8 +196,15 @@ class PartitionService:
             stored = log.read(part.offset, max(1, max_bytes))
         except LogOffsetOutOfRangeError as exc:
             raise OffsetOutOfRangeError(
-                f"{part.topic}-{part.partition}: {exc}; seek to a valid offset "
-                "(the consumer's reset policy does so)"
+                f"offset {exc.offset} is out of range for {part.topic}-{part.partition}: valid "
+                f"offsets are [{exc.start}, {exc.end}]; seek to a valid offset (the consumer's "
+                "reset policy does so)"
+            ) from None
+        except LogError as exc:
+            logger.error("reading %s-%s failed: %s", part.topic, part.partition, exc)
+            raise UnknownServerError(
+                f"{part.topic}-{part.partition} cannot be read at offset {part.offset}: its "
+                "log is damaged on the broker (see the broker's log)"
             ) from None
         # The log returns at least one batch so that a consumer can always make progress;
         # but an answer that has data already must not outgrow the frame for it.

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 import trio
 
 from ..protocol.errors import (
-    BrokerShuttingDownError,
-    ConnectionClosedError,
     CoordError,
     NoOffsetForPartitionError,
     NotLeaderForPartitionError,
@@ -58,13 +56,6 @@ from ._cluster import ClusterView
 __all__ = ["FetchSettings", "Fetcher"]
 
 log = logging.getLogger(__name__)
-
-_RETRIABLE = (
-    ConnectionClosedError,
-    BrokerShuttingDownError,
-    RequestTimedOutError,
-    NotLeaderForPartitionError,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +312,8 @@ class Fetcher:
         return groups
 
     def _fail(self, error: CoordError) -> None:
-        self._errors.append(error)
+        if len(self._errors) < 16:  # an application not reading must not grow this
+            self._errors.append(error)
         self._records_arrived()
 
     async def _fetch_loop(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
@@ -344,10 +336,15 @@ class Fetcher:
                     continue
                 response = await self._request(broker, self._fetch_request(wanted))
                 assert isinstance(response, FetchResponse)
-            except _RETRIABLE as exc:
-                log.info("fetching from %s: %s; retrying", broker.address, exc)
-                if isinstance(exc, NotLeaderForPartitionError):
+            except CoordError as exc:
+                if isinstance(exc, NotLeaderForPartitionError | UnknownTopicError):
                     await self._refresh(tps)
+                elif exc.retriable:
+                    log.info("fetching from %s: %s; retrying", broker.address, exc)
+                else:
+                    # The broker refused the whole fetch: tell the application, keep trying.
+                    log.warning("fetching from %s failed: %s", broker.address, exc)
+                    self._fail(exc)
                 await backoff.sleep()
                 continue
             backoff.reset()
@@ -368,8 +365,11 @@ class Fetcher:
         self, broker: BrokerInfo, request: FetchRequest | ListOffsetsRequest
     ) -> ResponseBody | None:
         conn = await self.cluster.connection(broker)
-        with trio.fail_after(self._settings.request_timeout + self._settings.max_wait):
+        timeout = self._settings.request_timeout + self._settings.max_wait
+        with trio.move_on_after(timeout):
             return await conn.request(request)
+        await conn.aclose()  # a broker that hangs: reconnect rather than pile up requests
+        raise RequestTimedOutError(f"{broker.address} did not answer within {timeout:g}s")
 
     def _absorb(self, response: FetchResponse, epochs: dict[TopicPartition, int]) -> None:
         """Buffer what a fetch brought, unless its partition changed while it was in flight."""

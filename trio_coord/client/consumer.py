@@ -49,6 +49,7 @@ from ..protocol.errors import (
     CoordError,
     GroupNotFoundError,
     IllegalGenerationError,
+    OffsetRegressionError,
     RequestTimedOutError,
     UnknownMemberError,
 )
@@ -266,6 +267,8 @@ class Consumer:
                 continue
             try:
                 await self.commit({p.tp: p.offset for p in positions})
+            except OffsetRegressionError:
+                log.info("consumer: auto-commit does not move %s's offsets back", self.group_id)
             except CoordError as exc:
                 log.warning("consumer: auto-commit to %s failed: %s", self.group_id, exc)
                 self._engine().return_dirty(positions)
@@ -313,7 +316,12 @@ class Consumer:
         return self._engine().position(TopicPartition(*tp))
 
     def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
-        """Hand out an owned partition's records from ``offset`` on (auto-commit reports it)."""
+        """Hand out an owned partition's records from ``offset`` on.
+
+        Auto-commit reports the new position; a position behind the committed
+        offset is not made durable that way (committed offsets never go back
+        implicitly): ``await consumer.commit(allow_regression=True)`` does it.
+        """
         self._engine().seek(TopicPartition(*tp), offset)
 
     def seek_to_beginning(self, *tps: TopicPartition | tuple[str, int]) -> None:
@@ -418,7 +426,9 @@ class Consumer:
         being moved, :class:`~trio_coord.PartitionNotOwnedError` for a
         partition this consumer does not own, and
         :class:`~trio_coord.OffsetRegressionError` for a rewind without
-        ``allow_regression=True``, :class:`~trio_coord.ConnectionClosedError`
+        ``allow_regression=True`` (the positions this consumer hands back
+        later, on a rebalance or when it leaves, move it forward again unless
+        it also seeks there), :class:`~trio_coord.ConnectionClosedError`
         (retriable) while the consumer reconnects to its coordinator, and
         :class:`~trio_coord.UnknownMemberError` outside its ``async with`` block.
         """

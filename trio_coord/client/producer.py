@@ -12,8 +12,9 @@ a partition are stored in the order they were sent, retries included, while
 many partitions (on one connection per broker) are in flight at once. A
 record with a key goes to a partition by a stable hash of the key (CRC-32,
 the same in every process and run); records without a key stick to one
-partition per topic until its batch is sent, then move to the next (fewer,
-fuller batches, still spread evenly).
+partition per topic until a batch of that topic is closed (full, or past its
+linger), then move to the next: fewer, fuller batches, spread evenly over
+many batches but not within one.
 
 Delivery is at least once: a batch whose answer is lost with its connection
 is sent again, so a broker may store it twice.
@@ -457,10 +458,16 @@ class Producer:
             slots = self._slots[address] = trio.Semaphore(self.max_in_flight)
         async with slots:
             conn = await self._cluster.connection(broker)
-            with trio.fail_after(self.request_timeout):
+            with trio.move_on_after(self.request_timeout):
                 response = await conn.request(request)
-        assert isinstance(response, ProduceResponse)
-        return response.base_offset
+                assert isinstance(response, ProduceResponse)
+                return response.base_offset
+        # The answer may yet arrive; not knowing, the batch is sent again (at least once).
+        await conn.aclose()
+        raise RequestTimedOutError(
+            f"{broker.address} did not answer a produce within request_timeout "
+            f"({self.request_timeout:g}s)"
+        )
 
     def _settle(self, batch: _Batch) -> None:
         self._buffered -= batch.size

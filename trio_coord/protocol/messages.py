@@ -340,8 +340,9 @@ class ListOffsetsRequest(_Wire, tag=15):
 class ResetOffsetsRequest(_Wire, tag=16):
     """Rewind (or move) a group's committed offsets, even while it runs.
 
-    The coordinator stops the members owning those partitions, records the
-    offsets as explicit resets, and restarts their fetchers there.
+    The coordinator stops the group's members (all of them: rebalancing is
+    eager), records the offsets as explicit resets after the positions they
+    hand back, and restarts their fetchers there.
     """
 
     group: str

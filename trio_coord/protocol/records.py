@@ -1,8 +1,8 @@
 """Record batches: how a producer packs records and a consumer unpacks them.
 
 A batch is the unit a producer sends, a partition log stores and a fetch
-returns, and the broker never looks inside it on the hot path: it stores the
-bytes with the batch's record count and newest timestamp and assigns the
+returns. The broker decodes it once, to check it, then stores the bytes as
+they came with the batch's record count and newest timestamp and assigns the
 offsets (the ``i``-th record of a batch stored at ``base`` has offset
 ``base + i``). The bytes are one codec byte (see :data:`COMPRESSION`) followed
 by a msgpack array of records, compressed as a whole when a codec is chosen;
