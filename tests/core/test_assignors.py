@@ -59,8 +59,8 @@ def test_roundrobin_docstring_example() -> None:
     assert result == {"a": tps("t-0", "t-2", "u-1"), "b": tps("t-1", "u-0")}
 
 
-def test_registry_holds_both_assignors_by_name() -> None:
-    assert set(ASSIGNORS) == {"range", "roundrobin"}
+def test_registry_holds_the_four_builtins_by_name() -> None:
+    assert list(ASSIGNORS) == ["range", "roundrobin", "sticky", "uniform"]
     assert all(name == assignor.name for name, assignor in ASSIGNORS.items())
 
 
@@ -150,12 +150,12 @@ def test_choose_takes_the_first_members_order_among_common_names() -> None:
 
 
 def test_choose_skips_names_not_common_to_every_member() -> None:
-    prefs = [("sticky", "roundrobin", "range"), ("range", "sticky")]
-    assert choose_assignor(prefs, ASSIGNORS) == "range"
+    prefs = [("roundrobin", "sticky", "range"), ("range", "sticky")]
+    assert choose_assignor(prefs, ASSIGNORS) == "sticky"
 
 
 def test_choose_skips_names_the_broker_does_not_have() -> None:
-    prefs = [("sticky", "range"), ("sticky", "range")]
+    prefs = [("cooperative-sticky", "range"), ("cooperative-sticky", "range")]
     assert choose_assignor(prefs, ASSIGNORS) == "range"
 
 
@@ -165,7 +165,7 @@ def test_choose_skips_names_the_broker_does_not_have() -> None:
         [],
         [()],
         [("range",), ("roundrobin",)],
-        [("sticky",), ("sticky",)],
+        [("cooperative-sticky",), ("cooperative-sticky",)],
         [("range", "roundrobin"), ()],
     ],
 )
