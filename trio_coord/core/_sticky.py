@@ -12,10 +12,11 @@ Two paths:
 * **identical subscriptions** (every active member subscribes to the same
   existing topics): quotas. With ``P`` partitions and ``n`` members each
   member gets ``P // n``, and the ``P % n`` extra ones go to the members that
-  own the most (ties: member id). A member keeps as many of its owned
-  partitions as its quota allows; the rest, and every partition nobody owns,
-  are dealt to the members below their quota. This keeps the largest number
-  of owned partitions any balanced assignment can keep.
+  own the most (ties: member id; for ``uniform``, the least lopsided first).
+  A member keeps as many of its owned partitions as its quota allows; the
+  rest, and every partition nobody owns, are dealt to the members below
+  their quota. This keeps the largest number of owned partitions any
+  balanced assignment can keep.
 * **mixed subscriptions**: every member keeps what it owns, the partitions
   nobody owns go one at a time to the least loaded subscriber (the topics
   interleaved), then :meth:`_State.rebalance` moves
@@ -26,11 +27,11 @@ Two paths:
   (alone, or in exchange for one that member holds of the new holder's) when
   that keeps the assignment balanced.
 
-``uniform`` then runs :func:`_even_out`: it hands over or exchanges
-partitions that were not kept in place (never a kept one) while that lowers
-``sum over topics and subscribers of count(member, topic) ** 2`` and keeps the
-assignment balanced; on the mixed path it alternates with ``give_back``
-until neither changes anything.
+``uniform`` then runs :func:`_even_out`: it hands one partition over, or
+exchanges two between two members, while that lowers ``sum over topics and
+subscribers of count(member, topic) ** 2``, keeps the assignment balanced and
+keeps at least as many owned partitions in place; on the mixed path it
+alternates with ``give_back`` until neither changes anything.
 
 "Balanced" is checked per topic: the most loaded member holding a partition
 of the topic has at most one more partition in all than the least loaded
@@ -127,7 +128,8 @@ class _State:
 
     ``count[i]`` maps topic → how many of its partitions member ``i`` holds,
     ``tcount[t]`` the same from the topic's side, ``parts[i][t]`` lists them,
-    ``free[i][t]`` counts those ``i`` holds without having owned them.
+    ``free[i][t]`` counts those ``i`` holds without having owned them, and
+    ``released[i]`` holds the (topic, partition) ``i`` owned that others hold.
     Identical subscriptions keep a histogram of totals (balanced: max - min
     <= 1). Mixed ones keep lazy heaps per topic: of its subscribers by (total,
     count of the topic), lowest first; once :meth:`track_holders` is called,
@@ -159,6 +161,7 @@ class _State:
         self.parts: list[dict[int, list[int]]] = [{} for _ in range(members)]
         self.free: list[dict[int, int]] = [{} for _ in range(members)]
         self.tfree: list[dict[int, int]] = [{} for _ in sizes]
+        self.released: list[set[tuple[int, int]]] = [set() for _ in range(members)]
         self.histogram: dict[int, int] = {0: members}
         self.lo_heaps: list[list[tuple[int, int, int]]] = []
         self.hi_heaps: list[list[tuple[int, int]]] = []
@@ -203,9 +206,12 @@ class _State:
         self.parts[i].setdefault(t, []).append(p)
         self.count[i][t] = self.count[i].get(t, 0) + 1
         self.tcount[t][i] = self.tcount[t].get(i, 0) + 1
-        if self.owner[t][p] != i:
+        o = self.owner[t][p]
+        if o != i:
             self.free[i][t] = self.free[i].get(t, 0) + 1
             self.tfree[t][i] = self.tfree[t].get(i, 0) + 1
+            if o >= 0:
+                self.released[o].add((t, p))
         self._retotal(i, 1)  # after the tables: it pushes t's heaps too, if need be
 
     def remove(self, i: int, t: int, p: int) -> None:
@@ -216,9 +222,12 @@ class _State:
             del self.parts[i][t]
         _decrement(self.count[i], t)
         _decrement(self.tcount[t], i)
-        if self.owner[t][p] != i:
+        o = self.owner[t][p]
+        if o != i:
             _decrement(self.free[i], t)
             _decrement(self.tfree[t], i)
+            if o >= 0:
+                self.released[o].discard((t, p))
         self._retotal(i, -1)
 
     def move(self, t: int, p: int, src: int, dst: int) -> None:
@@ -390,7 +399,12 @@ def _fill_by_quota(state: _State, *, spread: bool) -> None:
                 free.append((t, p))
     base, extra = divmod(sum(state.sizes), members)
     quota = [base] * members
-    for i in sorted(range(members), key=lambda i: (-len(owned[i]), i))[:extra]:
+    # The extra partitions go to the members that own the most. With spread,
+    # among equals first to those whose holding is the least lopsided, so
+    # that the one that must give a partition up has one of a topic it holds
+    # too many of.
+    excess = [_excess(o, members, state.sizes) if spread else 0 for o in owned]
+    for i in sorted(range(members), key=lambda i: (-len(owned[i]), excess[i], i))[:extra]:
         quota[i] += 1
     for i in range(members):
         if len(owned[i]) <= quota[i]:
@@ -410,6 +424,14 @@ def _fill_by_quota(state: _State, *, spread: bool) -> None:
         state.add(i, t, p)
         if state.total[i] < quota[i]:
             receivers.append(i)
+
+
+def _excess(owned: list[tuple[int, int]], members: int, sizes: list[int]) -> int:
+    """How far above its even share of some topic ``owned`` goes, at most (times ``members``)."""
+    counts: dict[int, int] = {}
+    for t, _ in owned:
+        counts[t] = counts.get(t, 0) + 1
+    return max((n * members - sizes[t] for t, n in counts.items()), default=-sum(sizes))
 
 
 def _release_evenly(
@@ -459,14 +481,15 @@ def _fill_greedily(state: _State) -> None:
 
 
 def _even_out(state: _State) -> bool:
-    """``uniform``: hand over or exchange partitions not kept in place while that
-    lowers the sum of squared per-topic counts and keeps the balance.
+    """``uniform``: hand over or exchange partitions while that lowers the sum of
+    squared per-topic counts, keeps the balance and keeps at least as many
+    owned partitions in place.
 
-    Every such move involves a topic ``t`` and a member ``a`` holding a free
-    partition of ``t`` that goes to a subscriber ``b`` with at least two fewer
-    of ``t`` (an exchange where neither side has two more of its topic cannot
-    lower the sum). So only those pairs are searched, and the search ends
-    after a pass that changes nothing. Returns whether anything moved.
+    Every such move involves a topic ``t`` and a member ``a`` giving a
+    partition of ``t`` to a subscriber ``b`` with at least two fewer of ``t``
+    (an exchange in which neither side has two more of the topic it gives
+    cannot lower the sum). So only those pairs are searched, and the search
+    ends after a pass that changes nothing. Returns whether anything moved.
     """
     changed_any = False
     while True:
@@ -480,10 +503,8 @@ def _even_out(state: _State) -> bool:
             low = 0 if len(counts) < len(state.topic_subs[t]) else min(counts.values())
             if max(counts.values()) < low + 2:
                 continue
-            for a in sorted(state.tfree[t]):
-                while counts.get(a, 0) >= low + 2 and state.free[a].get(t):
-                    if not _improve(state, a, t):
-                        break
+            for a in sorted(counts):
+                while counts.get(a, 0) >= low + 2 and _improve(state, a, t):
                     changed = True
         if not changed:
             return changed_any
@@ -491,12 +512,20 @@ def _even_out(state: _State) -> bool:
 
 
 def _improve(state: _State, a: int, t: int) -> bool:
-    """One hand-over or exchange that moves a free partition of ``t`` away from ``a``
-    to a member ``b`` that holds at least two fewer of ``t``."""
+    """One hand-over or exchange in which ``a`` gives a partition of ``t`` to a member
+    ``b`` holding at least two fewer of ``t``: see :func:`_even_out`.
+
+    What keeps the owned partitions in place: a hand-over of a partition ``a``
+    did not own; an exchange of two partitions neither side owned; ``a``
+    giving a partition back to its owner for one the owner kept; ``a`` giving
+    up one it kept for one of its own back.
+    """
     counts = state.tcount[t]
     have = counts[a]
     limit = state.most_for(t)  # the most b may have to take a partition of t
-    if state.can_shrink(a) and limit <= state.total[a]:
+    owner_t = state.owner[t]
+    free_here = state.free[a].get(t, 0)
+    if free_here and state.can_shrink(a) and limit <= state.total[a]:
         # A hand-over: b must be a least loaded subscriber of t (limit - 1).
         candidates = sorted(
             (counts.get(b, 0), b)
@@ -507,33 +536,66 @@ def _improve(state: _State, a: int, t: int) -> bool:
             if state.can_grow(b, t):
                 state.move(t, state.pick(a, t, for_member=b, free_only=True), a, b)
                 return True
-    # An exchange for a free partition of b's, of a topic u that a may take.
+    # Exchanges: a takes a partition of a topic u it may hold at its total.
     swaps = [u for u in state.subs[a] if u != t and state.total[a] <= state.most_for(u)]
     if not swaps:
         return False
-    if len(state.topic_subs[t]) <= sum(len(state.tfree[u]) for u in swaps):
-        pairs: Iterable[tuple[int, int]] = (
-            (b, u)
-            for _, b in sorted(
-                (counts.get(b, 0), b)
-                for b in state.topic_subs[t]
-                if state.total[b] <= limit and counts.get(b, 0) <= have - 2
+    mine = state.count[a]
+
+    def gain(b: int, u: int) -> int:
+        return have - counts.get(b, 0) + state.count[b].get(u, 0) - mine.get(u, 0)
+
+    if free_here:
+        # A free partition of a's for a free one of b's.
+        if len(state.topic_subs[t]) <= sum(len(state.tfree[u]) for u in swaps):
+            pairs: Iterable[tuple[int, int]] = (
+                (b, u)
+                for _, b in sorted(
+                    (counts.get(b, 0), b)
+                    for b in state.topic_subs[t]
+                    if state.total[b] <= limit and counts.get(b, 0) <= have - 2
+                )
+                for u in swaps
+                if state.free[b].get(u)
             )
-            for u in swaps
-            if state.free[b].get(u)
-        )
-    else:
-        pairs = (
-            (b, u)
-            for u in swaps
-            for b in sorted(state.tfree[u])
-            if state.total[b] <= limit and t in state.sub_sets[b]
-        )
-    for b, u in pairs:
-        if have - counts.get(b, 0) + state.count[b][u] - state.count[a].get(u, 0) >= 3:
-            p = state.pick(a, t, for_member=b, free_only=True)
-            q = state.pick(b, u, for_member=a, free_only=True)
-            state.move(t, p, a, b)
-            state.move(u, q, b, a)
-            return True
+        else:
+            pairs = (
+                (b, u)
+                for u in swaps
+                for b in sorted(state.tfree[u])
+                if state.total[b] <= limit and t in state.sub_sets[b]
+            )
+        for b, u in pairs:
+            if gain(b, u) >= 3:
+                _exchange(state, a, t, state.pick(a, t, for_member=b, free_only=True), b, u)
+                return True
+        # A free partition of a's back to its owner b, for one that b kept.
+        for b in sorted({owner_t[p] for p in state.parts[a][t]} - {-1, a}):
+            if state.total[b] > limit:
+                continue
+            for u in swaps:
+                if state.count[b].get(u, 0) > state.free[b].get(u, 0) and gain(b, u) >= 3:
+                    p = max(p for p in state.parts[a][t] if owner_t[p] == b)
+                    q = max(q for q in state.parts[b][u] if state.owner[u][q] == b)
+                    _exchange(state, a, t, p, b, u, q)
+                    return True
+    if counts[a] > free_here:
+        # A partition a kept, for one of a's own back from its holder b.
+        allowed = set(swaps)
+        for u, q in sorted(state.released[a]):
+            b = state.holder[u][q]
+            if u in allowed and t in state.sub_sets[b] and state.total[b] <= limit:
+                if gain(b, u) >= 3:
+                    p = max(p for p in state.parts[a][t] if owner_t[p] == a)
+                    _exchange(state, a, t, p, b, u, q)
+                    return True
     return False
+
+
+def _exchange(state: _State, a: int, t: int, p: int, b: int, u: int, q: int = -1) -> None:
+    """``a`` gives ``b`` partition ``p`` of ``t`` for partition ``q`` of ``u``
+    (by default the free one of ``u`` that :meth:`_State.pick` chooses)."""
+    if q < 0:
+        q = state.pick(b, u, for_member=a, free_only=True)
+    state.move(t, p, a, b)
+    state.move(u, q, b, a)
