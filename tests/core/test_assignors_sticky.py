@@ -33,6 +33,7 @@ from trio_coord.core.assignors import (
     Assignment,
     GroupSpec,
     MemberSpec,
+    RoundRobinAssignor,
     StickyAssignor,
     UniformAssignor,
     validate_assignment,
@@ -257,6 +258,12 @@ def shuffled(s: GroupSpec, data: st.DataObject) -> GroupSpec:
 
 THREE = {"a": "tu", "b": "tu", "c": "tu"}
 SIZES = {"t": 4, "u": 2}
+
+
+@settings(max_examples=100, deadline=None)
+@given(s=groups(identical=True, owned=False, max_members=8, max_partitions=12))
+def test_property_a_new_group_with_identical_subscriptions_is_dealt_like_roundrobin(s) -> None:
+    assert sticky.assign(s) == uniform.assign(s) == RoundRobinAssignor().assign(s)
 
 
 @BOTH

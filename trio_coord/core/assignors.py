@@ -34,13 +34,15 @@ that owned it, alone or in exchange for one of the new holder's that member
 holds, without unbalancing the assignment. An assignment fed back as
 ``owned`` comes back unchanged.
 
-``uniform`` (the default for cooperative groups) promises all of that and in
-addition evens out each topic over its subscribers as far as balance and
-stickiness allow: among the partitions it does not keep in place, no hand-over
-from one member to another and no exchange of two between two members lowers
-the sum over topics and subscribers of (partitions of that topic held) ** 2
-while keeping the assignment balanced. So with identical subscriptions and
-nothing owned, every topic's partitions differ by at most one between members.
+``uniform`` (meant as the server-side default for cooperative groups)
+promises all of that and in addition evens out each topic over its
+subscribers as far as balance and stickiness allow: no hand-over of one
+partition and no exchange of two between two members lowers the sum over
+members and topics of (partitions of that topic the member holds) ** 2 while
+keeping the assignment balanced and at least as many owned partitions in
+place. So with identical subscriptions and nothing owned, every topic's
+partitions differ by at most one between members; per-topic balance yields
+to overall balance and to stickiness.
 docs/assignment.md explains the choices, with worked examples.
 """
 
