@@ -337,6 +337,14 @@ def test_validate_accepts_a_valid_assignment_and_a_member_left_out() -> None:
             {"a": [("u", 0)], "b": tps("t-0", "t-1")},
             r"'a' got \('u', 0\), not a TopicPartition; assigned to no member: u-0$",
         ),
+        (
+            {"a": None, "b": tps("t-0", "t-1")},
+            r"'a' got None, not a list of TopicPartitions; assigned to no member: u-0$",
+        ),
+        (
+            {"a": [TP("u", "0")], "b": tps("t-0", "t-1")},  # type: ignore[arg-type]
+            r"'a' got TopicPartition\(topic='u', partition='0'\), not a TopicPartition; .*",
+        ),
     ],
     ids=[
         "incomplete",
@@ -347,11 +355,18 @@ def test_validate_accepts_a_valid_assignment_and_a_member_left_out() -> None:
         "no-such-partition",
         "no-such-topic",
         "not-a-topicpartition",
+        "not-a-list",
+        "partition-not-an-int",
     ],
 )
 def test_validate_says_what_is_wrong(assignment, message) -> None:
     with pytest.raises(ValueError, match=r"^invalid assignment: .*" + message):
         validate_assignment(VALID, assignment)
+
+
+def test_validate_refuses_what_is_not_a_mapping() -> None:
+    with pytest.raises(ValueError, match=r"^invalid assignment: list, not a mapping$"):
+        validate_assignment(VALID, [("a", tps("t-0"))])  # type: ignore[arg-type]
 
 
 def test_validate_reports_every_kind_of_problem_and_shortens_long_lists() -> None:

@@ -118,7 +118,7 @@ def _owners(
             if t is None or t not in allowed:
                 continue
             p = tp.partition
-            if 0 <= p < sizes[t] and owner[t][p] < 0:
+            if isinstance(p, int) and 0 <= p < sizes[t] and owner[t][p] < 0:
                 owner[t][p] = i
     return owner
 

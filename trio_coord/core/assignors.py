@@ -187,7 +187,7 @@ class StickyAssignor:
 
 
 class UniformAssignor:
-    """``sticky``, and each topic spread evenly over its subscribers where that moves nothing."""
+    """``sticky``, and each topic spread over its subscribers as evenly as that allows."""
 
     name = "uniform"
 
@@ -262,16 +262,26 @@ def validate_assignment(
     subscribes to is given. A member missing from ``assignment`` owns
     nothing. Balance is not checked: that is each assignor's own promise.
     """
+    if not isinstance(assignment, Mapping):
+        raise ValueError(f"invalid assignment: {type(assignment).__name__}, not a mapping")
     problems: list[str] = []
-    unknown = sorted(m for m in assignment if m not in spec.members)
+    unknown = sorted(repr(m) for m in assignment if m not in spec.members)
     if unknown:
-        problems.append(f"unknown member(s) {_listing([repr(m) for m in unknown])}")
+        problems.append(f"unknown member(s) {_listing(unknown)}")
     seen: Counter[TopicPartition] = Counter()
     bad: list[str] = []
     for member_id in sorted(m for m in assignment if m in spec.members):
         topics = spec.members[member_id].topics
-        for tp in assignment[member_id]:
-            if not isinstance(tp, TopicPartition):
+        given = assignment[member_id]
+        if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+            bad.append(f"{member_id!r} got {given!r}, not a list of TopicPartitions")
+            continue
+        for tp in given:
+            if not (
+                isinstance(tp, TopicPartition)
+                and isinstance(tp.topic, str)
+                and isinstance(tp.partition, int)
+            ):
                 bad.append(f"{member_id!r} got {tp!r}, not a TopicPartition")
                 continue
             count = spec.partitions.get(tp.topic, 0)
