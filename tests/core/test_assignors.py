@@ -8,6 +8,10 @@ within what each strategy promises.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -16,12 +20,15 @@ from hypothesis import strategies as st
 
 from trio_coord.core.assignors import (
     ASSIGNORS,
+    BUILTIN_ASSIGNORS,
     Assignment,
     GroupSpec,
     MemberSpec,
     RangeAssignor,
     RoundRobinAssignor,
     choose_assignor,
+    make_registry,
+    validate_assignment,
 )
 from trio_coord.protocol.messages import TopicPartition as TP
 
@@ -44,6 +51,7 @@ def tps(*names: str) -> list[TP]:
 
 range_ = RangeAssignor()
 roundrobin = RoundRobinAssignor()
+EVERY = pytest.mark.parametrize("assignor", BUILTIN_ASSIGNORS, ids=lambda a: a.name)
 
 
 # -- the worked examples of the module docstring ------------------------------------------
@@ -59,8 +67,8 @@ def test_roundrobin_docstring_example() -> None:
     assert result == {"a": tps("t-0", "t-2", "u-1"), "b": tps("t-1", "u-0")}
 
 
-def test_registry_holds_both_assignors_by_name() -> None:
-    assert set(ASSIGNORS) == {"range", "roundrobin"}
+def test_registry_holds_the_four_builtins_by_name() -> None:
+    assert list(ASSIGNORS) == ["range", "roundrobin", "sticky", "uniform"]
     assert all(name == assignor.name for name, assignor in ASSIGNORS.items())
 
 
@@ -106,10 +114,10 @@ def test_roundrobin_deals_across_topics_not_per_topic() -> None:
     assert result == {"a": tps("t-0"), "b": tps("u-0")}
 
 
-# -- both -------------------------------------------------------------------------------------
+# -- every built-in assignor ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@EVERY
 def test_members_without_an_existing_subscribed_topic_get_nothing(assignor) -> None:
     result = assignor.assign(
         spec({"a": {"t"}, "b": {"missing"}, "c": {"u"}}, {"t": 2, "u": 0, "other": 3})
@@ -117,18 +125,18 @@ def test_members_without_an_existing_subscribed_topic_get_nothing(assignor) -> N
     assert result == {"a": tps("t-0", "t-1"), "b": [], "c": []}
 
 
-@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@EVERY
 def test_unsubscribed_topics_are_not_assigned(assignor) -> None:
     result = assignor.assign(spec({"a": {"t"}}, {"t": 1, "u": 5}))
     assert result == {"a": tps("t-0")}
 
 
-@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@EVERY
 def test_no_members_no_assignment(assignor) -> None:
     assert assignor.assign(spec({}, {"t": 3})) == {}
 
 
-@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@EVERY
 def test_result_is_independent_of_dict_insertion_order(assignor) -> None:
     members = {"b": {"t", "u"}, "a": {"u"}, "c": {"t", "v"}, "d": {"v", "u"}}
     partitions = {"v": 2, "t": 5, "u": 3}
@@ -150,12 +158,12 @@ def test_choose_takes_the_first_members_order_among_common_names() -> None:
 
 
 def test_choose_skips_names_not_common_to_every_member() -> None:
-    prefs = [("sticky", "roundrobin", "range"), ("range", "sticky")]
-    assert choose_assignor(prefs, ASSIGNORS) == "range"
+    prefs = [("roundrobin", "sticky", "range"), ("range", "sticky")]
+    assert choose_assignor(prefs, ASSIGNORS) == "sticky"
 
 
 def test_choose_skips_names_the_broker_does_not_have() -> None:
-    prefs = [("sticky", "range"), ("sticky", "range")]
+    prefs = [("cooperative-sticky", "range"), ("cooperative-sticky", "range")]
     assert choose_assignor(prefs, ASSIGNORS) == "range"
 
 
@@ -165,7 +173,7 @@ def test_choose_skips_names_the_broker_does_not_have() -> None:
         [],
         [()],
         [("range",), ("roundrobin",)],
-        [("sticky",), ("sticky",)],
+        [("cooperative-sticky",), ("cooperative-sticky",)],
         [("range", "roundrobin"), ()],
     ],
 )
@@ -187,11 +195,12 @@ subscriptions = st.frozensets(st.sampled_from([*TOPICS, "absent"]), min_size=1, 
 @st.composite
 def group_specs(draw, *, identical: bool = False) -> GroupSpec:
     ids = draw(st.lists(member_ids, min_size=1, max_size=8, unique=True))
-    if identical:
-        topics = draw(subscriptions)
-        members = {m: MemberSpec(m, topics) for m in ids}
-    else:
-        members = {m: MemberSpec(m, draw(subscriptions)) for m in ids}
+    # What members own matters only to sticky and uniform; some of it is stale.
+    owned = st.frozensets(st.builds(TP, st.sampled_from([*TOPICS, "absent"]), st.integers(0, 13)))
+    shared = draw(subscriptions)
+    members = {
+        m: MemberSpec(m, shared if identical else draw(subscriptions), draw(owned)) for m in ids
+    }
     partitions = draw(
         st.dictionaries(st.sampled_from(TOPICS), st.integers(min_value=0, max_value=12))
     )
@@ -221,14 +230,56 @@ def shuffled(s: GroupSpec, data: st.DataObject) -> GroupSpec:
     return GroupSpec(members=dict(members), partitions=dict(partitions))
 
 
-@pytest.mark.parametrize("assignor", [range_, roundrobin], ids=lambda a: a.name)
+@EVERY
 @settings(max_examples=150, deadline=None)
 @given(s=group_specs(), data=st.data())
 def test_property_complete_exclusive_deterministic(assignor, s: GroupSpec, data) -> None:
     result = assignor.assign(s)
     check_complete_and_exclusive(s, result)
+    validate_assignment(s, result)
     assert assignor.assign(s) == result
     assert assignor.assign(shuffled(s, data)) == result
+
+
+HASH_SEED_PROGRAM = """
+import json, random
+from trio_coord.core.assignors import ASSIGNORS, GroupSpec, MemberSpec
+from trio_coord.protocol.messages import TopicPartition
+
+rng = random.Random(7)
+topics = [f"topic-{i}" for i in range(6)]
+partitions = {t: rng.randint(1, 9) for t in topics}
+every = [TopicPartition(t, p) for t in topics for p in range(partitions[t])]
+for shape in ("identical", "mixed"):
+    members = {}
+    for i in range(9):
+        mine = frozenset(topics) if shape == "identical" else frozenset(rng.sample(topics, 3))
+        owned = frozenset(rng.sample(every, 6))
+        members[f"member-{i}"] = MemberSpec(f"member-{i}", mine, owned)
+    spec = GroupSpec(members, partitions)
+    for name, assignor in ASSIGNORS.items():
+        print(shape, name, json.dumps(assignor.assign(spec), sort_keys=True))
+"""
+
+
+def test_results_do_not_depend_on_the_hash_seed() -> None:
+    # Sets of strings iterate in an order that PYTHONHASHSEED decides; every coordinator
+    # must still compute the same assignment.
+    outputs = set()
+    for seed in ("0", "1", "2", "4242"):
+        done = subprocess.run(
+            [sys.executable, "-c", HASH_SEED_PROGRAM],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
+    lines = outputs.pop().splitlines()
+    assert len(lines) == 2 * len(ASSIGNORS)
+    assert all(json.loads(line.split(" ", 2)[2]) for line in lines)
 
 
 @settings(max_examples=150, deadline=None)
@@ -248,3 +299,174 @@ def test_property_roundrobin_is_balanced_with_identical_subscriptions(s: GroupSp
     result = roundrobin.assign(s)
     counts = [len(owned) for owned in result.values()]
     assert max(counts) - min(counts) <= 1, counts
+
+
+# -- validate_assignment ----------------------------------------------------------------------
+
+VALID = spec({"a": {"t", "u"}, "b": {"t"}}, {"t": 2, "u": 1, "unused": 4})
+
+
+def test_validate_accepts_a_valid_assignment_and_a_member_left_out() -> None:
+    validate_assignment(VALID, {"a": tps("u-0"), "b": tps("t-0", "t-1")})
+    validate_assignment(VALID, {"a": tps("t-0", "t-1", "u-0")})  # b owns nothing
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ({"a": tps("u-0"), "b": tps("t-0")}, r"assigned to no member: t-1$"),
+        ({"a": tps("t-1", "u-0"), "b": tps("t-0", "t-1")}, r"assigned more than once: t-1$"),
+        ({"a": tps("u-0", "u-0"), "b": tps("t-0", "t-1")}, r"assigned more than once: u-0$"),
+        (
+            {"a": tps("u-0"), "b": tps("t-0", "t-1"), "z": [], "y": []},
+            r"unknown member\(s\) 'y', 'z'$",
+        ),
+        (
+            {"a": tps("t-0"), "b": tps("t-1", "u-0")},
+            r"'b' got u-0 but does not subscribe to 'u'$",
+        ),
+        (
+            {"a": tps("u-0", "t-2"), "b": tps("t-0", "t-1")},
+            r"'a' got t-2: no such partition \('t' has 2\)$",
+        ),
+        (
+            {"a": tps("u-0", "x-0"), "b": tps("t-0", "t-1")},
+            r"'a' got x-0: no such partition \('x' has 0\)$",
+        ),
+        (
+            {"a": [("u", 0)], "b": tps("t-0", "t-1")},
+            r"'a' got \('u', 0\), not a TopicPartition; assigned to no member: u-0$",
+        ),
+        (
+            {"a": None, "b": tps("t-0", "t-1")},
+            r"'a' got None, not a list of TopicPartitions; assigned to no member: u-0$",
+        ),
+        (
+            {"a": [TP("u", "0")], "b": tps("t-0", "t-1")},  # type: ignore[arg-type]
+            r"'a' got TopicPartition\(topic='u', partition='0'\), not a TopicPartition; .*",
+        ),
+    ],
+    ids=[
+        "incomplete",
+        "twice",
+        "twice-to-one",
+        "unknown-members",
+        "unsubscribed",
+        "no-such-partition",
+        "no-such-topic",
+        "not-a-topicpartition",
+        "not-a-list",
+        "partition-not-an-int",
+    ],
+)
+def test_validate_says_what_is_wrong(assignment, message) -> None:
+    with pytest.raises(ValueError, match=r"^invalid assignment: .*" + message):
+        validate_assignment(VALID, assignment)
+
+
+def test_validate_refuses_what_is_not_a_mapping() -> None:
+    with pytest.raises(ValueError, match=r"^invalid assignment: list, not a mapping$"):
+        validate_assignment(VALID, [("a", tps("t-0"))])  # type: ignore[arg-type]
+
+
+def test_validate_reports_every_kind_of_problem_and_shortens_long_lists() -> None:
+    s = spec({"a": {"t"}}, {"t": 9, "u": 1})
+    with pytest.raises(ValueError) as raised:
+        validate_assignment(s, {"a": tps("t-0", "t-0", "u-0"), "ghost": []})
+    assert str(raised.value) == (
+        "invalid assignment: unknown member(s) 'ghost'; "
+        "'a' got u-0 but does not subscribe to 'u'; "
+        "assigned more than once: t-0; "
+        "assigned to no member: t-1, t-2, t-3, t-4, t-5 and 3 more"
+    )
+
+
+@EVERY
+@settings(max_examples=50, deadline=None)
+@given(s=group_specs(), data=st.data())
+def test_property_validate_rejects_a_dropped_or_doubled_partition(assignor, s, data) -> None:
+    result = assignor.assign(s)
+    validate_assignment(s, result)
+    holders = [m for m, owned in result.items() if owned]
+    if not holders:
+        return
+    member_id = data.draw(st.sampled_from(holders))
+    victim = data.draw(st.sampled_from(result[member_id]))
+    dropped = {m: [tp for tp in owned if tp != victim] for m, owned in result.items()}
+    with pytest.raises(ValueError, match=f"assigned to no member: {victim}"):
+        validate_assignment(s, dropped)
+    doubled = {m: [*owned, victim] for m, owned in result.items()}
+    with pytest.raises(ValueError, match="assigned more than once"):
+        validate_assignment(s, doubled)
+
+
+# -- make_registry ----------------------------------------------------------------------------
+
+
+class Reversed:
+    """A custom assignor: range, with the members in reverse order."""
+
+    def __init__(self, name: str = "reverse-range") -> None:
+        self.name = name
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        ranged = RangeAssignor().assign(spec)
+        ids = list(ranged)
+        return {m: ranged[r] for m, r in zip(ids, reversed(ids), strict=True)}
+
+
+def test_registry_adds_custom_assignors_to_the_builtins_without_touching_them() -> None:
+    custom = Reversed()
+    registry = make_registry([custom])
+    assert list(registry) == ["range", "roundrobin", "sticky", "uniform", "reverse-range"]
+    assert registry["reverse-range"] is custom
+    assert list(ASSIGNORS) == ["range", "roundrobin", "sticky", "uniform"]
+    assert make_registry() == ASSIGNORS and make_registry() is not ASSIGNORS
+    prefs = [("reverse-range", "range"), ("reverse-range",)]
+    assert choose_assignor(prefs, registry) == "reverse-range"
+    s = spec({"a": {"t"}, "b": {"t"}}, {"t": 3})
+    validate_assignment(s, registry["reverse-range"].assign(s))
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "is not 1 to 255 letters"),
+        ("two words", "is not 1 to 255 letters"),
+        (" range", "is not 1 to 255 letters"),
+        ("x" * 256, "is not 1 to 255 letters"),
+        ("naïve", "is not 1 to 255 letters"),
+        (None, "has no name"),
+        (3, "has no name"),
+    ],
+)
+def test_registry_refuses_bad_names(name, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_registry([Reversed(name)])  # type: ignore[arg-type]
+
+
+def test_registry_accepts_the_longest_name_and_the_punctuation() -> None:
+    assert "a" * 255 in make_registry([Reversed("a" * 255)])
+    assert "My_Assignor.v2-beta" in make_registry([Reversed("My_Assignor.v2-beta")])
+
+
+def test_registry_refuses_two_assignors_with_one_name() -> None:
+    with pytest.raises(ValueError, match="two assignors are named 'mine'"):
+        make_registry([Reversed("mine"), Reversed("mine")])
+
+
+def test_registry_refuses_to_shadow_a_builtin_unless_told_to() -> None:
+    with pytest.raises(ValueError, match=r"'range' is a built-in.*replace_builtins=True"):
+        make_registry([Reversed("range")])
+    replacement = Reversed("range")
+    registry = make_registry([replacement], replace_builtins=True)
+    assert registry["range"] is replacement
+    assert ASSIGNORS["range"] is not replacement
+
+
+def test_registry_refuses_an_object_without_assign() -> None:
+    class NoAssign:
+        name = "lazy"
+
+    with pytest.raises(ValueError, match="'lazy' has no assign"):
+        make_registry([NoAssign()])  # type: ignore[list-item]

@@ -259,7 +259,7 @@ def test_no_common_assignor_is_refused() -> None:
 
 def test_an_assignor_the_broker_lacks_is_refused_even_alone() -> None:
     with pytest.raises(InconsistentAssignorError):
-        validate(Group("g", now=0.0), assignors=["sticky"])
+        validate(Group("g", now=0.0), assignors=["cooperative-sticky"])
     with pytest.raises(InconsistentAssignorError):
         validate(Group("g", now=0.0), assignors=[])
 

@@ -1,38 +1,76 @@
 """Partition assignors: pure functions from a group's subscriptions to an assignment.
 
-An assignor sees the members (each with the topics it subscribes to) and the
-partition count of every subscribed topic, and returns which partitions each
-member owns. It is deterministic (the same input gives the same output,
-whatever the order of the input's dicts) and complete (every partition of a
-topic that some member subscribes to goes to exactly one subscriber). The
+An assignor sees the members (each with the topics it subscribes to and the
+partitions it owned in the previous generation) and the partition count of
+every topic, and returns which partitions each member owns. Every built-in
+assignor is deterministic (the same input gives the same output, whatever the
+order of the input's dicts and sets), complete and exclusive (every partition
+of a topic that some member subscribes to goes to exactly one subscriber). The
 group's coordinator picks the first assignor in the members' common
-preference list that it has registered (:func:`choose_assignor`).
+preference list that it has registered (:func:`choose_assignor`); a broker's
+registry is :data:`ASSIGNORS` plus any assignors of its own
+(:func:`make_registry`), and :func:`validate_assignment` checks what a
+plugged-in assignor returns.
 
 ``range`` (per topic, consecutive blocks, as Kafka's RangeAssignor): with
 topic ``t`` of 5 partitions and members ``a``, ``b``: ``a`` gets t-0, t-1,
 t-2 and ``b`` gets t-3, t-4. ``roundrobin`` (all partitions of all topics,
 dealt one at a time to the next member that subscribes): with topics ``t``
 (3 partitions) and ``u`` (2) and members ``a``, ``b``: ``a`` gets t-0, t-2,
-u-1 and ``b`` gets t-1, u-0.
+u-1 and ``b`` gets t-1, u-0. Neither looks at what members owned.
+
+``sticky`` and ``uniform`` are balanced first, then sticky. *Balanced*: no
+member could take a partition of a topic it subscribes to from a member that
+has at least two more partitions than it (with identical subscriptions: the
+members' counts differ by at most one). *Sticky*: a member's ``owned``
+partitions count if it still subscribes to the topic and the partition
+exists; a partition claimed by several members counts for the first of them
+in member-id order. With identical subscriptions the result keeps the largest
+number of owned (member, partition) pairs of any balanced assignment: when a
+member joins a balanced group only the partitions it gets move, taken from
+the members with the most; when one leaves only its partitions move. With
+mixed subscriptions it is sticky locally: no partition can go back to a member
+that owned it, alone or in exchange for one of the new holder's that member
+holds, without unbalancing the assignment. An assignment fed back as
+``owned`` comes back unchanged.
+
+``uniform`` (meant as the server-side default for cooperative groups)
+promises all of that and in addition evens out each topic over its
+subscribers as far as balance and stickiness allow: no hand-over of one
+partition and no exchange of two between two members lowers the sum over
+members and topics of (partitions of that topic the member holds) ** 2 while
+keeping the assignment balanced and at least as many owned partitions in
+place. So with identical subscriptions and nothing owned, every topic's
+partitions differ by at most one between members; per-topic balance yields
+to overall balance and to stickiness.
+docs/assignment.md explains the choices, with worked examples.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..protocol.messages import TopicPartition
+from ._sticky import balanced_assignment
 
 __all__ = [
     "ASSIGNORS",
+    "BUILTIN_ASSIGNORS",
     "Assignment",
     "Assignor",
     "GroupSpec",
     "MemberSpec",
     "RangeAssignor",
     "RoundRobinAssignor",
+    "StickyAssignor",
+    "UniformAssignor",
     "choose_assignor",
+    "make_registry",
+    "validate_assignment",
 ]
 
 Assignment = dict[str, list[TopicPartition]]
@@ -68,12 +106,25 @@ class GroupSpec:
 
 
 class Assignor(Protocol):
-    """A named, pure assignment strategy."""
+    """A named, pure assignment strategy: what a custom assignor implements.
+
+    ``name`` is what members list in their preferences (letters, digits,
+    ``.``, ``_`` and ``-``; see :func:`make_registry`). ``assign`` must be a
+    pure function of ``spec``: no I/O, no clock, no randomness, no ``hash()``
+    of strings, and the same result whatever the order of ``spec``'s dicts
+    and sets (sort what you iterate). Every coordinator that computes the
+    group's assignment must get the same answer.
+    """
 
     name: str
 
     def assign(self, spec: GroupSpec) -> Assignment:
-        """Return every member's partitions (every member appears, maybe with none)."""
+        """Return every member's partitions (every member appears, maybe with none).
+
+        Every partition of a topic that some member subscribes to and that
+        exists (``range(spec.partitions[topic])``) goes to exactly one member
+        that subscribes to its topic; :func:`validate_assignment` checks it.
+        """
         ...
 
 
@@ -125,8 +176,136 @@ class RoundRobinAssignor:
         return result
 
 
-ASSIGNORS: dict[str, Assignor] = {a.name: a for a in (RangeAssignor(), RoundRobinAssignor())}
+class StickyAssignor:
+    """Balanced first, then keep as many owned partitions as possible (module docstring)."""
+
+    name = "sticky"
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        """See the module docstring and docs/assignment.md."""
+        return balanced_assignment(spec, spread=False)
+
+
+class UniformAssignor:
+    """``sticky``, and each topic spread over its subscribers as evenly as that allows."""
+
+    name = "uniform"
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        """See the module docstring and docs/assignment.md."""
+        return balanced_assignment(spec, spread=True)
+
+
+BUILTIN_ASSIGNORS: tuple[Assignor, ...] = (
+    RangeAssignor(),
+    RoundRobinAssignor(),
+    StickyAssignor(),
+    UniformAssignor(),
+)
+"""The assignors that ship with trio_coord."""
+
+ASSIGNORS: dict[str, Assignor] = {a.name: a for a in BUILTIN_ASSIGNORS}
 """The assignors every broker has, by name."""
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
+
+
+def make_registry(
+    extra: Iterable[Assignor] = (), *, replace_builtins: bool = False
+) -> dict[str, Assignor]:
+    """The built-in assignors plus ``extra``, by name: what a broker is given to choose from.
+
+    Raises ValueError if an extra assignor has no ``assign`` method, if its
+    name is not a string of 1 to 255 letters, digits, ``.``, ``_`` or ``-``
+    (names travel in JoinGroup), if two extra assignors share a name, or if
+    one takes a built-in's name and ``replace_builtins`` is false. The
+    result is a new dict; :data:`ASSIGNORS` is left alone.
+    """
+    registry: dict[str, Assignor] = dict(ASSIGNORS)
+    seen: set[str] = set()
+    for assignor in extra:
+        name = getattr(assignor, "name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"assignor {assignor!r} has no name (a str attribute 'name')")
+        if not _NAME.fullmatch(name):
+            raise ValueError(
+                f"assignor name {name!r} is not 1 to 255 letters, digits, '.', '_' or '-'"
+            )
+        if not callable(getattr(assignor, "assign", None)):
+            raise ValueError(f"assignor {name!r} has no assign(spec) method")
+        if name in seen:
+            raise ValueError(f"two assignors are named {name!r}")
+        if name in ASSIGNORS and not replace_builtins:
+            raise ValueError(
+                f"assignor name {name!r} is a built-in assignor's; pick another name, "
+                f"or pass replace_builtins=True to replace the built-in"
+            )
+        seen.add(name)
+        registry[name] = assignor
+    return registry
+
+
+def _listing(items: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def validate_assignment(
+    spec: GroupSpec, assignment: Mapping[str, Iterable[TopicPartition]]
+) -> None:
+    """Raise ValueError, saying what is wrong, unless ``assignment`` is valid for ``spec``.
+
+    Valid: every key is a member of ``spec``; every value holds only
+    TopicPartitions that exist (``0 <= partition < spec.partitions[topic]``)
+    of topics that member subscribes to; no partition is given twice (to two
+    members, or twice to one); every partition of every topic some member
+    subscribes to is given. A member missing from ``assignment`` owns
+    nothing. Balance is not checked: that is each assignor's own promise.
+    """
+    if not isinstance(assignment, Mapping):
+        raise ValueError(f"invalid assignment: {type(assignment).__name__}, not a mapping")
+    problems: list[str] = []
+    unknown = sorted(repr(m) for m in assignment if m not in spec.members)
+    if unknown:
+        problems.append(f"unknown member(s) {_listing(unknown)}")
+    seen: Counter[TopicPartition] = Counter()
+    bad: list[str] = []
+    for member_id in sorted(m for m in assignment if m in spec.members):
+        topics = spec.members[member_id].topics
+        given = assignment[member_id]
+        if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+            bad.append(f"{member_id!r} got {given!r}, not a list of TopicPartitions")
+            continue
+        for tp in given:
+            if not (
+                isinstance(tp, TopicPartition)
+                and isinstance(tp.topic, str)
+                and isinstance(tp.partition, int)
+            ):
+                bad.append(f"{member_id!r} got {tp!r}, not a TopicPartition")
+                continue
+            count = spec.partitions.get(tp.topic, 0)
+            if not 0 <= tp.partition < count:
+                bad.append(f"{member_id!r} got {tp}: no such partition ({tp.topic!r} has {count})")
+            elif tp.topic not in topics:
+                bad.append(f"{member_id!r} got {tp} but does not subscribe to {tp.topic!r}")
+            seen[tp] += 1
+    problems.extend(bad[:5])
+    if len(bad) > 5:
+        problems.append(f"{len(bad) - 5} more such partition(s)")
+    twice = sorted(tp for tp, n in seen.items() if n > 1)
+    if twice:
+        problems.append(f"assigned more than once: {_listing([str(tp) for tp in twice])}")
+    missing = [
+        TopicPartition(topic, p)
+        for topic in spec.topics()
+        for p in range(spec.partitions[topic])
+        if TopicPartition(topic, p) not in seen
+    ]
+    if missing:
+        problems.append(f"assigned to no member: {_listing([str(tp) for tp in missing])}")
+    if problems:
+        raise ValueError("invalid assignment: " + "; ".join(problems))
 
 
 def choose_assignor(
