@@ -8,7 +8,8 @@ run's temporary directory) once per flush mode: ``fsync`` is
 and ``interval`` is ``flush_interval = --flush-interval`` (acknowledged once
 written; fsynced in the background). For each value size S and each of R
 repetitions it measures, back to back and in alternating order so that the
-machine's noise hits both:
+machine's noise hits both (each after an ``os.sync()``, untimed, so that
+neither pays for the writeback of the other's dirty pages):
 
 * the system: a producer (``open_producer``, default options) enqueues N
   records of S bytes (no key, no headers) to a fresh topic of P partitions
@@ -398,6 +399,12 @@ def _plain(path: Path, value: bytes, params: Params, mode: str, samples: _Sample
                 each.unlink(missing_ok=True)
 
 
+def _settle() -> None:
+    """Write back every dirty page of the machine (untimed), so that no run pays for the last."""
+    if hasattr(os, "sync"):
+        os.sync()
+
+
 async def _measure_mode(
     mode: str, params: Params, workdir: Path, progress: Progress, profiles: _Profiles
 ) -> dict[int, _Samples]:
@@ -428,6 +435,9 @@ async def _measure_mode(
                 topic = f"bench-{mode}-{size}-{rep}"
                 path = workdir / f"baseline-{mode}-{size}-{rep}.dat"
                 for turn in (0, 1) if rep % 2 == 0 else (1, 0):  # alternate who goes first
+                    # Start from a clean slate: no dirty pages of the last run (the broker's,
+                    # in the interval mode) being written back under this one.
+                    _settle()
                     if turn == 0:
                         progress.step(f"{label}: plain file I/O")
                         _plain(path, value, params, mode, samples)

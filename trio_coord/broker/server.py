@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from .._aio import unwrap_lone_exception
+from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord
 from ..log import LogConfig, LogManager, open_log_manager
@@ -59,9 +60,12 @@ class BrokerConfig:
     often positions carried by heartbeats (auto-commit) are made durable;
     ``max_in_flight`` bounds concurrent requests per connection and so,
     with ``max_frame_size``, its memory. ``max_batch_bytes`` is the largest
-    record batch a producer may send and ``max_fetch_bytes`` the most one
+    record batch a producer may send (default: 512 KiB, or half of
+    ``max_frame_size`` if that is less) and ``max_fetch_bytes`` the most one
     fetch answer carries (both within ``max_frame_size``); ``log`` holds the
-    partition log's settings (segments, flush policy, retention).
+    partition log's settings (segments, flush policy, retention);
+    ``assignors`` adds assignors (see ``docs/assignment.md``) that members
+    may name in their preference lists.
     """
 
     host: str = "127.0.0.1"
@@ -79,6 +83,8 @@ class BrokerConfig:
     max_fetch_bytes: int = 16 * 1024 * 1024
     shutdown_grace: float = 5.0
     log: LogConfig = field(default_factory=LogConfig)
+    assignors: tuple[Assignor, ...] = ()
+    """Assignors of the application's own, registered by name beside the built-in ones."""
     on_event: EventCallback | None = field(default=None, repr=False)
     """Observer of group events (joined, removed, stable, ...), for tools and tests."""
 
@@ -114,6 +120,7 @@ class BrokerConfig:
                 f"of max_frame_size ({self.max_frame_size}), so that a batch fits in any frame"
             )
         self.log.validate()
+        make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
         for name in ("group_retention", "position_flush_interval", "shutdown_grace"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -158,6 +165,7 @@ class Broker:
                 position_flush_interval=config.position_flush_interval,
             ),
             log_offsets=self.partitions.log_offsets,
+            assignors=make_registry(config.assignors),
             on_event=config.on_event,
         )
         self.address: tuple[str, int] = (config.host, config.port)

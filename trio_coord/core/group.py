@@ -42,7 +42,7 @@ from ..protocol.messages import (
     PartitionOffset,
     TopicPartition,
 )
-from .assignors import Assignor, GroupSpec, MemberSpec, choose_assignor
+from .assignors import Assignor, GroupSpec, MemberSpec, choose_assignor, validate_assignment
 from .records import (
     GroupRecord,
     GroupTombstone,
@@ -404,6 +404,10 @@ class Group:
             partitions={t: n for t, n in partitions.items() if n > 0},
         )
         assignment = available[name].assign(spec)
+        try:
+            validate_assignment(spec, assignment)
+        except ValueError as exc:
+            raise ValueError(f"assignor {name!r} returned a bad assignment: {exc}") from None
         record = GroupRecord(
             self.group_id,
             self.generation + 1,
