@@ -7,6 +7,7 @@ directory layout, its lock, and configuration checks.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from trio_coord.log import (
     open_log_manager,
 )
 from trio_coord.log.manager import LOCK_FILE
+from trio_coord.log.segment import Segment
 
 from .util import append_all, frame_size, log_files, payload, read_all
 
@@ -300,3 +302,49 @@ async def test_bad_settings_are_named(tmp_path: Path, setting: str, value: float
         async with open_log_manager(tmp_path, config):
             pass  # pragma: no cover
     LogConfig().validate()
+
+
+async def test_a_create_in_flight_when_the_manager_closes_is_closed_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+    created: list[PartitionLog] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async with open_log_manager(tmp_path, NO_RETENTION) as manager:
+                real = manager._make_partition
+
+                def slow(directory: Path) -> list[Segment]:
+                    entered.set()
+                    assert gate.wait(10)
+                    return real(directory)
+
+                monkeypatch.setattr(manager, "_make_partition", slow)
+
+                async def create() -> None:
+                    created.append(await manager.create("t", 0))
+
+                nursery.start_soon(create)
+                while not entered.is_set():
+                    await trio.sleep(0.001)
+
+                async def open_gate_soon() -> None:
+                    await trio.sleep(0.05)
+                    gate.set()
+
+                nursery.start_soon(open_gate_soon)
+            # The manager's exit waited for the create, then closed its log as well.
+    (log,) = created
+    with pytest.raises(LogError, match="closed"):
+        await log.append(b"x", 1, 0)
+    async with open_log_manager(tmp_path, NO_RETENTION) as manager:
+        assert manager.partitions() == [("t", 0)]
+
+
+async def test_a_root_that_is_not_a_directory_is_a_log_error(tmp_path: Path) -> None:
+    root = tmp_path / "file"
+    root.write_text("not a directory")
+    with pytest.raises(LogError, match="cannot open the partition logs in"):
+        async with open_log_manager(root, NO_RETENTION):
+            pass  # pragma: no cover

@@ -134,7 +134,9 @@ class LogManager:
         Idempotent: an existing log is returned as it is. Raises
         :class:`~trio_coord.InvalidTopicError` for an illegal topic name,
         ValueError for a negative partition, and :class:`LogError` if the
-        manager is closed.
+        manager is closed or the directory cannot be made. Once its worker
+        thread has run, the partition is registered even if the call is
+        cancelled.
         """
         validate_topic_name(topic)
         if partition < 0:
@@ -147,9 +149,14 @@ class LogManager:
             if self._closed or self._nursery is None:
                 raise LogError(f"the log manager of {self.root} is closed")
             directory = self.root / topic / str(partition)
-            segments = await trio.to_thread.run_sync(
-                self._make_partition, directory, limiter=self._limiter
-            )
+            try:
+                segments = await trio.to_thread.run_sync(
+                    self._make_partition, directory, limiter=self._limiter
+                )
+            except OSError as exc:
+                raise LogError(
+                    f"cannot create partition {topic}-{partition} in {directory}: {exc}"
+                ) from exc
             # From here on no checkpoint: even if cancelled, the log is registered.
             return self._register(topic, partition, directory, segments)
 
@@ -199,13 +206,19 @@ class LogManager:
 
     async def _open(self) -> None:
         """Lock the root and recover every partition under it, in parallel worker threads."""
-        found = await trio.to_thread.run_sync(self._lock_and_scan, limiter=self._limiter)
+        try:
+            found = await trio.to_thread.run_sync(self._lock_and_scan, limiter=self._limiter)
+        except OSError as exc:
+            raise LogError(f"cannot open the partition logs in {self.root}: {exc}") from exc
         recovered: dict[_Key, tuple[Path, list[Segment]]] = {}
 
         async def recover(topic: str, partition: int, directory: Path) -> None:
-            segments = await trio.to_thread.run_sync(
-                recover_segments, directory, self.config, limiter=self._limiter
-            )
+            try:
+                segments = await trio.to_thread.run_sync(
+                    recover_segments, directory, self.config, limiter=self._limiter
+                )
+            except OSError as exc:
+                raise LogError(f"cannot recover partition {topic}-{partition}: {exc}") from exc
             recovered[(topic, partition)] = (directory, segments)
 
         try:
@@ -244,7 +257,8 @@ class LogManager:
 
     async def _close(self) -> None:
         """Flush and close every partition (in parallel); refuse new ones."""
-        self._closed = True
+        async with self._create_lock:  # a create in flight registers its log first
+            self._closed = True
         async with trio.open_nursery() as nursery:
             for log in self._logs.values():
                 nursery.start_soon(log._close)

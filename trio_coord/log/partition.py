@@ -265,7 +265,9 @@ class PartitionLog:
         self._check_readable()
         start, end = self.start_offset, self._visible
         if not start <= offset <= end:
-            raise LogOffsetOutOfRangeError(offset, start, end, self._where)
+            raise LogOffsetOutOfRangeError(
+                offset, start, end, f"partition {self.topic}-{self.partition}"
+            )
         out: list[StoredBatch] = []
         if offset == end:
             return out

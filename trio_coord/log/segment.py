@@ -568,4 +568,6 @@ def check_batch(payload: bytes, count: int, max_timestamp: int) -> None:
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"a batch payload may hold at most {MAX_PAYLOAD} bytes")
     if not NO_TIMESTAMP < max_timestamp <= _MAX_TIMESTAMP:
-        raise ValueError(f"max_timestamp {max_timestamp} does not fit a signed 64-bit integer")
+        raise ValueError(
+            f"max_timestamp {max_timestamp} must be above -2**63 and fit a signed 64-bit integer"
+        )
