@@ -60,6 +60,7 @@ import os
 from bisect import bisect_right
 from itertools import pairwise
 from pathlib import Path
+from typing import NoReturn
 
 import trio
 
@@ -394,10 +395,12 @@ class PartitionLog:
     async def _sync_to(self, target: int) -> None:
         """Make everything below ``target`` durable; one fsync covers all written so far."""
         async with self._io_lock:
-            if self._synced >= target or self._files_closed:
+            if self._synced >= target:
                 return
             if self._failure is not None:
                 raise self._failed_error()
+            if self._files_closed:  # pragma: no cover - closing syncs first, or has failed
+                raise LogError(f"{self._where} is closed")
             # Every segment but the active one was fsynced by its roll.
             target = self._written
             segment = self._segments[-1]
@@ -450,7 +453,7 @@ class PartitionLog:
             raise
         return new
 
-    def _undo_write(self, segment: Segment, exc: OSError) -> None:
+    def _undo_write(self, segment: Segment, exc: OSError) -> NoReturn:
         """After a failed write: cut what it may have left, then raise LogError."""
         try:
             segment.truncate_to_size()
