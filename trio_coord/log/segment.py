@@ -1,0 +1,573 @@
+"""One segment of a partition log: a ``.log`` file of framed batches and its sparse ``.index``.
+
+Its one job is the file format and the I/O on one segment: :class:`Segment`
+appends a batch (one ``pwritev`` to the page cache), finds and reads
+batches by offset or by timestamp through an in-memory copy of the sparse
+index, and recovers itself at start-up: the last segment of a partition is
+scanned in full and a torn or corrupt tail cut off; an earlier segment is
+trusted, its index loaded from disk (and rebuilt if missing or broken).
+
+The ``.log`` file is a sequence of frames, each a fixed header and the
+payload::
+
+    format     u8    1
+    base       i64   offset of the batch's first record
+    count      i32   records in the batch (>= 1)
+    max_ts     i64   largest record timestamp, ms
+    length     i32   payload bytes
+    crc        u32   CRC32 of the 25 header bytes above and the payload
+    payload    length bytes, opaque to the log
+
+all big-endian. The ``.index`` file holds one 16-byte entry per
+``index_interval_bytes`` of log (and always one for the first batch):
+``(relative offset u32, file position u32, ts_before i64)``, where
+``ts_before`` is the largest timestamp of the segment's batches before that
+position (so that a search by time can binary-search it too), followed by a
+CRC32 of the entries. A segment's index file is written whole, and fsynced,
+when the segment stops being the active one (and when the log closes);
+the active segment's index lives in memory and is rebuilt from the scan
+after a restart.
+
+The methods named for the worker thread (``create``, ``recover``, ``load``,
+``sync``, ``write_index``, ``close``, ``delete``) block on the disk; the
+rest only copy to or from the page cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import zlib
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Final
+
+from .base import LogError, StoredBatch
+
+__all__ = [
+    "FORMAT",
+    "HEADER",
+    "INDEX_ENTRY",
+    "MAX_COUNT",
+    "MAX_PAYLOAD",
+    "MAX_RELATIVE_OFFSET",
+    "NO_TIMESTAMP",
+    "Segment",
+    "check_batch",
+    "fsync_dir",
+    "parse_segment_name",
+    "segment_name",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT: Final = 1
+"""The frame format byte this code writes (and the only one it reads)."""
+
+_PREFIX: Final = struct.Struct(">Bqiqi")  # the header up to the CRC
+_CRC: Final = struct.Struct(">I")
+HEADER: Final = struct.Struct(">BqiqiI")
+"""The frame header: format, base offset, count, max timestamp, payload length, CRC32."""
+
+INDEX_ENTRY: Final = struct.Struct(">IIq")
+"""One sparse index entry: relative offset, file position, largest timestamp before it."""
+
+NO_TIMESTAMP: Final = -(2**63)
+"""The ``max_timestamp`` of an empty segment, and ``ts_before`` of its first batch."""
+
+MAX_COUNT: Final = 2**31 - 1
+MAX_PAYLOAD: Final = 2**31 - 1
+MAX_RELATIVE_OFFSET: Final = 2**32 - 1
+"""A batch whose base is further than this from its segment's base goes to a new segment."""
+
+_MAX_TIMESTAMP: Final = 2**63 - 1
+_DIGITS: Final = 20
+_NAME: Final = re.compile(r"([0-9]{20})(\.log|\.index)")
+_SCAN_READAHEAD: Final = 1 << 20
+_MIN_READAHEAD: Final = 64 << 10
+_MAX_READAHEAD: Final = 4 << 20
+
+
+def segment_name(base_offset: int) -> str:
+    """The file name stem of the segment starting at ``base_offset`` (20 digits)."""
+    return f"{base_offset:0{_DIGITS}d}"
+
+
+def parse_segment_name(filename: str, suffix: str = ".log") -> int | None:
+    """The base offset in a segment file name ending in ``suffix``, or None if it is none."""
+    match = _NAME.fullmatch(filename)
+    return int(match.group(1)) if match and match.group(2) == suffix else None
+
+
+def fsync_dir(path: Path) -> None:
+    """Make file creations, renames and deletions in ``path`` durable (worker thread)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fdatasync(fd: int) -> None:
+    # fdatasync also flushes a changed file size, which is all an append needs.
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover - macOS
+        os.fsync(fd)
+
+
+def _pread_full(fd: int, size: int, pos: int) -> bytes:
+    """Read ``size`` bytes at ``pos``, fewer only at the end of the file."""
+    data = os.pread(fd, size, pos)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, pos + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _pwrite_all(fd: int, parts: Sequence[bytes], pos: int) -> None:
+    """Write every byte of ``parts`` at ``pos`` (one ``pwritev`` unless it comes up short)."""
+    views = [memoryview(part).cast("B") for part in parts if len(part)]
+    while views:
+        written = os.pwritev(fd, views, pos)
+        if written <= 0:
+            raise OSError(f"pwritev wrote {written} bytes")
+        pos += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Replace the contents of ``path`` with ``data`` and fsync it (worker thread)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, [data], 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Cursor:
+    """Reads a segment file front to back in chunks, so that each frame is not two syscalls."""
+
+    __slots__ = ("_buf", "_fd", "_limit", "_readahead", "_start")
+
+    def __init__(self, fd: int, limit: int, readahead: int) -> None:
+        self._fd = fd
+        self._limit = limit
+        self._readahead = readahead
+        self._buf = b""
+        self._start = 0
+
+    def get(self, pos: int, size: int) -> memoryview | None:
+        """``size`` bytes at ``pos``, or None if the file (up to its limit) holds fewer."""
+        if pos + size > self._limit:
+            return None
+        off = pos - self._start
+        if off < 0 or off + size > len(self._buf):
+            want = max(size, min(self._readahead, self._limit - pos))
+            self._buf = _pread_full(self._fd, want, pos)
+            self._start, off = pos, 0
+            if len(self._buf) < size:
+                return None
+        return memoryview(self._buf)[off : off + size]
+
+
+_Frame = tuple[int, int, int, int, int]  # position, base offset, count, max timestamp, length
+
+
+def _valid_frames(cursor: _Cursor, pos: int, expected_base: int) -> Iterator[_Frame]:
+    """The leading run of intact frames from ``pos``, each starting where the last one ended.
+
+    A frame is intact if its header is complete and well formed, its
+    payload fits in the file, its base offset follows the previous frame's
+    records (the first one's is ``expected_base``) and its CRC matches. The
+    run ends at the first frame that is not: a torn or corrupt tail.
+    """
+    size = HEADER.size
+    while True:
+        header = cursor.get(pos, size)
+        if header is None:
+            return
+        fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
+        if fmt != FORMAT or base != expected_base or count < 1 or length < 0:
+            return
+        payload = cursor.get(pos + size, length)
+        if payload is None:
+            return
+        if zlib.crc32(payload, zlib.crc32(header[: _PREFIX.size])) != crc:
+            return
+        yield pos, base, count, max_ts, length
+        pos += size + length
+        expected_base = base + count
+
+
+class Segment:
+    """One segment: its files, its extent (size, offsets, newest timestamp) and its sparse index.
+
+    Created by :meth:`create` (an empty new segment), :meth:`recover` (the
+    last segment of a partition, scanned in full) or :meth:`load` (an
+    earlier one, trusted). Not thread-safe: the owning partition log makes
+    sure that at most one worker thread touches a segment, and only while
+    the Trio thread leaves that segment alone or merely reads it.
+    """
+
+    __slots__ = (
+        "_fd",
+        "_idx_pos",
+        "_idx_rel",
+        "_idx_ts",
+        "_last_indexed",
+        "base_offset",
+        "directory",
+        "index_path",
+        "log_path",
+        "max_timestamp",
+        "next_offset",
+        "size",
+    )
+
+    def __init__(self, directory: Path, base_offset: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        stem = segment_name(base_offset)
+        self.log_path = directory / f"{stem}.log"
+        self.index_path = directory / f"{stem}.index"
+        self.size = 0
+        """Bytes of intact frames in the log file (written, not necessarily fsynced)."""
+        self.next_offset = base_offset
+        """The offset just after this segment's last batch."""
+        self.max_timestamp = NO_TIMESTAMP
+        """The largest ``max_timestamp`` of this segment's batches."""
+        self._fd = -1
+        self._idx_rel: array[int] = array("I")
+        self._idx_pos: array[int] = array("I")
+        self._idx_ts: array[int] = array("q")
+        self._last_indexed = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<Segment {self.log_path} offsets [{self.base_offset}, {self.next_offset}) "
+            f"{self.size} bytes>"
+        )
+
+    @property
+    def index_entries(self) -> int:
+        """How many sparse index entries this segment has (in memory)."""
+        return len(self._idx_pos)
+
+    # -- life cycle (worker thread) ---------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int) -> Segment:
+        """Create an empty segment's log file (replacing any leftover) and open it for appends.
+
+        The caller fsyncs the directory, so that the new file survives a power loss.
+        """
+        segment = cls(directory, base_offset)
+        segment._fd = os.open(segment.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        segment.index_path.unlink(missing_ok=True)
+        return segment
+
+    @classmethod
+    def recover(cls, directory: Path, base_offset: int, index_interval: int) -> Segment:
+        """Open the last segment of a partition for appends after validating all of it.
+
+        Every frame is checked (format, length, CRC, contiguous offsets). A
+        torn or corrupt tail is cut off: its bytes are kept beside the log as
+        ``<name>.log.cut-<position>`` for a post-mortem, then the log is
+        truncated, with a warning. The index is rebuilt from the scan. The
+        file is fsynced before returning, since its batches become visible
+        to readers.
+        """
+        segment = cls(directory, base_offset)
+        fd = os.open(segment.log_path, os.O_RDWR)
+        segment._fd = fd
+        try:
+            file_size = os.fstat(fd).st_size
+            end = segment._scan(_Cursor(fd, file_size, _SCAN_READAHEAD), 0, index_interval)
+            if end < file_size:
+                kept = segment.log_path.with_name(f"{segment.log_path.name}.cut-{end}")
+                _write_file(kept, _pread_full(fd, file_size - end, end))
+                logger.warning(
+                    "%s: cut a torn or corrupt tail of %d bytes at position %d; %d bytes "
+                    "of intact batches kept, offsets [%d, %d) (the cut bytes are in %s)",
+                    segment.log_path,
+                    file_size - end,
+                    end,
+                    end,
+                    base_offset,
+                    segment.next_offset,
+                    kept,
+                )
+                os.ftruncate(fd, end)
+            _fdatasync(fd)
+        except BaseException:
+            segment.close()
+            raise
+        return segment
+
+    @classmethod
+    def load(cls, directory: Path, base_offset: int, index_interval: int) -> Segment:
+        """Load an earlier (not the last) segment of a partition, trusting its contents.
+
+        Its index file is read and checked (CRC and ordering); the frames
+        after the last index entry are validated to find where the segment
+        ends. A missing or broken index is rebuilt by a full scan and
+        written back. Raises :class:`LogError` if the log itself is corrupt:
+        a segment that was followed by another one was fsynced in full
+        before that one was created, so damage there is no torn write.
+        The log file is not kept open (reads open it when they need it).
+        """
+        segment = cls(directory, base_offset)
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            file_size = os.fstat(fd).st_size
+            cursor = _Cursor(fd, file_size, _SCAN_READAHEAD)
+            if segment._load_index(file_size):
+                # The frames after the last entry tell where this segment ends.
+                i = len(segment._idx_pos) - 1
+                if i < 0:
+                    end = 0
+                else:
+                    segment.next_offset = base_offset + segment._idx_rel[i]
+                    segment.max_timestamp = segment._idx_ts[i]
+                    end = segment._scan(cursor, segment._idx_pos[i], index_interval)
+                if end == file_size:
+                    return segment
+                logger.warning(
+                    "%s does not match %s; rebuilding it", segment.index_path, segment.log_path
+                )
+            elif segment.index_path.exists():
+                logger.warning("%s is broken; rebuilding it", segment.index_path)
+            else:
+                logger.warning("%s is missing; rebuilding it", segment.index_path)
+            segment._reset_extent()
+            end = segment._scan(cursor, 0, index_interval)
+            if end != file_size:
+                raise LogError(
+                    f"segment {segment.log_path} is corrupt at position {end} of {file_size} "
+                    f"(after offset {segment.next_offset - 1}); it is not the last segment of "
+                    "its partition, so this is not a torn write. Restore the partition "
+                    f"directory {directory} from a replica or backup, or move it away to "
+                    "start the partition afresh"
+                )
+            segment.write_index()
+            return segment
+        finally:
+            os.close(fd)
+
+    def sync(self) -> None:
+        """Make every byte written to the log durable: fdatasync (worker thread)."""
+        _fdatasync(self._fd)
+
+    def write_index(self) -> None:
+        """Write the whole sparse index to the ``.index`` file and fsync it (worker thread)."""
+        body = b"".join(
+            INDEX_ENTRY.pack(rel, pos, ts)
+            for rel, pos, ts in zip(self._idx_rel, self._idx_pos, self._idx_ts, strict=True)
+        )
+        _write_file(self.index_path, body + _CRC.pack(zlib.crc32(body)))
+
+    def close(self) -> None:
+        """Close the log file if it is open (reads reopen it)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def delete(self) -> None:
+        """Remove the segment's files, log first (it defines the segment), then close it."""
+        try:
+            self.log_path.unlink(missing_ok=True)
+            self.index_path.unlink(missing_ok=True)
+        finally:
+            self.close()
+
+    # -- scanning ------------------------------------------------------------------------
+
+    def _reset_extent(self) -> None:
+        self.size = 0
+        self.next_offset = self.base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        del self._idx_rel[:], self._idx_pos[:], self._idx_ts[:]
+        self._last_indexed = 0
+
+    def _note(
+        self, pos: int, base: int, count: int, max_ts: int, frame: int, interval: int
+    ) -> None:
+        """Account for the intact frame at ``pos``: index entry if due, extent."""
+        last = self._last_indexed
+        if not self._idx_pos or (pos > last and pos - last >= interval):
+            self._idx_rel.append(base - self.base_offset)
+            self._idx_pos.append(pos)
+            self._idx_ts.append(self.max_timestamp)
+            self._last_indexed = pos
+        self.size = pos + frame
+        self.next_offset = base + count
+        if max_ts > self.max_timestamp:
+            self.max_timestamp = max_ts
+
+    def _scan(self, cursor: _Cursor, pos: int, interval: int) -> int:
+        """Validate the frames from ``pos`` on and account for them; return where they end.
+
+        The first frame must hold offset ``self.next_offset`` (the caller
+        sets the extent up to ``pos``).
+        """
+        self.size = pos
+        for at, base, count, max_ts, length in _valid_frames(cursor, pos, self.next_offset):
+            self._note(at, base, count, max_ts, HEADER.size + length, interval)
+        return self.size
+
+    def _load_index(self, file_size: int) -> bool:
+        """Load the index file into memory if it is intact and fits the log; else False."""
+        try:
+            data = self.index_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        entry = INDEX_ENTRY.size
+        if len(data) < _CRC.size or (len(data) - _CRC.size) % entry:
+            return False
+        body = data[: -_CRC.size]
+        if zlib.crc32(body) != _CRC.unpack_from(data, len(body))[0]:
+            return False
+        rels, poss, tss = array("I"), array("I"), array("q")
+        prev: tuple[int, int, int] | None = None
+        for rel, pos, ts in INDEX_ENTRY.iter_unpack(body):
+            if prev is None:
+                if (rel, pos, ts) != (0, 0, NO_TIMESTAMP):
+                    return False
+            elif not (rel > prev[0] and pos > prev[1] and ts >= prev[2]):
+                return False
+            rels.append(rel)
+            poss.append(pos)
+            tss.append(ts)
+            prev = (rel, pos, ts)
+        if (prev is None) != (file_size == 0) or (prev is not None and prev[1] >= file_size):
+            return False
+        self._idx_rel, self._idx_pos, self._idx_ts = rels, poss, tss
+        self._last_indexed = poss[-1] if poss else 0
+        return True
+
+    # -- appending and reading (Trio thread: page cache only) ---------------------------------
+
+    def _read_fd(self) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self.log_path, os.O_RDONLY)
+        return self._fd
+
+    def append(
+        self, base_offset: int, count: int, max_timestamp: int, payload: bytes, interval: int
+    ) -> None:
+        """Write one batch at the end of the log (page cache; no fsync) and index it if due.
+
+        On an OSError nothing is accounted for: the segment's size and
+        offsets are as before, though the file may hold a partial frame past
+        ``size`` that the caller must truncate.
+        """
+        prefix = _PREFIX.pack(FORMAT, base_offset, count, max_timestamp, len(payload))
+        crc = zlib.crc32(payload, zlib.crc32(prefix))
+        pos = self.size
+        _pwrite_all(self._fd, [prefix + _CRC.pack(crc), payload], pos)
+        self._note(pos, base_offset, count, max_timestamp, HEADER.size + len(payload), interval)
+
+    def truncate_to_size(self) -> None:
+        """Cut whatever a failed append left past ``size`` (page cache; no fsync)."""
+        os.ftruncate(self._fd, self.size)
+
+    def _position_for(self, offset: int) -> int:
+        """The position of the last indexed batch starting at or below ``offset``."""
+        i = bisect_right(self._idx_rel, offset - self.base_offset) - 1
+        return self._idx_pos[i] if i >= 0 else 0
+
+    def read(
+        self, offset: int, end_offset: int, max_bytes: int, out: list[StoredBatch], used: int
+    ) -> tuple[int, bool]:
+        """Append to ``out`` the batches holding offsets ``offset`` up to ``end_offset``.
+
+        Batches are added in order while the payload bytes in ``out`` stay
+        within ``max_bytes`` (``used`` is what ``out`` holds already); the
+        first batch of ``out`` is added whatever its size. The first batch
+        may start below ``offset``. Returns the payload bytes now in ``out``
+        and whether the caller should go on with the next segment (False
+        once ``max_bytes`` or ``end_offset`` stopped the read). Raises
+        :class:`LogError` if a batch read fails its CRC.
+        """
+        if offset >= self.next_offset:
+            return used, True
+        pos = self._position_for(offset)
+        room = max_bytes - used
+        readahead = min(max(room + HEADER.size, _MIN_READAHEAD), _MAX_READAHEAD)
+        cursor = _Cursor(self._read_fd(), self.size, readahead)
+        size = HEADER.size
+        while pos < self.size:
+            header = cursor.get(pos, size)
+            if header is None:
+                raise self._corrupt(pos, "a header is cut short")
+            _fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
+            if base >= end_offset:
+                return used, False
+            if base + count > offset:
+                if out and used + length > max_bytes:
+                    return used, False
+                payload = cursor.get(pos + size, length)
+                if payload is None:
+                    raise self._corrupt(pos, "a payload is cut short")
+                if zlib.crc32(payload, zlib.crc32(header[: _PREFIX.size])) != crc:
+                    raise self._corrupt(pos, "a batch fails its CRC check")
+                out.append(StoredBatch(base, count, max_ts, bytes(payload)))
+                used += length
+            pos += size + length
+        return used, True
+
+    def find_time(self, timestamp: int, end_offset: int) -> StoredBatch | None:
+        """The first batch below ``end_offset`` whose ``max_timestamp >= timestamp``, if any."""
+        if self.max_timestamp < timestamp:
+            return None
+        # Entries whose ts_before < timestamp: every batch before them is too old.
+        i = bisect_left(self._idx_ts, timestamp) - 1
+        pos = self._idx_pos[i] if i >= 0 else 0
+        cursor = _Cursor(self._read_fd(), self.size, _MIN_READAHEAD)
+        size = HEADER.size
+        while pos < self.size:
+            header = cursor.get(pos, size)
+            if header is None:
+                raise self._corrupt(pos, "a header is cut short")
+            _fmt, base, count, max_ts, length, _crc = HEADER.unpack(header)
+            if base >= end_offset:
+                return None
+            if max_ts >= timestamp:
+                payload = cursor.get(pos + size, length)
+                if payload is None:
+                    raise self._corrupt(pos, "a payload is cut short")
+                return StoredBatch(base, count, max_ts, bytes(payload))
+            pos += size + length
+        return None
+
+    def _corrupt(self, pos: int, what: str) -> LogError:
+        return LogError(f"segment {self.log_path} is corrupt at position {pos}: {what}")
+
+
+def check_batch(payload: bytes, count: int, max_timestamp: int) -> None:
+    """Raise ValueError unless ``payload``, ``count`` and ``max_timestamp`` fit a frame."""
+    if not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"a batch must hold 1 to {MAX_COUNT} records, not {count}")
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"a batch payload may hold at most {MAX_PAYLOAD} bytes")
+    if not NO_TIMESTAMP < max_timestamp <= _MAX_TIMESTAMP:
+        raise ValueError(
+            f"max_timestamp {max_timestamp} must be above -2**63 and fit a signed 64-bit integer"
+        )
