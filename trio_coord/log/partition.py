@@ -117,8 +117,8 @@ def recover_segments(directory: Path, config: LogConfig) -> list[Segment]:
                     f"segments {before.log_path.name} and {after.log_path.name} in {directory} "
                     f"do not follow each other: the first ends at offset {before.next_offset}, "
                     f"the second starts at {after.base_offset} (a segment file is missing or "
-                    "was altered). Restore the partition directory from a replica or backup, "
-                    "or move it away to start the partition afresh"
+                    "was altered). Restore the partition directory from a backup, or move it "
+                    "away to start the partition afresh (its records are lost)"
                 )
         fsync_dir(directory)  # a truncation, a cut file or an index rewritten above
     except BaseException:

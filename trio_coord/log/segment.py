@@ -361,10 +361,10 @@ class Segment:
             if end != file_size:
                 raise LogError(
                     f"segment {segment.log_path} is corrupt at position {end} of {file_size} "
-                    f"(after offset {segment.next_offset - 1}); it is not the last segment of "
-                    "its partition, so this is not a torn write. Restore the partition "
-                    f"directory {directory} from a replica or backup, or move it away to "
-                    "start the partition afresh"
+                    f"({segment.next_offset - segment.base_offset} good record(s) before it); "
+                    "it is not the last segment of its partition, so this is not a torn "
+                    f"write. Restore the partition directory {directory} from a backup, or "
+                    "move it away to start the partition afresh (its records are lost)"
                 )
             segment.write_index()
             return segment
