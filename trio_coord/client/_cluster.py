@@ -68,6 +68,11 @@ class ClusterView:
                 raise UnknownTopicError(f"topic {name!r} does not exist")
         return info
 
+    def cached_partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has, if known without asking (the hot path)."""
+        info = self._topics.get(topic)
+        return None if info is None else info.partitions
+
     async def partition_count(self, topic: str) -> int:
         """How many partitions ``topic`` has."""
         return (await self.topic(topic)).partitions

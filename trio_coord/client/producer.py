@@ -288,7 +288,8 @@ class Producer:
     ) -> Delivery:
         """Add a record to its partition's batch and return its :class:`Delivery` at once.
 
-        Waits only while the producer's buffer (``buffer_bytes``) is full.
+        Waits only while the producer's buffer (``buffer_bytes``) is full
+        (and, like every Trio call, lets other tasks run).
         Arguments are as for :meth:`send`; errors about the record itself
         (unknown topic or partition, too large) are raised here.
         """
@@ -296,15 +297,14 @@ class Producer:
             raise RuntimeError("use the producer inside its async with block")
         key_b = _as_bytes(key, "key")
         value_b = _as_bytes(value, "value")
-        hdrs: list[Header] = [
-            (str(name), _as_bytes(v, "header value") or b"") for name, v in (headers or ())
-        ]
-        size = (
-            _RECORD_OVERHEAD
-            + len(key_b or b"")
-            + len(value_b or b"")
-            + sum(len(n) + len(v) + 4 for n, v in hdrs)
+        hdrs: list[Header] = (
+            [(str(name), _as_bytes(v, "header value") or b"") for name, v in headers]
+            if headers
+            else []
         )
+        size = _RECORD_OVERHEAD + len(key_b or b"") + len(value_b or b"")
+        if hdrs:
+            size += sum(len(n) + len(v) + 4 for n, v in hdrs)
         if size > self.max_batch_bytes:
             raise RecordTooLargeError(
                 f"a record of about {size} bytes exceeds max_batch_bytes "
@@ -338,11 +338,16 @@ class Producer:
         if not queue.sending:
             queue.sending = True
             self._nursery.start_soon(self._sender, tp, queue)
+        # Always a checkpoint (Trio's rule): a loop of enqueues must let the senders,
+        # and everything else, run, and must be cancellable.
+        await trio.lowlevel.checkpoint()
         return delivery
 
     async def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
         assert self._cluster is not None
-        count = await self._cluster.partition_count(topic)
+        count = self._cluster.cached_partition_count(topic)
+        if count is None:
+            count = await self._cluster.partition_count(topic)
         if partition is not None:
             if not 0 <= partition < count:
                 raise UnknownTopicError(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import lzma
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec
@@ -47,9 +46,9 @@ class WireRecord(msgspec.Struct, frozen=True, array_like=True):
     headers: list[Header] = []
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerRecord:
-    """A record as a consumer receives it.
+class ConsumerRecord(msgspec.Struct, frozen=True):
+    """A record as a consumer receives it (a frozen msgspec Struct: ten times
+    cheaper to build than a dataclass, which matters once per record).
 
     ``timestamp`` is in seconds since the epoch (the producer's clock when it
     was sent, unless the producer set it); ``key`` and ``value`` are bytes or
