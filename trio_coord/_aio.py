@@ -1,4 +1,4 @@
-"""One Trio helper every layer may import: unwrapping lone exceptions from nurseries.
+"""The Trio helpers every layer may import: lone exceptions out of nurseries, and enter-once CMs.
 
 Trio's nurseries wrap every exception in an ``ExceptionGroup`` (strict
 exception groups). An async context manager that runs a nursery around its
@@ -6,16 +6,43 @@ exception groups). An async context manager that runs a nursery around its
 hand its caller ``ExceptionGroup([ValueError(...)])`` for a plain
 ``ValueError`` raised in the caller's own block. :func:`unwrap_lone_exception`
 re-raises the one exception of a single-member group as itself, and leaves
-real multi-error groups alone. This module is a leaf: it imports nothing from
-trio_coord.
+real multi-error groups alone. :class:`EnterOnce` is the base of the clients
+that are their own async context manager (a consumer, a producer). This
+module is a leaf: it imports nothing from trio_coord.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any, Self
 
-__all__ = ["unwrap_lone_exception"]
+__all__ = ["EnterOnce", "unwrap_lone_exception"]
+
+
+class EnterOnce:
+    """An object that is its own async context manager, for one block only.
+
+    ``open_consumer(...)`` and ``open_producer(...)`` return such objects, so
+    that callbacks given at construction can refer to them before the block
+    starts. A subclass implements :meth:`_run_for_block` (usually an
+    ``@asynccontextmanager`` method yielding ``self``).
+    """
+
+    _lifetime: AbstractAsyncContextManager[Any] | None = None
+
+    def _run_for_block(self) -> AbstractAsyncContextManager[Self]:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        if self._lifetime is not None:
+            raise RuntimeError(f"a {type(self).__name__} can be entered only once")
+        lifetime = self._lifetime = self._run_for_block()
+        return await lifetime.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._lifetime is not None
+        return await self._lifetime.__aexit__(*exc_info)
 
 
 @contextmanager

@@ -35,13 +35,13 @@ import inspect
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 from trio_util import AsyncValue
 
-from .._aio import unwrap_lone_exception
+from .._aio import EnterOnce, unwrap_lone_exception
 from ..core.group import OFFSET_RESET_POLICIES
 from ..protocol.connection import Connection, RequestHandler, open_connection
 from ..protocol.errors import (
@@ -131,7 +131,7 @@ class _PushHandler(RequestHandler):
         return await super().handle(body)
 
 
-class Consumer:
+class Consumer(EnterOnce):
     """A member of a consumer group; create it with :func:`open_consumer`."""
 
     def __init__(
@@ -212,20 +212,9 @@ class Consumer:
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
-        self._lifetime: AbstractAsyncContextManager[Consumer] | None = None
 
     def __repr__(self) -> str:
         return f"<Consumer {self.group_id}/{self.member_id or '?'} {self.state}>"
-
-    async def __aenter__(self) -> Consumer:
-        if self._lifetime is not None:
-            raise RuntimeError("a Consumer can be entered only once")
-        self._lifetime = self._run_for_block()
-        return await self._lifetime.__aenter__()
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self._lifetime is not None
-        return await self._lifetime.__aexit__(*exc_info)
 
     @asynccontextmanager
     async def _run_for_block(self) -> AsyncIterator[Consumer]:

@@ -27,13 +27,13 @@ import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from .._aio import unwrap_lone_exception
+from .._aio import EnterOnce, unwrap_lone_exception
 from ..protocol.errors import (
     CoordError,
     NotLeaderForPartitionError,
@@ -149,7 +149,7 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return zlib.crc32(key) % partitions
 
 
-class Producer:
+class Producer(EnterOnce):
     """Sends records to topic partitions; create it with :func:`open_producer`."""
 
     def __init__(
@@ -208,22 +208,11 @@ class Producer:
         self._flush_requested = 0
         self._slots: dict[tuple[str, int], trio.Semaphore] = {}
         self._closed = False
-        self._lifetime: AbstractAsyncContextManager[Producer] | None = None
         self.batches_sent = 0
         """How many batches were stored (for tests and benchmarks)."""
 
     def __repr__(self) -> str:
         return f"<Producer {self.client_id} pending={self._pending}>"
-
-    async def __aenter__(self) -> Producer:
-        if self._lifetime is not None:
-            raise RuntimeError("a Producer can be entered only once")
-        self._lifetime = self._run_for_block()
-        return await self._lifetime.__aenter__()
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self._lifetime is not None
-        return await self._lifetime.__aexit__(*exc_info)
 
     @asynccontextmanager
     async def _run_for_block(self) -> AsyncIterator[Producer]:

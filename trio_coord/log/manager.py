@@ -17,7 +17,6 @@ the lock file.)
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ from typing import Final
 import trio
 
 from .._aio import unwrap_lone_exception
+from .._files import lock_directory
 from ..core.validation import validate_topic_name
 from ..protocol.errors import InvalidTopicError
 from .base import LogConfig, LogError
@@ -62,21 +62,13 @@ def _mkdir_durably(path: Path) -> None:
 def _acquire_lock(root: Path) -> int:
     """Take an exclusive flock on ``root/LOCK@`` or raise a LogError saying what to do."""
     lock_path = root / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return lock_directory(lock_path)
     except BlockingIOError:
-        os.close(fd)
         raise LogError(
             f"log directory {root} is in use by another process (lock file {lock_path}); "
             "stop the broker that uses it, or give this one another log directory"
         ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
 
 
 def _scan_root(root: Path) -> list[tuple[str, int, Path]]:

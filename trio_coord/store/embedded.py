@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -28,6 +27,7 @@ import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
+from .._files import lock_directory
 from .base import (
     BadVersionError,
     Check,
@@ -1144,21 +1144,13 @@ def _fsync_dir(path: Path) -> None:
 def _acquire_lock(data_dir: Path) -> int:
     """Take an exclusive flock on ``data_dir/LOCK`` or raise a helpful StoreError."""
     lock_path = data_dir / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return lock_directory(lock_path)
     except BlockingIOError:
-        os.close(fd)
         raise StoreError(
             f"data dir {data_dir} is in use by another process (lock file {lock_path}); "
             "stop that broker or choose another --data-dir"
         ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
 
 
 @asynccontextmanager
