@@ -197,6 +197,9 @@ class Consumer(EnterOnce):
         self.generation = -1
         self._state = AsyncValue(ConsumerState.UNJOINED)
         self._assignment: dict[TopicPartition, int] = {}
+        # The positions of the last clean revoke, until the next start: the answer that
+        # carried them may have been dropped by a rebalance restarted meanwhile.
+        self._handed_back: list[PartitionOffset] = []
         self._fetch_settings = FetchSettings(
             offset_reset, fetch_max_wait, fetch_min_bytes, max_partition_fetch_bytes
         )
@@ -471,12 +474,17 @@ class Consumer(EnterOnce):
         (which may still commit), then the consumed positions to hand back (with
         auto-commit)."""
         revoked = sorted(self._assignment)
+        if not revoked:
+            # Already stopped. A rebalance that restarted while our answer was on its
+            # way forgot it, so say the same again: committing a position twice is
+            # harmless, losing it makes the next owner repeat records.
+            return list(self._handed_back)
         engine = self._engine()
         engine.freeze()
-        if revoked:
-            await self._call(self._on_revoked, revoked)
+        await self._call(self._on_revoked, revoked)
         positions = engine.consumed(revoked) if self.auto_commit else []
         self._drop()
+        self._handed_back = positions
         return positions
 
     def _drop(self) -> list[TopicPartition]:
@@ -495,6 +503,7 @@ class Consumer(EnterOnce):
                 f"its session timeout ({self._granted_session:g}s) was accepted"
             )
         self.generation = request.generation
+        self._handed_back = []
         self._assignment = {p.tp: p.offset for p in request.partitions}
         self._engine().assign(dict(self._assignment))
         self._state.value = ConsumerState.STABLE
@@ -508,6 +517,7 @@ class Consumer(EnterOnce):
         """
         async with self._push_lock:
             lost = self._drop()
+            self._handed_back = []  # others may own (and have moved) these by now
             self._state.value = ConsumerState.UNJOINED
             if lost:
                 log.warning(
