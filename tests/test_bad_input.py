@@ -9,6 +9,7 @@ clock; every wait is bounded by ``trio.fail_after``.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -18,7 +19,7 @@ import trio
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.client.admin import Admin, open_admin
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.errors import ErrorCode, FrameTooLargeError
+from trio_coord.protocol.errors import ErrorCode, FrameTooLargeError, InvalidRecordError
 from trio_coord.protocol.framing import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameCodec, FrameReader
 from trio_coord.protocol.messages import (
     Goodbye,
@@ -28,11 +29,19 @@ from trio_coord.protocol.messages import (
     OffsetFetchRequest,
     OffsetFetchResponse,
     PartitionOffset,
+    ProduceRequest,
     Request,
     Response,
     StartFetchersRequest,
     TopicInfo,
     TopicPartition,
+)
+from trio_coord.protocol.records import (
+    COMPRESSION,
+    MAX_BATCH_BYTES,
+    WireRecord,
+    decode_batch,
+    encode_batch,
 )
 
 TIMEOUT = 5
@@ -215,3 +224,34 @@ async def test_answer_too_large_for_a_frame_is_an_error_not_a_broker_crash(
                 assert isinstance(answer, OffsetFetchResponse)
                 assert [(o.partition, o.offset) for o in answer.offsets] == [(1, 11)]
             await _still_served(broker, bystander, "after-too-large")
+
+
+async def test_compressed_batch_that_inflates_past_the_limit_is_refused(tmp_path: Path) -> None:
+    # A decompression bomb: 64 KiB on the wire, 65 MiB of records once inflated. The broker
+    # must refuse it as INVALID_RECORD without inflating it whole, and keep serving.
+    inflated = msgspec.msgpack.encode([WireRecord(0, None, bytes(MAX_BATCH_BYTES + 2**20))])
+    bomb = bytes((COMPRESSION["zlib"][0],)) + zlib.compress(inflated, 9)
+    assert len(bomb) < 128 * 1024
+    async with (
+        open_broker(tmp_path, port=0) as broker,
+        open_admin(broker.bootstrap) as bystander,
+    ):
+        with trio.fail_after(TIMEOUT):
+            await bystander.create_topic("t", 1)
+            async with open_connection(*broker.address) as conn:
+                with pytest.raises(InvalidRecordError, match="more than"):
+                    await conn.request(ProduceRequest("t", 0, bomb, 1, 0))
+            await _still_served(broker, bystander, "after-bomb")
+
+
+def test_batch_decoding_refuses_truncated_and_oversized_payloads() -> None:
+    records = [WireRecord(1, b"k", b"v" * 1000)] * 10
+    for codec in ("zlib", "lzma"):
+        batch = encode_batch(records, codec)
+        assert decode_batch(batch) == records
+        with pytest.raises(InvalidRecordError, match="more than 5000 bytes"):
+            decode_batch(batch, max_bytes=5000)
+        with pytest.raises(InvalidRecordError, match=f"complete {codec} stream"):
+            decode_batch(batch[:-4])
+        with pytest.raises(InvalidRecordError, match=f"complete {codec} stream"):
+            decode_batch(batch + b"trailing")

@@ -25,6 +25,7 @@ from .messages import TopicPartition
 
 __all__ = [
     "COMPRESSION",
+    "MAX_BATCH_BYTES",
     "ConsumerRecord",
     "Header",
     "WireRecord",
@@ -69,14 +70,43 @@ class ConsumerRecord(msgspec.Struct, frozen=True):
         return TopicPartition(self.topic, self.partition)
 
 
-_Codec = tuple[int, Callable[[bytes], bytes], Callable[[bytes], bytes]]
+MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
+"""The most a batch may decompress to: a few compressed bytes must not be able
+to make a broker or a consumer allocate gigabytes (a decompression bomb)."""
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    unpacker = zlib.decompressobj()
+    out = unpacker.decompress(data, limit + 1)
+    if len(out) > limit or unpacker.unconsumed_tail:
+        raise InvalidRecordError(f"record batch decompresses to more than {limit} bytes")
+    if not unpacker.eof or unpacker.unused_data:
+        raise InvalidRecordError("record batch is not one complete zlib stream")
+    return out
+
+
+def _unxz(data: bytes, limit: int) -> bytes:
+    unpacker = lzma.LZMADecompressor()
+    out = unpacker.decompress(data, max_length=limit + 1)
+    if len(out) > limit:
+        raise InvalidRecordError(f"record batch decompresses to more than {limit} bytes")
+    if not unpacker.eof or unpacker.unused_data:
+        raise InvalidRecordError("record batch is not one complete lzma stream")
+    return out
+
+
+def _stored(data: bytes, limit: int) -> bytes:
+    return data
+
+
+_Codec = tuple[int, Callable[[bytes], bytes], Callable[[bytes, int], bytes]]
 
 COMPRESSION: Final[dict[str | None, _Codec]] = {
-    None: (0, bytes, bytes),
-    "zlib": (1, lambda b: zlib.compress(b, 1), zlib.decompress),
-    "lzma": (2, lambda b: lzma.compress(b, preset=0), lzma.decompress),
+    None: (0, bytes, _stored),
+    "zlib": (1, lambda b: zlib.compress(b, 1), _inflate),
+    "lzma": (2, lambda b: lzma.compress(b, preset=0), _unxz),
 }
-"""Codec name → (the id byte a batch starts with, compress, decompress)."""
+"""Codec name → (the id byte a batch starts with, compress, bounded decompress)."""
 
 _BY_ID: Final = {ident: unpack for ident, _, unpack in COMPRESSION.values()}
 _encoder = msgspec.msgpack.Encoder()
@@ -93,15 +123,16 @@ def encode_batch(records: Sequence[WireRecord], compression: str | None = None) 
     return bytes((ident,)) + pack(_encoder.encode(records))
 
 
-def decode_batch(payload: bytes) -> list[WireRecord]:
-    """Unpack a batch payload; raises :class:`InvalidRecordError` if it is malformed."""
+def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> list[WireRecord]:
+    """Unpack a batch payload; raises :class:`InvalidRecordError` if it is malformed
+    or decompresses to more than ``max_bytes``."""
     if not payload:
         raise InvalidRecordError("empty record batch")
     unpack = _BY_ID.get(payload[0])
     if unpack is None:
         raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
     try:
-        return _decoder.decode(unpack(payload[1:]))
+        return _decoder.decode(unpack(payload[1:], max_bytes))
     except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
         raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
 
