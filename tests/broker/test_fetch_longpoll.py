@@ -29,6 +29,7 @@ the clock matters:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,6 +38,7 @@ import trio.testing
 
 from trio_coord import Broker
 from trio_coord.log import LogConfig
+from trio_coord.log.segment import Segment
 from trio_coord.protocol import (
     Connection,
     CreateTopicRequest,
@@ -252,5 +254,59 @@ async def test_a_fetch_parked_before_a_partitions_first_batch_wakes_when_its_log
                     await trio.sleep(0.1)
                     assert fetch.at is None
                     assert await produce(conn, batch(b"first")) == 0
+            assert fetch.values() == [b"first"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_fetch_wakes_when_a_batch_becomes_visible_even_if_its_produce_was_cancelled(
+    monkeypatch,
+):
+    """Real time, fsync per batch: a batch is readable once its fsync ends, whether or
+    not the Produce that wrote it is still waiting (its client may have given up).
+
+    The fsync is held on a ``threading.Event`` so that the Produce is certainly
+    cancelled while it waits; a fetch woken only by Produce answers would then
+    sleep through its minute of ``max_wait`` and fail the bound.
+    """
+    hold, release = threading.Event(), threading.Event()
+    real_sync = Segment.sync
+
+    def held_sync(segment: Segment) -> None:
+        if hold.is_set():
+            release.wait(10)
+        real_sync(segment)
+
+    monkeypatch.setattr(Segment, "sync", held_sync)
+    fsync_each = LogConfig(flush_interval=0, retention_seconds=None)
+    async with ephemeral_broker(log=fsync_each) as broker:
+        client_side, broker_side = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(broker.serve_stream, broker_side)
+            conn = Connection(client_side, name="longpoll-client")
+            await nursery.start(conn.serve)
+            await conn.request(CreateTopicRequest("t", 1))
+            await broker.logs.create("t", 0)
+            hold.set()
+            fetch = TimedFetch()
+            produce_scope = trio.CancelScope()
+
+            async def produce_then_give_up() -> None:
+                with produce_scope:
+                    await broker.partitions.produce(batch(b"first"))
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(
+                        fetch.run,
+                        conn,
+                        FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=60_000),
+                    )
+                    inner.start_soon(produce_then_give_up)
+                    await trio.testing.wait_all_tasks_blocked()  # both wait; fsync held
+                    produce_scope.cancel()
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert fetch.at is None  # not visible before its fsync
+                    release.set()
+            assert produce_scope.cancelled_caught
             assert fetch.values() == [b"first"]
             nursery.cancel_scope.cancel()

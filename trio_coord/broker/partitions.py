@@ -73,8 +73,15 @@ class PartitionService:
         self._topics = topics
         self._max_batch_bytes = max_batch_bytes
         self._max_fetch_bytes = max_fetch_bytes
-        # Long-polling fetches, parked per partition; an append wakes that partition's.
+        # Long-polling fetches, parked per partition; woken when that partition's log
+        # end advances (whichever request's append made it visible, even one cancelled
+        # while it waited for its fsync), or when the log closes or fails.
         self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
+        logs.on_advance(self._wake)
+
+    def _wake(self, topic: str, partition: int) -> None:
+        for waiter in self._waiters.pop(TopicPartition(topic, partition), ()):
+            waiter.set()
 
     def _require(self, topic: str, partition: int) -> None:
         count = self._topics.require(topic)
@@ -113,10 +120,7 @@ class PartitionService:
             )
         tp = TopicPartition(request.topic, request.partition)
         log = self._logs.get(tp.topic, tp.partition) or await self._logs.create(*tp)
-        base = await log.append(request.records, request.count, newest)
-        for waiter in self._waiters.pop(tp, ()):
-            waiter.set()
-        return ProduceResponse(base)
+        return ProduceResponse(await log.append(request.records, request.count, newest))
 
     # -- fetch -----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -112,9 +112,21 @@ class LogManager:
         self._nursery: trio.Nursery | None = None
         self._lock_fd = -1
         self._closed = False
+        self._listeners: list[Callable[[str, int], None]] = []
 
     def __repr__(self) -> str:
         return f"<LogManager {self.root} with {len(self._logs)} partitions>"
+
+    def on_advance(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(topic, partition)`` each time a partition's end offset
+        advances, and when it closes or fails (as :meth:`PartitionLog.subscribe`'s
+        event is set): how a broker wakes the fetches parked on any of its
+        partitions, including one created after the fetch parked."""
+        self._listeners.append(listener)
+
+    def _advanced(self, log: PartitionLog) -> None:
+        for listener in self._listeners:
+            listener(log.topic, log.partition)
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         """The log of ``topic``/``partition``, or None if this manager has none."""
@@ -183,7 +195,9 @@ class LogManager:
     def _register(
         self, topic: str, partition: int, directory: Path, segments: list[Segment]
     ) -> PartitionLog:
-        log = PartitionLog(topic, partition, directory, segments, self.config, self._limiter)
+        log = PartitionLog(
+            topic, partition, directory, segments, self.config, self._limiter, self._advanced
+        )
         self._logs[(topic, partition)] = log
         if self._nursery is not None:
             # start_soon, not start: the syncer needs no readiness report, and

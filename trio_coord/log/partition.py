@@ -58,6 +58,7 @@ from __future__ import annotations
 import logging
 import os
 from bisect import bisect_right
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import NoReturn
@@ -158,6 +159,7 @@ class PartitionLog:
         segments: list[Segment],
         config: LogConfig,
         limiter: trio.CapacityLimiter,
+        on_advance: Callable[[PartitionLog], None] | None = None,
     ) -> None:
         if not segments:
             raise ValueError("a partition log has at least one segment")
@@ -178,6 +180,7 @@ class PartitionLog:
         self._io_lock = trio.Lock()  # one worker-thread call at a time
         self._synced_event = trio.Event()
         self._advanced = trio.Event()
+        self._on_advance = on_advance
         self._sync_wanted = trio.Event()
         self._stopping = False
         self._closed = False
@@ -478,6 +481,8 @@ class PartitionLog:
     def _wake_readers(self) -> None:
         event, self._advanced = self._advanced, trio.Event()
         event.set()
+        if self._on_advance is not None:
+            self._on_advance(self)
 
     def _fail(self, exc: BaseException) -> None:
         """Fail stop: refuse appends from now on and wake every waiter with the error."""
