@@ -435,13 +435,17 @@ def test_user_mistakes_get_one_clear_error_line_and_status_1(bootstrap, capsys):
         (
             ("produce", "two", "--key-separator", ":", *b),
             "k:v\nno separator here\n",
-            "error: line 2 has no key separator ':': 'no separator here'",
+            "error: line 2 has no key separator ':': 'no separator here'; "
+            "the 1 line(s) before it were produced, none after",
         ),
     ]
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda case: run(*case[0], stdin=case[1]), produce_cases))
     for (args, _, expected), result in zip(produce_cases, results, strict=True):
         assert error_line(result) == expected, args
+    described = json.loads(cli_ok(capsys, "topics", "describe", "two", "--json", *b))
+    stored = sum(p["log_end"] for p in described[0]["offsets"])
+    assert stored == 1, "the line before the bad one was produced, as the error says"
 
     reset = ("groups", "reset-offsets", "g", "--topic")
     for args, expected in [

@@ -408,8 +408,10 @@ async def cmd_produce(args: argparse.Namespace) -> None:
             if args.key_separator:
                 key, sep, value = text.partition(args.key_separator)
                 if not sep:
+                    await _report_deliveries(args, deliveries)  # what came before is stored
                     raise UsageError(
-                        f"line {sent + 1} has no key separator {args.key_separator!r}: {text!r}"
+                        f"line {sent + 1} has no key separator {args.key_separator!r}: "
+                        f"{text!r}; the {sent} line(s) before it were produced, none after"
                     )
             else:
                 value = text
