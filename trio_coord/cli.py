@@ -25,7 +25,7 @@ import trio
 
 from . import __version__
 from .broker import BrokerConfig, open_broker
-from .client import Admin, Consumer, PartitionLag, open_admin, open_producer
+from .client import Admin, Consumer, Delivery, PartitionLag, open_admin, open_producer
 from .log import LogConfig, LogError
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
@@ -400,7 +400,7 @@ async def cmd_produce(args: argparse.Namespace) -> None:
     """Send each line of stdin as one record."""
     sent = 0
     async with open_producer(args.bootstrap, compression=args.compression) as producer:
-        deliveries = []
+        deliveries: list[Delivery] = []
         stdin = trio.wrap_file(sys.stdin)
         async for line in stdin:
             text = line.rstrip("\n")
@@ -426,7 +426,7 @@ async def cmd_produce(args: argparse.Namespace) -> None:
         print(f"produced {sent} record(s) to {args.topic}", file=sys.stderr, flush=True)
 
 
-async def _report_deliveries(args: argparse.Namespace, deliveries: list[Any]) -> None:
+async def _report_deliveries(args: argparse.Namespace, deliveries: list[Delivery]) -> None:
     for delivery in deliveries:
         meta = await delivery
         if args.json:
