@@ -141,6 +141,8 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
         group_retention=args.group_retention,
+        coordinator_slots=args.coordinator_slots,
+        zk_session_timeout=args.zk_session_timeout,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -148,13 +150,22 @@ async def cmd_broker(args: argparse.Namespace) -> None:
             retention_bytes=None if args.retention_bytes <= 0 else args.retention_bytes,
         ),
     )
-    async with open_broker(args.data_dir, args.host, args.port, config=config) as broker:
+    async with open_broker(
+        args.data_dir, args.host, args.port, config=config, store=args.store
+    ) as broker:
         data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
+        where = f"cluster: {args.store}" if args.store else f"data dir: {data_dir}"
         _say(
             args,
-            {"event": "listening", "address": broker.bootstrap, "data_dir": data_dir},
+            {
+                "event": "listening",
+                "address": broker.bootstrap,
+                "data_dir": data_dir,
+                "broker_id": args.broker_id,
+                "store": args.store,
+            },
             f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}\n"
-            f"data dir: {data_dir}  (Ctrl-C to stop)",
+            f"{where}  (Ctrl-C to stop)",
         )
         await _until_signalled()
 
@@ -607,6 +618,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--broker-id", type=int, default=0, help="this broker's id (default: %(default)s)"
+    )
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="zk://HOST:PORT[,...]/CHROOT",
+        help="join the cluster of brokers on this ZooKeeper chroot (metadata lives there; "
+        "records stay in --data-dir/partitions); default: the embedded store in --data-dir",
+    )
+    p.add_argument(
+        "--coordinator-slots",
+        type=int,
+        default=16,
+        metavar="N",
+        help="cluster: coordinator slots groups hash onto, fixed per cluster "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--zk-session-timeout",
+        type=float,
+        default=6.0,
+        metavar="SECONDS",
+        help="cluster: ZooKeeper session timeout; a dead broker's groups move this long "
+        "after it died (default: %(default)s)",
     )
     p.add_argument(
         "--min-session-timeout",

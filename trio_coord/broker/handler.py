@@ -39,7 +39,6 @@ from ..protocol.messages import (
     ListGroupsResponse,
     ListOffsetsRequest,
     MetadataRequest,
-    MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
@@ -115,12 +114,7 @@ class BrokerHandler(RequestHandler):
         return _HEARTBEAT_OK
 
     def _metadata(self, body: MetadataRequest) -> ResponseBody:
-        info = self._broker.info
-        return MetadataResponse(
-            [info],
-            self._topics.describe(body.topics),
-            info if body.group else None,
-        )
+        return self._broker.metadata(body)
 
     def _list_groups(self, body: ListGroupsRequest) -> ResponseBody:
         return ListGroupsResponse(self._coordinator.list_groups())

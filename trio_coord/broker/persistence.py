@@ -19,6 +19,7 @@ The store layout::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,17 @@ from ..core.records import (
     supersedes,
 )
 from ..protocol.messages import TopicPartition
-from ..store.base import Create, Delete, MetadataStore, NoNodeError, Op, SetData, StoreError
+from ..store.base import (
+    BadVersionError,
+    Create,
+    Delete,
+    MetadataStore,
+    NodeExistsError,
+    NoNodeError,
+    Op,
+    SetData,
+    StoreError,
+)
 
 __all__ = [
     "RecordWriter",
@@ -78,25 +89,42 @@ def record_path(record: TopicRecord | GroupRecord | OffsetRecord | OffsetTombsto
     return offset_path(record.group_id, record.tp)
 
 
-async def load_records(store: MetadataStore) -> tuple[list[Record], set[str]]:
-    """Read every record back from the store, and the set of paths that exist.
+async def load_records(
+    store: MetadataStore,
+    *,
+    topics: bool = True,
+    groups: Callable[[str], bool] | None = None,
+) -> tuple[list[Record], set[str]]:
+    """Read records back from the store, and the set of paths they occupy.
 
-    Topics come first, then each group's record followed by its offsets, the
-    order in which replay needs them.
+    Topics come first (unless ``topics=False``), then each group's record
+    followed by its offsets, the order in which replay needs them. ``groups``
+    picks the groups to read (default: all; a cluster coordinator reads the
+    groups of one slot).
     """
     records: list[Record] = []
     paths: set[str] = set()
     for root in (TOPICS, GROUPS):
         if await store.exists(root) is None:
-            await store.create(root, make_parents=True)
+            with contextlib.suppress(NodeExistsError):  # (another broker made it meanwhile)
+                await store.create(root, make_parents=True)
         paths.add(root)
-    for name in await store.children(TOPICS):
-        data, _ = await store.get(topic_path(name))
-        records.append(decode_record(data))
-        paths.add(topic_path(name))
+    if topics:
+        for name in await store.children(TOPICS):
+            try:
+                data, _ = await store.get(topic_path(name))
+            except NoNodeError:  # pragma: no cover - topics are never deleted
+                continue
+            records.append(decode_record(data))
+            paths.add(topic_path(name))
     for group_id in await store.children(GROUPS):
+        if groups is not None and not groups(group_id):
+            continue
         base = group_path(group_id)
-        data, _ = await store.get(base)
+        try:
+            data, _ = await store.get(base)
+        except NoNodeError:  # deleted by its coordinator meanwhile
+            continue
         paths.add(base)
         if data:
             records.append(decode_record(data))
@@ -129,6 +157,13 @@ class RecordWriter:
     (the committed offset, the group's generation), so that a batch never
     writes what replay would ignore (see ``core.records.supersedes``): store
     and memory stay equal.
+
+    ``guard`` operations open every transaction. A cluster coordinator
+    passes ``Check(<its slot's epoch node>, <the epoch it won>)``: once
+    another broker has won the slot, the check fails, nothing of the batch
+    is written, and :attr:`fenced` is set so that the coordinator steps
+    down. The topic writer passes a ``SetData`` of the topics root, which
+    every broker watches to learn of new and grown topics.
     """
 
     def __init__(
@@ -139,8 +174,13 @@ class RecordWriter:
         replay: Callable[[Record], None],
         current: Callable[[Record], Record | None],
         max_batch_records: int = 5000,
+        guard: Sequence[Op] = (),
     ) -> None:
-        self._store = store
+        self.store = store
+        """The store written to (a cluster broker swaps it after a new ZooKeeper session)."""
+        self._guard = list(guard)
+        self.fenced = trio.Event()
+        """Set when a guarded write failed its check: this writer may never write again."""
         self._paths = existing_paths
         self._replay = replay
         self._current = current
@@ -191,9 +231,18 @@ class RecordWriter:
         error: StoreError | None = None
         try:
             ops, created, deleted = self._ops(records)
+            if self.fenced.is_set():
+                raise BadVersionError("this coordinator was deposed; its writes are fenced")
             if ops:
-                await self._store.multi(ops)
+                await self.store.multi([*self._guard, *ops])
                 self.writes += 1
+        except BadVersionError as exc:
+            if not self._guard:
+                log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
+            else:
+                log.warning("write of %d record(s) fenced: %s", len(records), exc)
+                self.fenced.set()
+            error = exc
         except StoreError as exc:
             log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
             error = exc

@@ -1,0 +1,203 @@
+"""Brokers of one cluster in one process on a real ZooKeeper: registration, slots, routing.
+
+These tests run several ``open_broker(store="zk://...")`` in one Trio
+process, on a private chroot of the session's ZooKeeper server, in real
+time. They check what every broker must agree on: the live brokers, an even
+spread of the coordinator slots, where each group and partition lives, the
+NOT_COORDINATOR answer of a broker asked about another's group, the fencing
+of a deposed slot holder's writes, and topics made on one broker reaching
+the others' groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from trio_coord import open_admin, open_broker, open_consumer, open_producer
+from trio_coord.broker import Broker
+from trio_coord.broker.cluster import epoch_path
+from trio_coord.core.records import OffsetRecord
+from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.errors import NotCoordinatorError, NotLeaderForPartitionError
+from trio_coord.protocol.messages import (
+    HeartbeatRequest,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetFetchRequest,
+    ProduceRequest,
+    TopicPartition,
+)
+from trio_coord.store import BadVersionError, open_zookeeper_store
+
+SLOTS = 6
+SETTINGS = dict(
+    min_session_timeout=0.2,
+    coordinator_slots=SLOTS,
+    zk_session_timeout=2.0,
+    claim_grace=0.3,
+)
+
+
+@contextlib.asynccontextmanager
+async def open_cluster(url: str, tmp_path, count: int) -> AsyncIterator[list[Broker]]:
+    """``count`` brokers (ids 1..count) on ``url``, once the slots are spread over all."""
+    async with contextlib.AsyncExitStack() as stack:
+        brokers = [
+            await stack.enter_async_context(
+                open_broker(tmp_path / f"b{i}", store=url, broker_id=i, **SETTINGS)
+            )
+            for i in range(1, count + 1)
+        ]
+        await settled(brokers)
+        yield brokers
+
+
+async def settled(brokers: list[Broker]) -> None:
+    """Wait until every broker sees all of them and the slots are spread evenly and loaded."""
+    ids = {b.config.broker_id for b in brokers}
+    with trio.fail_after(30):
+        while True:
+            views = [b.member for b in brokers if b.member is not None]
+            held = [len(b.coordinator.services) for b in brokers]
+            if (
+                all(set(v.brokers) == ids for v in views)
+                and sum(held) == SLOTS
+                and max(held) - min(held) <= 1
+                and all(len(v.holders) == SLOTS for v in views)
+            ):
+                return
+            await trio.sleep(0.05)
+
+
+def coordinator_broker(brokers: list[Broker], group: str) -> Broker:
+    """The broker whose coordinator services hold ``group``'s slot."""
+    slot = brokers[0].coordinator.slot_of(group)
+    (owner,) = [b for b in brokers if slot in b.coordinator.services]
+    return owner
+
+
+async def test_brokers_register_and_spread_the_slots(zookeeper_server, zk_chroot, tmp_path):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 3) as brokers:
+        async with open_connection(*brokers[0].address) as conn:
+            response = await conn.request(MetadataRequest([], group="g1"))
+        assert isinstance(response, MetadataResponse)
+        assert [b.broker_id for b in response.brokers] == [1, 2, 3]
+        assert {(b.host, b.port) for b in response.brokers} == {b.address for b in brokers}
+        owner = coordinator_broker(brokers, "g1")
+        assert response.coordinator is not None
+        assert response.coordinator.broker_id == owner.config.broker_id
+        # Each broker holds 2 of the 6 slots, and all agree who holds which.
+        assert sorted(len(b.coordinator.services) for b in brokers) == [2, 2, 2]
+        views = [b.member.holders for b in brokers if b.member is not None]
+        assert views[0] == views[1] == views[2]
+
+
+async def test_a_broker_asked_about_another_brokers_group_answers_not_coordinator(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        owner = coordinator_broker(brokers, "g1")
+        other = next(b for b in brokers if b is not owner)
+        async with open_connection(*other.address) as conn:
+            with pytest.raises(NotCoordinatorError, match="does not coordinate group 'g1'"):
+                await conn.request(HeartbeatRequest("g1", "m", 1))
+            with pytest.raises(NotCoordinatorError):
+                await conn.request(OffsetFetchRequest("g1", None))
+
+
+async def test_partitions_are_spread_and_served_by_their_leader(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 3) as brokers:
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        async with open_admin(brokers[0].bootstrap) as admin:
+            info = await admin.create_topic("t", 6)
+        assert sorted(info.leaders) == [1, 1, 2, 2, 3, 3]
+        # Every broker learns the topic through its watch, with the same leaders.
+        with trio.fail_after(10):
+            while not all(b.topics.leaders.get("t") == info.leaders for b in brokers):
+                await trio.sleep(0.02)
+        # A broker refuses a partition it does not hold...
+        not_leader = next(b for b in brokers if b.config.broker_id != info.leaders[0])
+        async with open_connection(*not_leader.address) as conn:
+            with pytest.raises(NotLeaderForPartitionError, match="held by broker"):
+                await conn.request(ProduceRequest("t", 0, b"", 0, 0))
+        # ...and clients route each partition to its leader.
+        async with open_producer(bootstrap) as producer:
+            for p in range(6):
+                await producer.send("t", f"v{p}".encode(), partition=p)
+        for b in brokers:
+            mine = [p for p, leader in enumerate(info.leaders) if leader == b.config.broker_id]
+            for p in mine:
+                assert b.partitions.log_offsets(TopicPartition("t", p)) == (0, 1)
+        async with open_consumer(
+            bootstrap, "g", ["t"], session_timeout=1.0, offset_reset="earliest"
+        ) as consumer:
+            seen = set()
+            with trio.fail_after(20):
+                while len(seen) < 6:
+                    record = await consumer.getone()
+                    seen.add(record.value)
+        assert seen == {f"v{p}".encode() for p in range(6)}
+
+
+async def test_a_deposed_holders_writes_are_fenced_and_it_steps_down(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        owner = coordinator_broker(brokers, "g1")
+        slot = owner.coordinator.slot_of("g1")
+        service = owner.coordinator.services[slot]
+        await owner.coordinator.create_group("g1")
+        # Another session takes the slot behind the holder's back (as a broker that
+        # won it after this one's session expired would): it bumps the epoch.
+        async with open_zookeeper_store(url) as rogue:
+            bumped = await rogue.set(epoch_path(slot), b"rogue")
+            with pytest.raises(BadVersionError):
+                await service._writer.write([OffsetRecord("g1", "t", 0, 5)])
+        assert service.committed_offset("g1", TopicPartition("t", 0)) is None
+        # It stepped down and gave its node up; the slot is won again (by whichever
+        # broker), with a newer epoch, and the group is served again from the store.
+        with trio.fail_after(10):
+            while True:
+                now = [
+                    b for b in brokers if b.coordinator.services.get(slot, service) is not service
+                ]
+                if now:
+                    break
+                await trio.sleep(0.02)
+        (new_owner,) = now
+        assert new_owner.member is not None
+        assert new_owner.member.held[slot].epoch > bumped.version
+        new_service = new_owner.coordinator.services[slot]
+        assert new_service.describe_group("g1").group_id == "g1"
+        await new_service._writer.write([OffsetRecord("g1", "t", 0, 7)])
+        assert new_owner.coordinator.committed_offset("g1", TopicPartition("t", 0)) == 7
+
+
+async def test_a_topic_made_on_one_broker_rebalances_a_group_on_another(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        owner = coordinator_broker(brokers, "g1")
+        other = next(b for b in brokers if b is not owner)
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        async with open_admin(other.bootstrap) as admin:
+            await admin.create_topic("a", 1)
+            async with open_consumer(bootstrap, "g1", ["a"], session_timeout=1.0) as consumer:
+                with trio.fail_after(20):
+                    while set(consumer.assignment) != {TopicPartition("a", 0)}:
+                        await trio.sleep(0.02)
+                await admin.add_partitions("a", 3)  # on the broker that does not coordinate
+                with trio.fail_after(20):
+                    while len(consumer.assignment) != 3:
+                        await trio.sleep(0.02)
