@@ -13,8 +13,10 @@ service (a single broker has one slot).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -44,7 +46,7 @@ from ..protocol.messages import (
     ResetOffsetsRequest,
     TopicPartition,
 )
-from ..store.base import StoreError
+from ..store.base import BadVersionError, StoreError
 from .group import EventCallback, GroupRunner, LogOffsets
 from .persistence import RecordWriter
 from .topics import TopicManager
@@ -327,10 +329,39 @@ class Coordinators:
     a slot it is still loading COORDINATOR_NOT_AVAILABLE (retry shortly).
     """
 
-    def __init__(self, slots: int = 1) -> None:
+    def __init__(self, slots: int = 1, *, elected: bool = False) -> None:
         self.slots = slots
+        self.elected = elected
+        """Whether slots are won by election (a cluster): store failures then mean "moved"."""
         self.services: dict[int, CoordinatorService] = {}
         self.loading: set[int] = set()
+
+    @contextlib.contextmanager
+    def _writing(self, group_id: str) -> Iterator[None]:
+        """In a cluster, say what a failed store write means to the client: the group moves.
+
+        A fenced write (BadVersionError from the slot's epoch check) is
+        NOT_COORDINATOR: another broker holds the slot now. Any other store
+        failure (a lost connection, an expired session) is
+        COORDINATOR_NOT_AVAILABLE: this broker is about to lose the slot or
+        get it back. Both are retriable; the client finds the coordinator again.
+        """
+        try:
+            yield
+        except BadVersionError as exc:
+            if not self.elected:
+                raise
+            raise NotCoordinatorError(
+                f"this broker was deposed as coordinator of group {group_id!r}; its write "
+                f"was fenced ({exc}); ask Metadata for the new coordinator"
+            ) from None
+        except StoreError as exc:
+            if not self.elected:
+                raise
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of group {group_id!r} could not write to ZooKeeper ({exc}); "
+                "retry shortly"
+            ) from None
 
     def slot_of(self, group_id: str) -> int:
         """The slot ``group_id`` belongs to."""
@@ -356,7 +387,8 @@ class Coordinators:
 
     async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
         """Admit a member (see :meth:`CoordinatorService.join`)."""
-        return await self.service(request.group).join(request, conn)
+        with self._writing(request.group):
+            return await self.service(request.group).join(request, conn)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (see :meth:`CoordinatorService.heartbeat`)."""
@@ -364,19 +396,23 @@ class Coordinators:
 
     async def leave(self, request: LeaveGroupRequest) -> None:
         """A member leaves (see :meth:`CoordinatorService.leave`)."""
-        await self.service(request.group).leave(request)
+        with self._writing(request.group):
+            await self.service(request.group).leave(request)
 
     async def commit(self, request: OffsetCommitRequest) -> None:
         """Commit offsets (see :meth:`CoordinatorService.commit`)."""
-        await self.service(request.group).commit(request)
+        with self._writing(request.group):
+            await self.service(request.group).commit(request)
 
     async def reset_offsets(self, request: ResetOffsetsRequest) -> None:
         """Move offsets (see :meth:`CoordinatorService.reset_offsets`)."""
-        await self.service(request.group).reset_offsets(request)
+        with self._writing(request.group):
+            await self.service(request.group).reset_offsets(request)
 
     async def delete_offsets(self, request: DeleteOffsetsRequest) -> None:
         """Forget offsets (see :meth:`CoordinatorService.delete_offsets`)."""
-        await self.service(request.group).delete_offsets(request)
+        with self._writing(request.group):
+            await self.service(request.group).delete_offsets(request)
 
     def fetch_offsets(
         self, group_id: str, partitions: list[TopicPartition] | None
@@ -391,11 +427,13 @@ class Coordinators:
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (see :meth:`CoordinatorService.create_group`)."""
         validate_group_id(group_id)
-        await self.service(group_id).create_group(group_id)
+        with self._writing(group_id):
+            await self.service(group_id).create_group(group_id)
 
     async def delete_group(self, group_id: str) -> None:
         """Delete an empty group (see :meth:`CoordinatorService.delete_group`)."""
-        await self.service(group_id).delete_group(group_id)
+        with self._writing(group_id):
+            await self.service(group_id).delete_group(group_id)
 
     def list_groups(self) -> list[GroupSummary]:
         """Every group this broker coordinates, sorted by id."""

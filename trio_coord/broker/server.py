@@ -191,7 +191,10 @@ class Broker:
             max_fetch_bytes=config.max_fetch_bytes,
             broker_id=config.broker_id if self.member is not None else 0,
         )
-        self.coordinator = Coordinators(1 if self.member is None else config.coordinator_slots)
+        self.coordinator = Coordinators(
+            1 if self.member is None else config.coordinator_slots,
+            elected=self.member is not None,
+        )
         """The coordinator services of the slots this broker holds, behind one router."""
         if self.member is None:
             self.coordinator.services[0] = self.new_coordinator_service(self.writer)

@@ -1,0 +1,277 @@
+"""Failover of a three-broker cluster in real processes, on a private ZooKeeper chroot.
+
+The brokers are ``trio-coord broker --store zk://...`` processes; the
+clients (producer, consumers, admin) run in the test. What the issue asks of
+a cluster is checked as it would be by an operator with ``kill``:
+
+- SIGKILL the coordinator of a group with live members: the group is stable
+  again (a new generation, every partition owned once) on another broker
+  within the ZooKeeper session timeout plus two seconds, every acknowledged
+  commit is still there, and the members' ownership timelines (recorded
+  from their assignment callbacks, in one process, so in one order) never
+  give a partition to two members at once.
+- SIGSTOP a coordinator past its ZooKeeper session, then SIGCONT it: the
+  write it was asked for is rejected, the offset stays as the new
+  coordinator has it, and the woken broker steps down, re-registers and
+  serves again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+
+import trio
+
+from trio_coord import ConsumerState, open_admin, open_consumer, open_producer
+from trio_coord.broker.cluster import COORDINATORS, coordinator_path
+from trio_coord.broker.coordinator import slot_of
+from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.errors import (
+    CoordError,
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+)
+from trio_coord.protocol.messages import (
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    PartitionOffset,
+    TopicPartition,
+)
+from trio_coord.store import MetadataStore, open_zookeeper_store
+
+from .procs import SLOTS, ZK_SESSION, BrokerProcess
+
+TOPIC = "events"
+PARTITIONS = 4
+
+
+async def holders(zk: MetadataStore) -> dict[int, int]:
+    """slot → broker id, as ZooKeeper has it."""
+    found = {}
+    for name in await zk.children(COORDINATORS):
+        with contextlib.suppress(CoordError, Exception):
+            data, _ = await zk.get(coordinator_path(int(name)))
+            found[int(name)] = int(data)
+    return found
+
+
+async def wait_spread(zk: MetadataStore, ids: set[int]) -> dict[int, int]:
+    """Wait until every slot is held, evenly, by the brokers ``ids``."""
+    with trio.fail_after(60):
+        while True:
+            held = await holders(zk)
+            counts = [list(held.values()).count(b) for b in ids]
+            if len(held) == SLOTS and set(held.values()) <= ids and max(counts) - min(counts) <= 1:
+                return held
+            await trio.sleep(0.1)
+
+
+def group_on(held: dict[int, int], broker_id: int, prefix: str) -> str:
+    """A group id whose slot ``broker_id`` holds."""
+    return next(
+        f"{prefix}{n}" for n in range(10_000) if held[slot_of(f"{prefix}{n}", SLOTS)] == broker_id
+    )
+
+
+async def coordinator_id(bootstrap: str, group: str) -> int | None:
+    """The coordinator of ``group`` that the broker at ``bootstrap`` names."""
+    host, _, port = bootstrap.rpartition(":")
+    async with open_connection(host, int(port)) as conn:
+        response = await conn.request(MetadataRequest([], group=group))
+    assert isinstance(response, MetadataResponse)
+    return None if response.coordinator is None else response.coordinator.broker_id
+
+
+@contextlib.asynccontextmanager
+async def three_brokers(url: str, base) -> AsyncIterator[tuple[list[BrokerProcess], MetadataStore]]:
+    """Brokers 1-3 on ``url``; the topic's partitions live on brokers 1 and 2 only.
+
+    Broker 3 joins after the topic is made, so that killing it loses no
+    partition, only coordination: the failover is the coordinator's.
+    """
+    procs = [BrokerProcess(url, i, base) for i in (1, 2, 3)]
+    async with open_zookeeper_store(url) as zk:
+        try:
+            await procs[0].start()
+            await procs[1].start()
+            await wait_spread(zk, {1, 2})
+            async with open_admin(procs[0].bootstrap) as admin:
+                await admin.create_topic(TOPIC, PARTITIONS)
+            await procs[2].start()
+            await wait_spread(zk, {1, 2, 3})
+            yield procs, zk
+        finally:
+            with trio.CancelScope(shield=True):
+                for proc in procs:
+                    await proc.stop()
+
+
+async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_2s(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with three_brokers(url, tmp_path) as (procs, zk):
+        victim = procs[2]
+        group = group_on(await holders(zk), 3, "g")
+        bootstrap = ",".join(p.bootstrap for p in procs)
+        survivors = ",".join(p.bootstrap for p in procs[:2])
+        timeline: list[tuple[str, str, TopicPartition]] = []  # (member, event, partition)
+        acked: dict[TopicPartition, int] = {}
+
+        def recorder(name: str, event: str):
+            def record(partitions: list[TopicPartition]) -> None:
+                timeline.extend((name, event, tp) for tp in partitions)
+
+            return record
+
+        async def consume(name: str, consumer, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            while True:
+                records = await consumer.getmany(100)
+                done = {}
+                for r in records:
+                    done[TopicPartition(r.topic, r.partition)] = r.offset + 1
+                try:
+                    await consumer.commit()
+                except CoordError:
+                    continue  # moving: the positions are handed back or committed later
+                for tp, offset in done.items():
+                    acked[tp] = max(acked.get(tp, 0), offset)
+
+        async def produce(producer) -> None:
+            n = 0
+            while True:
+                await producer.send(TOPIC, f"r{n}", partition=n % PARTITIONS)
+                n += 1
+                await trio.sleep(0.01)
+
+        async with contextlib.AsyncExitStack() as stack:
+            producer = await stack.enter_async_context(open_producer(survivors))
+            consumers = []
+            for i in range(3):
+                name = f"c{i}"
+                consumer = await stack.enter_async_context(
+                    open_consumer(
+                        bootstrap,
+                        group,
+                        [TOPIC],
+                        client_id=name,
+                        session_timeout=1.0,
+                        offset_reset="earliest",
+                        on_assigned=recorder(name, "assigned"),
+                        on_revoked=recorder(name, "revoked"),
+                        on_lost=recorder(name, "lost"),
+                    )
+                )
+                consumers.append((name, consumer))
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            nursery.start_soon(produce, producer)
+            for name, consumer in consumers:
+                nursery.start_soon(consume, name, consumer)
+            consumers = [c for _, c in consumers]
+
+            def stable_generation() -> int | None:
+                gens = {c.generation for c in consumers}
+                owned = [tp for c in consumers for tp in c.assignment]
+                if (
+                    len(gens) == 1
+                    and all(c.state is ConsumerState.STABLE for c in consumers)
+                    and sorted(owned) == sorted(set(owned))
+                    and len(owned) == PARTITIONS
+                ):
+                    return gens.pop()
+                return None
+
+            with trio.fail_after(30):
+                while stable_generation() is None or len(acked) < PARTITIONS:
+                    await trio.sleep(0.02)
+            before = stable_generation()
+            assert before is not None
+            assert await coordinator_id(procs[0].bootstrap, group) == 3
+            acked_before = dict(acked)
+
+            killed_at = trio.current_time()
+            await victim.kill()
+            with trio.fail_after(30):
+                while True:
+                    generation = stable_generation()
+                    if generation is not None and generation > before:
+                        break
+                    await trio.sleep(0.01)
+            took = trio.current_time() - killed_at
+            assert took <= ZK_SESSION + 2.0, f"stable again after {took:.2f}s"
+            assert await coordinator_id(procs[0].bootstrap, group) in (1, 2)
+
+            async with open_admin(survivors) as admin:
+                committed = await admin.committed_offsets(group)
+            for tp, offset in acked_before.items():
+                assert committed[tp] >= offset, (tp, committed[tp], offset)
+            nursery.cancel_scope.cancel()
+
+        # No partition was ever owned by two members at once.
+        owner: dict[TopicPartition, str] = {}
+        for member, event, tp in timeline:
+            if event == "assigned":
+                assert tp not in owner, f"{tp} given to {member} while {owner.get(tp)} owns it"
+                owner[tp] = member
+            else:
+                assert owner.get(tp) == member, (member, event, tp, owner.get(tp))
+                del owner[tp]
+        assert any(event == "lost" or event == "revoked" for _, event, _ in timeline)
+
+
+async def test_a_coordinator_stopped_past_its_session_is_fenced_and_steps_down(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with three_brokers(url, tmp_path) as (procs, zk):
+        paused = procs[2]
+        group = group_on(await holders(zk), 3, "h")
+        tp = TopicPartition(TOPIC, 0)
+
+        def commit(offset: int) -> OffsetCommitRequest:
+            return OffsetCommitRequest(
+                group, "", -1, [PartitionOffset(tp.topic, tp.partition, offset)]
+            )
+
+        assert paused.address is not None
+        async with open_connection(*paused.address) as stale:
+            await stale.request(commit(10))
+            paused.signal(signal.SIGSTOP)
+            # The others notice its session expire and one of them wins its slots.
+            with trio.fail_after(30):
+                while await coordinator_id(procs[0].bootstrap, group) in (3, None):
+                    await trio.sleep(0.1)
+            async with open_admin(procs[0].bootstrap) as admin:
+                assert (await admin.committed_offsets(group))[tp] == 10
+
+                # A commit reaches the paused broker's socket; then it wakes up.
+                rejected: list[CoordError] = []
+
+                async def late_commit() -> None:
+                    try:
+                        await stale.request(commit(99))
+                    except CoordError as exc:
+                        rejected.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(late_commit)
+                    await trio.sleep(0.2)
+                    paused.signal(signal.SIGCONT)
+                assert len(rejected) == 1, "the deposed coordinator accepted a write"
+                assert isinstance(
+                    rejected[0], NotCoordinatorError | CoordinatorNotAvailableError
+                ), rejected
+                assert (await admin.committed_offsets(group))[tp] == 10
+
+                # It stepped down, registered again with a new session, and serves.
+                with trio.fail_after(30):
+                    while "registering again with a new session" not in paused.log_text():
+                        await trio.sleep(0.1)
+                    while len(await admin.brokers()) < 3:
+                        await trio.sleep(0.1)
+                await wait_spread(zk, {1, 2, 3})
+                await admin.create_topic("after", 1)
