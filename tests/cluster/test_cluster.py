@@ -31,7 +31,7 @@ from trio_coord.protocol.messages import (
     ProduceRequest,
     TopicPartition,
 )
-from trio_coord.store import BadVersionError, open_zookeeper_store
+from trio_coord.store import BadVersionError, SessionState, open_zookeeper_store
 
 SLOTS = 6
 SETTINGS = dict(
@@ -57,14 +57,16 @@ async def open_cluster(url: str, tmp_path, count: int) -> AsyncIterator[list[Bro
 
 
 async def settled(brokers: list[Broker]) -> None:
-    """Wait until every broker sees all of them and the slots are spread evenly and loaded."""
+    """Wait until every broker is connected, sees all of them, and the slots are spread evenly
+    and loaded."""
     ids = {b.config.broker_id for b in brokers}
     with trio.fail_after(30):
         while True:
             views = [b.member for b in brokers if b.member is not None]
             held = [len(b.coordinator.services) for b in brokers]
             if (
-                all(set(v.brokers) == ids for v in views)
+                all(b.store.session_state.value is SessionState.CONNECTED for b in brokers)
+                and all(set(v.brokers) == ids for v in views)
                 and sum(held) == SLOTS
                 and max(held) - min(held) <= 1
                 and all(len(v.holders) == SLOTS for v in views)
