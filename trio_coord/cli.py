@@ -19,17 +19,19 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 import trio
 
 from . import __version__
 from .broker import BrokerConfig, open_broker
+from .broker.cluster import read_status
 from .client import Admin, Consumer, Delivery, PartitionLag, open_admin, open_producer
 from .log import LogConfig, LogError
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .protocol.records import ConsumerRecord
+from .store import open_zookeeper_store
 from .store.base import StoreError
 
 __all__ = ["main"]
@@ -725,6 +727,26 @@ def build_parser() -> argparse.ArgumentParser:
         _add_client_options(p)
         p.set_defaults(func=func)
 
+    cluster = sub.add_parser(
+        "cluster", help="inspect a cluster of brokers on ZooKeeper"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = cluster.add_parser(
+        "status",
+        help="brokers, coordinator slots and their holders, groups per coordinator",
+        description="Read a cluster's state from its ZooKeeper chroot: the live brokers, "
+        "which broker holds each coordinator slot, and the groups each coordinates.",
+    )
+    p.add_argument("--store", required=True, metavar="zk://HOST:PORT[,...]/CHROOT")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up if ZooKeeper does not answer within this long (default: %(default)s)",
+    )
+    p.set_defaults(func=cmd_cluster_status)
+
     groups = sub.add_parser(
         "groups", help="list, describe, create and delete consumer groups"
     ).add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -886,6 +908,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+async def cmd_cluster_status(args: argparse.Namespace) -> None:
+    """Show a cluster's brokers, who holds each coordinator slot, and the groups of each."""
+    with trio.fail_after(args.timeout):
+        async with open_zookeeper_store(args.store, connect_timeout=args.timeout) as store:
+            status = await read_status(store)
+    brokers = cast(list[dict[str, Any]], status["brokers"])
+    holders = cast(dict[int, int], status["holders"])
+    groups = cast(dict[str, list[str]], status["groups"])
+    lines = [f"{len(brokers)} live broker(s), {status['slots']} coordinator slot(s)"]
+    for broker in brokers:
+        bid = broker["broker_id"]
+        held = [s for s, b in holders.items() if b == bid]
+        lines.append(
+            f"  broker {bid} at {broker['address']}: slots {held or '-'}, "
+            f"{len(groups.get(str(bid), []))} group(s) {' '.join(groups.get(str(bid), []))}"
+        )
+    vacant = [s for s in range(cast(int, status["slots"])) if s not in holders]
+    if vacant:
+        lines.append(f"  vacant slots (being elected): {vacant}; groups: {groups.get('none', [])}")
+    _say(args, status, "\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

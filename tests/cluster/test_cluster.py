@@ -12,6 +12,8 @@ the others' groups.
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -203,3 +205,31 @@ async def test_a_topic_made_on_one_broker_rebalances_a_group_on_another(
                 with trio.fail_after(20):
                     while len(consumer.assignment) != 3:
                         await trio.sleep(0.02)
+
+
+async def test_cluster_status_shows_brokers_slot_holders_and_groups(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        for group in ("a", "b", "c"):
+            await coordinator_broker(brokers, group).coordinator.create_group(group)
+        result = await trio.run_process(
+            [sys.executable, "-m", "trio_coord", "cluster", "status", "--store", url, "--json"],
+            capture_stdout=True,
+        )
+        status = json.loads(result.stdout)
+        assert status["slots"] == SLOTS
+        assert [b["broker_id"] for b in status["brokers"]] == [1, 2]
+        holders = {int(s): b for s, b in status["holders"].items()}
+        assert holders == brokers[0].member.holders  # type: ignore[union-attr]
+        expected: dict[str, list[str]] = {}
+        for group in ("a", "b", "c"):
+            owner = coordinator_broker(brokers, group).config.broker_id
+            expected.setdefault(str(owner), []).append(group)
+        assert status["groups"] == expected
+        text = await trio.run_process(
+            [sys.executable, "-m", "trio_coord", "cluster", "status", "--store", url],
+            capture_stdout=True,
+        )
+        assert b"2 live broker(s), 6 coordinator slot(s)" in text.stdout

@@ -57,13 +57,13 @@ from ..store.base import (
     StoreError,
 )
 from ..store.zookeeper import open_zookeeper_store
-from .coordinator import CoordinatorService
-from .persistence import TOPICS, RecordWriter, load_records, topic_path
+from .coordinator import CoordinatorService, slot_of
+from .persistence import GROUPS, TOPICS, RecordWriter, load_records, topic_path
 
 if TYPE_CHECKING:
     from .server import Broker
 
-__all__ = ["ClusterConfigError", "ClusterMember", "SlotHolder"]
+__all__ = ["ClusterConfigError", "ClusterMember", "SlotHolder", "read_status"]
 
 log = logging.getLogger(__name__)
 
@@ -505,6 +505,39 @@ async def _children(store: MetadataStore, path: str) -> list[str]:
             return await store.children(path)
         except StoreConnectionError:
             await _until_connected(store)
+
+
+async def read_status(store: MetadataStore) -> dict[str, object]:
+    """A cluster as ZooKeeper has it: live brokers, who holds each slot, groups per slot.
+
+    For ``trio-coord cluster status``: ``{"slots": N, "brokers": [{"broker_id",
+    "address"}], "holders": {slot: broker id}, "groups": {broker id or
+    "none": [group ids]}}`` (groups of a vacant slot are under ``"none"``).
+    """
+    data, _ = await store.get(CLUSTER)
+    slots = msgspec.msgpack.decode(data, type=_ClusterConfig).slots
+    brokers: list[dict[str, object]] = []
+    for name in sorted(await store.children(BROKERS), key=int):
+        with contextlib.suppress(NoNodeError):
+            data, _ = await store.get(f"{BROKERS}/{name}")
+            info = msgspec.msgpack.decode(data, type=BrokerInfo)
+            brokers.append({"broker_id": info.broker_id, "address": info.address})
+    holders: dict[int, int] = {}
+    for name in await store.children(COORDINATORS):
+        with contextlib.suppress(NoNodeError):
+            data, _ = await store.get(coordinator_path(int(name)))
+            holders[int(name)] = int(data)
+    groups: dict[str, list[str]] = {}
+    names = await store.children(GROUPS) if await store.exists(GROUPS) else []
+    for group in names:
+        holder = holders.get(slot_of(group, slots))
+        groups.setdefault("none" if holder is None else str(holder), []).append(group)
+    return {
+        "slots": slots,
+        "brokers": brokers,
+        "holders": dict(sorted(holders.items())),
+        "groups": dict(sorted(groups.items())),
+    }
 
 
 def placement(member: ClusterMember) -> Callable[[], list[int]]:
