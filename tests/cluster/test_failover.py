@@ -42,6 +42,7 @@ from trio_coord.protocol.messages import (
 )
 from trio_coord.store import MetadataStore, open_zookeeper_store
 
+from .ownership import Ownership
 from .procs import SLOTS, ZK_SESSION, BrokerProcess
 
 TOPIC = "events"
@@ -118,14 +119,8 @@ async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_
         group = group_on(await holders(zk), 3, "g")
         bootstrap = ",".join(p.bootstrap for p in procs)
         survivors = ",".join(p.bootstrap for p in procs[:2])
-        timeline: list[tuple[str, str, TopicPartition]] = []  # (member, event, partition)
+        ownership = Ownership()
         acked: dict[TopicPartition, int] = {}
-
-        def recorder(name: str, event: str):
-            def record(partitions: list[TopicPartition]) -> None:
-                timeline.extend((name, event, tp) for tp in partitions)
-
-            return record
 
         async def consume(name: str, consumer, task_status=trio.TASK_STATUS_IGNORED) -> None:
             task_status.started()
@@ -161,9 +156,7 @@ async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_
                         client_id=name,
                         session_timeout=1.0,
                         offset_reset="earliest",
-                        on_assigned=recorder(name, "assigned"),
-                        on_revoked=recorder(name, "revoked"),
-                        on_lost=recorder(name, "lost"),
+                        **ownership.callbacks(name),
                     )
                 )
                 consumers.append((name, consumer))
@@ -212,15 +205,8 @@ async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_
             nursery.cancel_scope.cancel()
 
         # No partition was ever owned by two members at once.
-        owner: dict[TopicPartition, str] = {}
-        for member, event, tp in timeline:
-            if event == "assigned":
-                assert tp not in owner, f"{tp} given to {member} while {owner.get(tp)} owns it"
-                owner[tp] = member
-            else:
-                assert owner.get(tp) == member, (member, event, tp, owner.get(tp))
-                del owner[tp]
-        assert any(event == "lost" or event == "revoked" for _, event, _ in timeline)
+        ownership.check_exclusive()
+        assert ownership.count("lost") + ownership.count("revoked") > 0
 
 
 async def test_a_coordinator_stopped_past_its_session_is_fenced_and_steps_down(

@@ -190,6 +190,7 @@ class ClusterMember:
             broker.writer.add_existing_paths({TOPICS})
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._follow_session, store)
                 await nursery.start(self._follow_brokers, store)
                 await nursery.start(self._follow_holders, store)
                 await nursery.start(self._follow_topics, store)
@@ -205,6 +206,7 @@ class ClusterMember:
                 raise
         finally:
             self._nursery = None
+            broker.coordinator.suspended = False
             for holder in list(self.held.values()):
                 self._drop(holder)
             self.brokers.clear()
@@ -256,6 +258,31 @@ class ClusterMember:
                         break
 
     # -- following ZooKeeper ------------------------------------------------------------
+
+    async def _follow_session(self, store: MetadataStore) -> None:
+        """Stop renewing members' leases while the connection to ZooKeeper is lost.
+
+        While suspended this broker cannot know whether its session (and so
+        its slots) still lives; if it expires, another broker loads the
+        groups and fences their partitions for a member session from then.
+        A member whose heartbeats go unanswered here drops its partitions one
+        member session after its last accepted heartbeat, which is before
+        that fence ends: ownership stays exclusive even when this broker is
+        cut off from ZooKeeper but not from its members.
+        """
+        coordinators = self._broker.coordinator
+        state = store.session_state
+        while True:
+            await state.wait_value(SessionState.SUSPENDED)
+            coordinators.suspended = True
+            log.warning(
+                "broker %d: connection to ZooKeeper lost; refusing heartbeats until it is back",
+                self.broker_id,
+            )
+            await state.wait_value(lambda s: s is not SessionState.SUSPENDED)
+            coordinators.suspended = False
+            if state.value is SessionState.CONNECTED:
+                log.info("broker %d: connection to ZooKeeper is back", self.broker_id)
 
     async def _follow_brokers(
         self, store: MetadataStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

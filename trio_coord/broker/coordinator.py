@@ -335,6 +335,8 @@ class Coordinators:
         """Whether slots are won by election (a cluster): store failures then mean "moved"."""
         self.services: dict[int, CoordinatorService] = {}
         self.loading: set[int] = set()
+        self.suspended = False
+        """A cluster broker cut off from ZooKeeper: it may have lost its slots already."""
 
     @contextlib.contextmanager
     def _writing(self, group_id: str) -> Iterator[None]:
@@ -371,6 +373,11 @@ class Coordinators:
         """The service coordinating ``group_id`` here; NOT_COORDINATOR if none."""
         slot = self.slot_of(group_id)
         service = self.services.get(slot)
+        if self.suspended and service is not None:
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of group {group_id!r} lost its connection to ZooKeeper and "
+                "may no longer hold the group; retry shortly"
+            )
         if service is None:
             if slot in self.loading:
                 raise CoordinatorNotAvailableError(

@@ -36,6 +36,7 @@ from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.connection import Connection
+from ..protocol.errors import CoordinatorNotAvailableError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
 from ..store import open_embedded_store, open_zookeeper_store
@@ -230,6 +231,12 @@ class Broker:
         if self.member is None:
             info = self.info
             return MetadataResponse([info], topics, info if request.group else None)
+        if self.coordinator.suspended:
+            # Its view may be stale, and its slots gone: send the client to another broker.
+            raise CoordinatorNotAvailableError(
+                f"broker {self.config.broker_id} lost its connection to ZooKeeper and cannot "
+                "say who coordinates what; ask another broker"
+            )
         brokers = [self.member.brokers[b] for b in sorted(self.member.brokers)]
         coordinator = None
         if request.group:
