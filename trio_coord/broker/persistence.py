@@ -5,9 +5,11 @@ deletions) goes through :class:`RecordWriter`. Callers ``await
 writer.write(records)``; a single flusher task takes everything queued since
 its last write and makes it durable in **one** atomic store ``multi``
 (group commit: a thousand members auto-committing cost one write, not a
-thousand), then replays the records, in the order they were queued, into the
-in-memory state, and only then wakes the callers. So an acknowledged record
-is durable, and the in-memory state always equals what a restart would load
+thousand; a transaction carries at most ``max_batch_records`` records and
+about ``max_batch_bytes`` bytes, under ZooKeeper's request limit), then
+replays the records, in the order they were queued, into the in-memory
+state, and only then wakes the callers. So an acknowledged record is
+durable, and the in-memory state always equals what a restart would load
 (:func:`load_records` reads it back; the broker replays it the same way).
 
 The store layout::
@@ -142,11 +144,34 @@ async def load_records(
     return records, paths
 
 
+DEFAULT_MAX_BATCH_BYTES = 512 * 1024
+"""How many bytes of records one store transaction carries at most (estimated; a
+single caller's records always go together). ZooKeeper refuses requests beyond its
+``jute.maxbuffer`` (1 MiB by default); this leaves room for the paths of parents
+created on the way and for the transaction's framing."""
+
+_OP_BYTES = 64  # per operation besides its path and data (header, version, ACL)
+
+
+def _estimate(records: Sequence[Record]) -> int:
+    """The bytes a transaction writing ``records`` roughly takes."""
+    total = 0
+    for record in records:
+        if isinstance(record, GroupTombstone):
+            total += _OP_BYTES + len(group_path(record.group_id))
+        else:
+            total += _OP_BYTES + len(record_path(record))
+            if not isinstance(record, OffsetTombstone):
+                total += len(encode_record(record))
+    return total
+
+
 @dataclass(slots=True)
 class _Batch:
     records: list[Record] = field(default_factory=list)
     done: trio.Event = field(default_factory=trio.Event)
     error: StoreError | None = None
+    nbytes: int = 0
 
 
 class RecordWriter:
@@ -174,6 +199,7 @@ class RecordWriter:
         replay: Callable[[Record], None],
         current: Callable[[Record], Record | None],
         max_batch_records: int = 5000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         guard: Sequence[Op] = (),
     ) -> None:
         self.store = store
@@ -185,6 +211,7 @@ class RecordWriter:
         self._replay = replay
         self._current = current
         self._max_batch = max_batch_records
+        self._max_bytes = max_batch_bytes
         self._queue: list[_Batch] = []
         self._wakeup = trio.Event()
         self.writes = 0
@@ -194,7 +221,7 @@ class RecordWriter:
         """Return once ``records`` are durable and replayed; StoreError if the write failed."""
         if not records:
             return
-        batch = _Batch(list(records))
+        batch = _Batch(list(records), nbytes=_estimate(records))
         self._queue.append(batch)
         self._wakeup.set()
         await batch.done.wait()
@@ -220,9 +247,16 @@ class RecordWriter:
             self._wakeup = trio.Event()
             while self._queue:
                 batches: list[_Batch] = []
-                size = 0
-                while self._queue and (not batches or size < self._max_batch):
-                    size += len(self._queue[0].records)
+                count = nbytes = 0
+                while self._queue and (
+                    not batches
+                    or (
+                        count + len(self._queue[0].records) <= self._max_batch
+                        and nbytes + self._queue[0].nbytes <= self._max_bytes
+                    )
+                ):
+                    count += len(self._queue[0].records)
+                    nbytes += self._queue[0].nbytes
                     batches.append(self._queue.pop(0))
                 await self._flush(batches)
 
