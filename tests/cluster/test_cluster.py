@@ -22,9 +22,14 @@ import trio
 from trio_coord import open_admin, open_broker, open_consumer, open_producer
 from trio_coord.broker import Broker
 from trio_coord.broker.cluster import epoch_path
+from trio_coord.broker.coordinator import PATTERN_PREFIX
 from trio_coord.core.records import OffsetRecord
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.errors import NotCoordinatorError, NotLeaderForPartitionError
+from trio_coord.protocol.errors import (
+    InvalidRequestError,
+    NotCoordinatorError,
+    NotLeaderForPartitionError,
+)
 from trio_coord.protocol.messages import (
     HeartbeatRequest,
     MetadataRequest,
@@ -233,3 +238,44 @@ async def test_cluster_status_shows_brokers_slot_holders_and_groups(
             capture_stdout=True,
         )
         assert b"2 live broker(s), 6 coordinator slot(s)" in text.stdout
+
+
+async def test_a_regex_subscription_picks_up_matching_topics_made_on_any_broker(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        owner = coordinator_broker(brokers, "rx")
+        other = next(b for b in brokers if b is not owner)
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        async with open_admin(other.bootstrap) as admin:
+            await admin.create_topic("orders-eu", 2)
+            with trio.fail_after(10):
+                while "orders-eu" not in owner.topics.partitions:
+                    await trio.sleep(0.02)
+            async with open_consumer(
+                bootstrap, "rx", [f"{PATTERN_PREFIX}orders-.*"], session_timeout=1.0
+            ) as consumer:
+
+                async def owns(topics: dict[str, int]) -> None:
+                    wanted = {TopicPartition(t, p) for t, n in topics.items() for p in range(n)}
+                    with trio.fail_after(20):
+                        while set(consumer.assignment) != wanted:
+                            await trio.sleep(0.02)
+
+                await owns({"orders-eu": 2})  # matched when it joined
+                await admin.create_topic("billing", 1)  # does not match
+                await admin.create_topic("orders-us", 1)  # matches: made on the other broker
+                await owns({"orders-eu": 2, "orders-us": 1})
+                await admin.add_partitions("orders-us", 3)
+                await owns({"orders-eu": 2, "orders-us": 3})
+                description = await admin.describe_group("rx")
+                (member,) = description.members
+                assert set(member.topics) == {"re:orders-.*", "orders-eu", "orders-us"}
+
+
+async def test_a_bad_regex_subscription_is_refused_with_a_clear_message(tmp_path):
+    async with open_broker(None, min_session_timeout=0.2) as broker:
+        with pytest.raises(InvalidRequestError, match=r"re:\(orders.*not a valid regular exp"):
+            async with open_consumer(broker.bootstrap, "g", ["re:(orders"], session_timeout=1.0):
+                pass  # pragma: no cover

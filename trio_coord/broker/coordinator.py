@@ -6,7 +6,9 @@ keeps track of which members live on which connection (so that a lost
 connection removes exactly its members), rebalances the groups subscribed to
 a topic that appears or grows, replays durable records into group state, and
 sweeps away groups that stayed empty, with no offsets, for the retention
-period. A broker of a cluster runs one service per coordinator slot it
+period. A subscription entry ``re:PATTERN`` is a regular expression over
+topic names: the member is subscribed to every matching topic, including
+topics created later. A broker of a cluster runs one service per coordinator slot it
 holds; :class:`Coordinators` routes each group's requests to its slot's
 service (a single broker has one slot).
 """
@@ -14,11 +16,14 @@ service (a single broker has one slot).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from ..core.assignors import ASSIGNORS, Assignor
@@ -30,6 +35,7 @@ from ..protocol.errors import (
     CoordinatorNotAvailableError,
     GroupAlreadyExistsError,
     GroupNotFoundError,
+    InvalidRequestError,
     NonEmptyGroupError,
     NotCoordinatorError,
 )
@@ -51,7 +57,13 @@ from .group import EventCallback, GroupRunner, LogOffsets
 from .persistence import RecordWriter
 from .topics import TopicManager
 
-__all__ = ["CoordinatorConfig", "CoordinatorService", "Coordinators", "slot_of"]
+__all__ = [
+    "PATTERN_PREFIX",
+    "CoordinatorConfig",
+    "CoordinatorService",
+    "Coordinators",
+    "slot_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +201,17 @@ class CoordinatorService:
     # -- requests ----------------------------------------------------------------------
 
     async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
-        """Admit a member to a group, creating the group on first join."""
+        """Admit a member to a group, creating the group on first join.
+
+        A subscription entry ``re:PATTERN`` subscribes to every topic whose
+        whole name matches the regular expression, now and as topics appear
+        (``:`` never occurs in topic names): the member's topics are its
+        entries plus the existing topics they match.
+        """
+        patterns = _patterns(request.topics)
+        if patterns:
+            matched = {t for t in self._topics.partitions if any(p.fullmatch(t) for p in patterns)}
+            request = msgspec.structs.replace(request, topics=sorted(set(request.topics) | matched))
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
 
@@ -289,9 +311,18 @@ class CoordinatorService:
         count = self._topics.partitions.get(topic)
         for runner in self._runners.values():
             group = runner.group
-            if group.state is not GroupState.EMPTY and any(
-                topic in m.topics for m in group.members.values()
-            ):
+            if group.state is GroupState.EMPTY:
+                continue
+            interested = False
+            for member in group.members.values():
+                if topic in member.topics:
+                    interested = True
+                elif any(p.fullmatch(topic) for p in _patterns(member.topics)):
+                    # A new topic matching the member's pattern: it is subscribed now (the
+                    # next generation's record persists it; a rejoin matches it again).
+                    member.topics = member.topics | {topic}
+                    interested = True
+            if interested:
                 runner.request_rebalance(f"topic {topic} now has {count} partitions")
 
     async def _sweep_empty_groups(self) -> None:
@@ -313,6 +344,30 @@ class CoordinatorService:
                     await self._delete(runner)
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)
+
+
+PATTERN_PREFIX = "re:"
+"""A subscription entry starting with this is a regular expression over topic names."""
+
+
+def _patterns(topics: Iterable[str]) -> list[re.Pattern[str]]:
+    """The compiled ``re:`` entries of a subscription; INVALID_REQUEST for a bad one."""
+    patterns = []
+    for entry in topics:
+        if entry.startswith(PATTERN_PREFIX):
+            try:
+                patterns.append(_compile(entry[len(PATTERN_PREFIX) :]))
+            except re.error as exc:
+                raise InvalidRequestError(
+                    f"subscription {entry!r} is not a valid regular expression ({exc}); "
+                    "write re:PATTERN with a Python regular expression matching whole topic names"
+                ) from None
+    return patterns
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 def slot_of(group_id: str, slots: int) -> int:
