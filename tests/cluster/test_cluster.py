@@ -29,6 +29,7 @@ from trio_coord.protocol.errors import (
     InvalidRequestError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
+    TopicAlreadyExistsError,
 )
 from trio_coord.protocol.messages import (
     HeartbeatRequest,
@@ -279,3 +280,25 @@ async def test_a_bad_regex_subscription_is_refused_with_a_clear_message(tmp_path
         with pytest.raises(InvalidRequestError, match=r"re:\(orders.*not a valid regular exp"):
             async with open_consumer(broker.bootstrap, "g", ["re:(orders"], session_timeout=1.0):
                 pass  # pragma: no cover
+
+
+async def test_one_topic_created_on_two_brokers_at_once_exists_once(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        outcomes: list[object] = []
+
+        async def create(broker: Broker) -> None:
+            try:
+                outcomes.append(await broker.topics.create_topic("twice", 2))
+            except TopicAlreadyExistsError as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for broker in brokers:
+                nursery.start_soon(create, broker)
+        assert sorted(type(o).__name__ for o in outcomes) == [
+            "TopicAlreadyExistsError",
+            "TopicInfo",
+        ]

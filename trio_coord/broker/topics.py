@@ -28,6 +28,7 @@ from ..protocol.errors import (
     UnknownTopicError,
 )
 from ..protocol.messages import TopicInfo
+from ..store.base import NodeExistsError
 from .persistence import RecordWriter
 
 __all__ = ["TopicManager"]
@@ -111,7 +112,12 @@ class TopicManager:
                     f"topic {name!r} exists already with {self.partitions[name]} partitions"
                 )
             leaders = self._place(name, [], partitions)
-            await self._writer.write([TopicRecord(name, partitions, leaders)])
+            try:
+                await self._writer.write([TopicRecord(name, partitions, leaders)])
+            except NodeExistsError:  # another broker of the cluster made it meanwhile
+                raise TopicAlreadyExistsError(
+                    f"topic {name!r} was just created by another broker"
+                ) from None
             return self.info(name)
 
     async def add_partitions(self, name: str, total: int) -> TopicInfo:
