@@ -21,8 +21,9 @@ import trio
 
 from trio_coord import open_admin, open_broker, open_consumer, open_producer
 from trio_coord.broker import Broker
-from trio_coord.broker.cluster import epoch_path
+from trio_coord.broker.cluster import ClusterConfigError, epoch_path
 from trio_coord.broker.coordinator import PATTERN_PREFIX
+from trio_coord.cli import main
 from trio_coord.core.records import OffsetRecord
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import (
@@ -302,3 +303,23 @@ async def test_one_topic_created_on_two_brokers_at_once_exists_once(
             "TopicAlreadyExistsError",
             "TopicInfo",
         ]
+
+
+async def test_a_broker_with_another_slot_count_is_refused_with_the_count_to_use(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 1):
+        with pytest.raises(ClusterConfigError, match=f"--coordinator-slots {SLOTS}"):
+            async with open_broker(
+                tmp_path / "odd", store=url, broker_id=9, **{**SETTINGS, "coordinator_slots": 7}
+            ):
+                pass  # pragma: no cover
+
+
+def test_the_cli_refuses_a_store_that_is_not_a_zookeeper_url(capsys, tmp_path):
+    status = main(
+        ["broker", "--store", "zookeeper:2181", "--data-dir", str(tmp_path), "--port", "0"]
+    )
+    assert status == 1
+    assert "is not a ZooKeeper URL: give zk://host:port" in capsys.readouterr().err

@@ -19,6 +19,7 @@ a cluster is checked as it would be by an operator with ``kill``:
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 from collections.abc import AsyncIterator
 
@@ -44,6 +45,8 @@ from trio_coord.store import MetadataStore, open_zookeeper_store
 
 from .ownership import Ownership
 from .procs import SLOTS, ZK_SESSION, BrokerProcess
+
+log = logging.getLogger(__name__)
 
 TOPIC = "events"
 PARTITIONS = 4
@@ -195,6 +198,7 @@ async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_
                         break
                     await trio.sleep(0.01)
             took = trio.current_time() - killed_at
+            log.info("group %s stable again %.2fs after its coordinator was killed", group, took)
             assert took <= ZK_SESSION + 2.0, f"stable again after {took:.2f}s"
             assert await coordinator_id(procs[0].bootstrap, group) in (1, 2)
 

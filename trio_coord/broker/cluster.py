@@ -34,9 +34,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 import trio
@@ -67,13 +67,15 @@ __all__ = ["ClusterConfigError", "ClusterMember", "SlotHolder", "read_status"]
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 CLUSTER = "/cluster"
 BROKERS = "/brokers"
 COORDINATORS = "/coordinators"
 SLOTS = "/slots"
 
 
-class ClusterConfigError(Exception):
+class ClusterConfigError(ValueError):
     """This broker's settings contradict the cluster's (a different slot count)."""
 
 
@@ -186,7 +188,7 @@ class ClusterMember:
         broker.store = store
         broker.writer.store = store
         try:
-            await self._prepare(store)
+            await _retrying(store, lambda: self._prepare(store))
             broker.writer.add_existing_paths({TOPICS})
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -194,7 +196,7 @@ class ClusterMember:
                 await nursery.start(self._follow_brokers, store)
                 await nursery.start(self._follow_holders, store)
                 await nursery.start(self._follow_topics, store)
-                await self._register(store)
+                await _retrying(store, lambda: self._register(store))
                 nursery.start_soon(self._balance, store)
                 task_status.started()
                 await store.session_state.wait_value(
@@ -244,7 +246,9 @@ class ClusterMember:
                 log.info("broker %d registered at %s", self.broker_id, self._broker.bootstrap)
                 return
             except NodeExistsError:
-                pass
+                stat = await store.exists(path)
+                if stat is not None and stat.ephemeral_owner == store.session_id:
+                    return  # (a retry after a lost reply: it is ours)
             if not warned:
                 warned = True
                 log.warning(
@@ -514,6 +518,15 @@ async def _until_connected(store: MetadataStore) -> None:
     """Wait out a lost connection (an expired session raises at the next call instead)."""
     await store.session_state.wait_value(lambda s: s is not SessionState.SUSPENDED)
     await trio.sleep(0.05)
+
+
+async def _retrying(store: MetadataStore, call: Callable[[], Awaitable[_T]]) -> _T:
+    """``call()`` again after each lost connection (it must be safe to repeat)."""
+    while True:
+        try:
+            return await call()
+        except StoreConnectionError:
+            await _until_connected(store)
 
 
 async def _get(store: MetadataStore, path: str) -> tuple[bytes, Stat]:
