@@ -6,6 +6,8 @@ partition assigned to a member while another still owns it shows up as an
 ``assigned`` before the other's ``revoked``/``lost``. The recorded interval of
 ownership lies within the real one (fetching starts before ``on_assigned``
 and stops after ``on_revoked``), so any recorded overlap is a real one.
+One :class:`Ownership` records the members of one group (each group owns
+every partition once).
 """
 
 from __future__ import annotations

@@ -265,3 +265,119 @@ async def test_a_coordinator_stopped_past_its_session_is_fenced_and_steps_down(
                         await trio.sleep(0.1)
                 await wait_spread(zk, {1, 2, 3})
                 await admin.create_topic("after", 1)
+
+
+async def test_brokers_killed_one_at_a_time_move_their_groups_and_keep_every_offset(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    """The operator's check: groups on all three brokers, brokers SIGKILLed in turn.
+
+    The topic's partitions are on all three brokers, so a killed broker takes
+    its partitions down with it (they wait for it; there are no replicas),
+    but its groups move: each affected group is stable again on a survivor
+    within the ZooKeeper session timeout plus two seconds, and every group's
+    committed offsets never go backwards, across both kills.
+    """
+    url = zookeeper_server.url(zk_chroot)
+    procs = [BrokerProcess(url, i, tmp_path) for i in (1, 2, 3)]
+    async with open_zookeeper_store(url) as zk, contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(_stop_all, procs)
+        for proc in procs:
+            await proc.start()
+        held = await wait_spread(zk, {1, 2, 3})
+        groups = {b: group_on(held, b, f"b{b}-") for b in (1, 2, 3)}
+        bootstrap = ",".join(p.bootstrap for p in procs)
+        admin = await stack.enter_async_context(open_admin(bootstrap))
+        await admin.create_topic(TOPIC, 6)
+        producer = await stack.enter_async_context(open_producer(bootstrap))
+        for n in range(600):
+            await producer.send(TOPIC, f"r{n}", partition=n % 6)
+        ownership = {group: Ownership() for group in groups.values()}  # one timeline per group
+        members: dict[str, list] = {}
+        for group in groups.values():
+            members[group] = [
+                await stack.enter_async_context(
+                    open_consumer(
+                        bootstrap,
+                        group,
+                        [TOPIC],
+                        client_id=f"{group}c{i}",
+                        session_timeout=1.0,
+                        offset_reset="earliest",
+                        **ownership[group].callbacks(f"{group}c{i}"),
+                    )
+                )
+                for i in range(2)
+            ]
+
+        def generation(group: str) -> int | None:
+            consumers = members[group]
+            gens = {c.generation for c in consumers}
+            owned = [tp for c in consumers for tp in c.assignment]
+            if (
+                len(gens) == 1
+                and all(c.state is ConsumerState.STABLE for c in consumers)
+                and len(owned) == len(set(owned)) == 6
+            ):
+                return gens.pop()
+            return None
+
+        async def consume(consumer) -> None:
+            while True:
+                await consumer.getmany(50)
+                with contextlib.suppress(CoordError):
+                    await consumer.commit()
+
+        committed: dict[str, dict[TopicPartition, int]] = {g: {} for g in groups.values()}
+
+        async def check_offsets_never_go_back() -> None:
+            for group in groups.values():
+                now = await admin.committed_offsets(group)
+                for tp, offset in committed[group].items():
+                    assert now.get(tp, -1) >= offset, (group, tp, now.get(tp), offset)
+                committed[group] = now
+
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        for consumers in members.values():
+            for consumer in consumers:
+                nursery.start_soon(consume, consumer)
+        with trio.fail_after(30):
+            while any(generation(g) is None for g in groups.values()):
+                await trio.sleep(0.02)
+            for group in groups.values():
+                while len(await admin.committed_offsets(group)) < 6:
+                    await trio.sleep(0.05)
+        await check_offsets_never_go_back()
+
+        survivors = [1, 2, 3]
+        for victim in (3, 2):
+            survivors.remove(victim)
+            moved = []
+            for group in groups.values():
+                if await coordinator_id(procs[survivors[0] - 1].bootstrap, group) == victim:
+                    moved.append(group)
+            assert moved, f"broker {victim} coordinates none of {sorted(groups.values())}"
+            before = {g: generation(g) for g in moved}
+            killed_at = trio.current_time()
+            await procs[victim - 1].kill()
+            with trio.fail_after(30):
+                for group in moved:
+                    old = before[group]
+                    assert old is not None
+                    while (gen := generation(group)) is None or gen <= old:
+                        await trio.sleep(0.01)
+                    took = trio.current_time() - killed_at
+                    log.info("group %s stable again after %.2fs", group, took)
+                    assert took <= ZK_SESSION + 2.0, f"{group} stable again after {took:.2f}s"
+            for group in moved:
+                assert await coordinator_id(procs[survivors[0] - 1].bootstrap, group) in survivors
+            await check_offsets_never_go_back()
+        nursery.cancel_scope.cancel()
+    for timeline in ownership.values():
+        timeline.check_exclusive()
+
+
+async def _stop_all(procs: list[BrokerProcess]) -> None:
+    with trio.CancelScope(shield=True):
+        for proc in procs:
+            await proc.stop()
