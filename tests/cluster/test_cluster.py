@@ -16,6 +16,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import trio
 
@@ -33,6 +34,7 @@ from trio_coord.protocol.errors import (
     TopicAlreadyExistsError,
 )
 from trio_coord.protocol.messages import (
+    BrokerInfo,
     HeartbeatRequest,
     MetadataRequest,
     MetadataResponse,
@@ -323,3 +325,30 @@ def test_the_cli_refuses_a_store_that_is_not_a_zookeeper_url(capsys, tmp_path):
     )
     assert status == 1
     assert "is not a ZooKeeper URL: give zk://host:port" in capsys.readouterr().err
+
+
+async def test_a_broker_waits_for_an_old_registration_of_its_id_to_vanish(
+    zookeeper_server, zk_chroot, tmp_path, caplog
+):
+    url = zookeeper_server.url(zk_chroot)
+    entered = trio.Event()
+    async with open_zookeeper_store(url) as squatter:
+        # The registration of an old session of broker 5 (a new broker would have another port).
+        old = msgspec.msgpack.encode(BrokerInfo(5, "127.0.0.1", 1))
+        await squatter.create("/brokers/5", old, ephemeral=True, make_parents=True)
+
+        async def run_broker(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            async with open_broker(tmp_path / "b5", store=url, broker_id=5, **SETTINGS):
+                entered.set()
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_broker)
+            with trio.fail_after(10):
+                while "broker id 5 is registered by another ZooKeeper session" not in caplog.text:
+                    await trio.sleep(0.02)
+            assert not entered.is_set()
+            await squatter.aclose()  # (as an old session expiring would)
+            with trio.fail_after(10):
+                await entered.wait()
+            nursery.cancel_scope.cancel()

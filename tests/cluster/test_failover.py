@@ -381,3 +381,34 @@ async def _stop_all(procs: list[BrokerProcess]) -> None:
     with trio.CancelScope(shield=True):
         for proc in procs:
             await proc.stop()
+
+
+async def test_a_killed_broker_restarted_with_its_id_rejoins_and_serves_its_partitions(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    procs = [BrokerProcess(url, i, tmp_path) for i in (1, 2, 3)]
+    async with open_zookeeper_store(url) as zk, contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(_stop_all, procs)
+        for proc in procs:
+            await proc.start()
+        await wait_spread(zk, {1, 2, 3})
+        bootstrap = ",".join(p.bootstrap for p in procs[:2])
+        admin = await stack.enter_async_context(open_admin(bootstrap))
+        info = await admin.create_topic(TOPIC, 3)
+        mine = info.leaders.index(3)
+        async with open_admin(procs[2].bootstrap) as third:  # its watch has seen the topic
+            with trio.fail_after(10):
+                while TOPIC not in [t.name for t in await third.list_topics()]:
+                    await trio.sleep(0.02)
+        async with open_producer(procs[2].bootstrap) as producer:
+            for n in range(10):
+                await producer.send(TOPIC, f"r{n}", partition=mine)
+        await procs[2].kill()
+        await wait_spread(zk, {1, 2})
+        await procs[2].start()  # same id, same data dir, a new port
+        await wait_spread(zk, {1, 2, 3})
+        assert [b.broker_id for b in await admin.brokers()] == [1, 2, 3]
+        async with open_admin(procs[0].bootstrap) as fresh:  # (broker 3 has a new port)
+            offsets = await fresh.list_offsets([TopicPartition(TOPIC, mine)])
+        assert offsets[TopicPartition(TOPIC, mine)].offset == 10  # its records survived

@@ -297,7 +297,10 @@ class ClusterMember:
                 for name in names:
                     with contextlib.suppress(NoNodeError):
                         data, _ = await _get(store, f"{BROKERS}/{name}")
-                        live[int(name)] = msgspec.msgpack.decode(data, type=BrokerInfo)
+                        try:
+                            live[int(name)] = msgspec.msgpack.decode(data, type=BrokerInfo)
+                        except (ValueError, msgspec.DecodeError):
+                            log.warning("ignoring %s/%s: not a broker registration", BROKERS, name)
                 if live != self.brokers:
                     log.info("broker %d: live brokers %s", self.broker_id, sorted(live))
                 self.brokers = live
@@ -312,7 +315,7 @@ class ClusterMember:
             async for names in snapshots:
                 holders: dict[int, int] = {}
                 for name in names:
-                    with contextlib.suppress(NoNodeError):
+                    with contextlib.suppress(NoNodeError, ValueError):  # (not ours: ignored)
                         data, _ = await _get(store, coordinator_path(int(name)))
                         holders[int(name)] = int(data)
                 self.holders = holders
