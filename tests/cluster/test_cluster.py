@@ -25,13 +25,14 @@ from trio_coord.broker import Broker
 from trio_coord.broker.cluster import ClusterConfigError, epoch_path
 from trio_coord.broker.coordinator import PATTERN_PREFIX
 from trio_coord.cli import main
-from trio_coord.core.records import OffsetRecord
+from trio_coord.core.records import OffsetRecord, TopicRecord, encode_record
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import (
     InvalidRequestError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
     TopicAlreadyExistsError,
+    UnknownTopicError,
 )
 from trio_coord.protocol.messages import (
     BrokerInfo,
@@ -352,3 +353,25 @@ async def test_a_broker_waits_for_an_old_registration_of_its_id_to_vanish(
             with trio.fail_after(10):
                 await entered.wait()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_topic_not_yet_seen_through_the_watch_is_read_from_zookeeper_on_demand(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        # Written without touching /topics, so that no broker's watch learns of it: the
+        # state of a broker that a just-created topic has not reached yet.
+        async with open_zookeeper_store(url) as other:
+            await other.create("/topics/fresh", encode_record(TopicRecord("fresh", 1, [2])))
+        assert all("fresh" not in b.topics.partitions for b in brokers)
+        async with open_connection(*brokers[0].address) as conn:
+            response = await conn.request(MetadataRequest(["fresh"]))
+        assert isinstance(response, MetadataResponse)
+        assert [(t.name, t.partitions, t.leaders) for t in response.topics] == [("fresh", 1, [2])]
+        async with open_producer(brokers[1].bootstrap) as producer:
+            await producer.send("fresh", b"v", partition=0)
+        assert brokers[1].partitions.log_offsets(TopicPartition("fresh", 0)) == (0, 1)
+        async with open_connection(*brokers[0].address) as conn:
+            with pytest.raises(UnknownTopicError):
+                await conn.request(MetadataRequest(["never"]))

@@ -351,6 +351,22 @@ class ClusterMember:
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
 
+    async def read_topics(self, names: list[str]) -> None:
+        """Read topics from the store now, ahead of the watch (those that exist)."""
+        broker = self._broker
+        for name in names:
+            try:
+                data, _stat = await broker.store.get(topic_path(name))
+            except (NoNodeError, ValueError):  # (no such topic; or a name no path can have)
+                continue
+            except StoreError as exc:
+                log.info("broker %d: could not read topic %s: %s", self.broker_id, name, exc)
+                return
+            record = decode_record(data)
+            if isinstance(record, TopicRecord):
+                broker.writer.add_existing_paths({topic_path(name)})
+                broker.topics.replay(record)
+
     # -- slots ----------------------------------------------------------------------------
 
     def _claimants(self) -> dict[int, int]:
