@@ -375,3 +375,16 @@ async def test_a_topic_not_yet_seen_through_the_watch_is_read_from_zookeeper_on_
         async with open_connection(*brokers[0].address) as conn:
             with pytest.raises(UnknownTopicError):
                 await conn.request(MetadataRequest(["never"]))
+
+
+async def test_a_claim_whose_answer_was_lost_is_recognized_by_its_session(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        first, second = (b.member for b in brokers)
+        assert first is not None and second is not None
+        slot = next(iter(first.held))
+        # What _claim asks after a lost connection: does this session hold the slot?
+        assert await first._won_meanwhile(brokers[0].store, slot) == first.held[slot].epoch
+        assert await second._won_meanwhile(brokers[1].store, slot) is None

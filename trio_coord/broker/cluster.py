@@ -160,6 +160,8 @@ class ClusterMember:
                     store = await self._open(stack)
                 await self._serve_session(store, status)
                 status = trio.TASK_STATUS_IGNORED
+                if store.session_state.value is SessionState.CLOSED:
+                    return  # closed on purpose (the broker is stopping), not expired
             store = None
             log.warning(
                 "broker %d: ZooKeeper session expired; every slot was dropped; "
@@ -443,16 +445,30 @@ class ClusterMember:
         except NodeExistsError:
             return  # another broker was quicker
         except StoreConnectionError as exc:
-            log.info("broker %d: claiming slot %d failed: %s", self.broker_id, slot, exc)
-            return
-        stat = results[1]
-        assert isinstance(stat, Stat)
+            # The claim may have been applied and only its answer lost: look.
+            log.info("broker %d: claiming slot %d: %s", self.broker_id, slot, exc)
+            epoch = await _retrying(store, lambda: self._won_meanwhile(store, slot))
+            if epoch is None:
+                return
+        else:
+            stat = results[1]
+            assert isinstance(stat, Stat)
+            epoch = stat.version
         self.holders[slot] = self.broker_id
-        holder = SlotHolder(slot, stat.version, trio.CancelScope())
+        holder = SlotHolder(slot, epoch, trio.CancelScope())
         self.held[slot] = holder
         self._broker.coordinator.loading.add(slot)
         assert self._nursery is not None
         self._nursery.start_soon(self._serve_slot, store, holder)
+
+    async def _won_meanwhile(self, store: MetadataStore, slot: int) -> int | None:
+        """The epoch of ``slot`` if this session holds it, else None."""
+        await _until_connected(store)
+        stat = await store.exists(coordinator_path(slot))
+        if stat is None or stat.ephemeral_owner != store.session_id:
+            return None
+        _data, epoch = await store.get(epoch_path(slot))  # (no one else can bump it now)
+        return epoch.version
 
     async def _serve_slot(self, store: MetadataStore, holder: SlotHolder) -> None:
         """Load a won slot's groups (the replay of start-up), serve them until deposed."""
