@@ -412,3 +412,28 @@ async def test_a_killed_broker_restarted_with_its_id_rejoins_and_serves_its_part
         async with open_admin(procs[0].bootstrap) as fresh:  # (broker 3 has a new port)
             offsets = await fresh.list_offsets([TopicPartition(TOPIC, mine)])
         assert offsets[TopicPartition(TOPIC, mine)].offset == 10  # its records survived
+
+
+async def test_a_broker_stopped_with_sigterm_hands_its_groups_over_without_a_session_wait(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with three_brokers(url, tmp_path) as (procs, zk):
+        leaving = procs[2]
+        group = group_on(await holders(zk), 3, "s")
+        bootstrap = ",".join(p.bootstrap for p in procs)
+        async with open_consumer(bootstrap, group, [TOPIC], session_timeout=1.0) as consumer:
+            with trio.fail_after(20):
+                while consumer.state is not ConsumerState.STABLE:
+                    await trio.sleep(0.02)
+            before = consumer.generation
+            leaving.signal(signal.SIGTERM)
+            assert leaving.process is not None
+            assert await leaving.process.wait() == 0
+            # Its session was closed, not left to expire: its nodes are gone already.
+            assert await zk.exists("/brokers/3") is None
+            assert 3 not in (await holders(zk)).values()
+            with trio.fail_after(20):
+                while consumer.state is not ConsumerState.STABLE or consumer.generation <= before:
+                    await trio.sleep(0.02)
+            assert await coordinator_id(procs[0].bootstrap, group) in (1, 2)
