@@ -491,7 +491,7 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         emit("joined", pid=os.getpid())
         async with open_admin(args.bootstrap) as admin:
             existing = {t.name for t in await admin.list_topics()}
-        for topic in sorted(set(args.topics) - existing):
+        for topic in sorted(t for t in set(args.topics) - existing if not t.startswith("re:")):
             print(
                 f"warning: topic {topic!r} does not exist yet; its partitions will be "
                 f"assigned once it is created (trio-coord topics create {topic} --partitions N)",
