@@ -388,3 +388,23 @@ async def test_a_claim_whose_answer_was_lost_is_recognized_by_its_session(
         # What _claim asks after a lost connection: does this session hold the slot?
         assert await first._won_meanwhile(brokers[0].store, slot) == first.held[slot].epoch
         assert await second._won_meanwhile(brokers[1].store, slot) is None
+
+
+async def test_clients_follow_a_broker_restarted_on_another_port(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_broker(tmp_path / "b1", store=url, broker_id=1, **SETTINGS) as first:
+        async with open_producer(first.bootstrap) as producer:
+            async with open_broker(tmp_path / "b2", store=url, broker_id=2, **SETTINGS) as b2:
+                await settled([first, b2])
+                info = await first.topics.create_topic("moving", 2)
+                on_two = info.leaders.index(2)
+                await producer.send("moving", b"before", partition=on_two)
+                old_port = b2.address[1]
+            async with open_broker(tmp_path / "b2", store=url, broker_id=2, **SETTINGS) as b2:
+                assert b2.address[1] != old_port
+                await settled([first, b2])
+                with trio.fail_after(20):
+                    await producer.send("moving", b"after", partition=on_two)
+                assert b2.partitions.log_offsets(TopicPartition("moving", on_two)) == (0, 2)
