@@ -25,6 +25,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal, overload
 
 import trio
 
@@ -112,36 +113,80 @@ async def load_records(
                 await store.create(root, make_parents=True)
         paths.add(root)
     if topics:
-        for name in await store.children(TOPICS):
-            try:
-                data, _ = await store.get(topic_path(name))
-            except NoNodeError:  # pragma: no cover - topics are never deleted
-                continue
-            records.append(decode_record(data))
-            paths.add(topic_path(name))
-    for group_id in await store.children(GROUPS):
-        if groups is not None and not groups(group_id):
-            continue
-        base = group_path(group_id)
-        try:
-            data, _ = await store.get(base)
-        except NoNodeError:  # deleted by its coordinator meanwhile
+        names = await store.children(TOPICS)
+        found = await _read_all(store, [topic_path(n) for n in names])
+        for name, data in zip(names, found, strict=True):
+            if data is not None:  # (topics are never deleted)
+                records.append(decode_record(data))
+                paths.add(topic_path(name))
+    # Every read of a level is in flight at once: a coordinator loading a slot after a
+    # failover waits for this, and one ZooKeeper round trip per node in turn adds up.
+    wanted = [g for g in await store.children(GROUPS) if groups is None or groups(g)]
+    bases = [group_path(g) for g in wanted]
+    group_data = await _read_all(store, bases)
+    offset_names = await _read_all(store, [f"{b}/offsets" for b in bases], children=True)
+    offset_paths = {
+        base: [f"{base}/offsets/{name}" for name in names]
+        for base, names in zip(bases, offset_names, strict=True)
+        if names is not None
+    }
+    flat = [path for group in offset_paths.values() for path in group]
+    offset_data = dict(zip(flat, await _read_all(store, flat), strict=True))
+    for base, data in zip(bases, group_data, strict=True):
+        if data is None:  # deleted by its coordinator meanwhile
             continue
         paths.add(base)
         if data:
             records.append(decode_record(data))
-        offsets_root = f"{base}/offsets"
-        try:
-            names = await store.children(offsets_root)
-        except NoNodeError:
+        if base not in offset_paths:
             continue
-        paths.add(offsets_root)
-        for name in names:
-            path = f"{offsets_root}/{name}"
-            data, _ = await store.get(path)
-            records.append(decode_record(data))
-            paths.add(path)
+        paths.add(f"{base}/offsets")
+        for path in offset_paths[base]:
+            offset = offset_data[path]
+            if offset is not None:
+                records.append(decode_record(offset))
+                paths.add(path)
     return records, paths
+
+
+_READS_IN_FLIGHT = 64
+
+
+@overload
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: Literal[False] = False
+) -> list[bytes | None]: ...
+
+
+@overload
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: Literal[True]
+) -> list[list[str] | None]: ...
+
+
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: bool = False
+) -> list[bytes | None] | list[list[str] | None]:
+    """The data (or children) of every path, None where there is no node.
+
+    ``_READS_IN_FLIGHT`` workers take the paths in turn, so that reads overlap
+    (pipelined on a ZooKeeper session) without a task per node.
+    """
+    results: list[Any] = [None] * len(paths)
+    todo = iter(enumerate(paths))
+
+    async def worker() -> None:
+        for index, path in todo:
+            with contextlib.suppress(NoNodeError):
+                if children:
+                    results[index] = await store.children(path)
+                else:
+                    results[index] = (await store.get(path))[0]
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(_READS_IN_FLIGHT, len(paths))):
+            nursery.start_soon(worker)
+    return results
 
 
 DEFAULT_MAX_BATCH_BYTES = 512 * 1024
