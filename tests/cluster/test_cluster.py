@@ -408,3 +408,23 @@ async def test_clients_follow_a_broker_restarted_on_another_port(
                 with trio.fail_after(20):
                     await producer.send("moving", b"after", partition=on_two)
                 assert b2.partitions.log_offsets(TopicPartition("moving", on_two)) == (0, 2)
+
+
+async def test_a_slot_held_in_zookeeper_but_served_by_no_task_is_given_up_and_elected_again(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        member = brokers[0].member
+        assert member is not None
+        slot, holder = next(iter(member.held.items()))
+        # What a load that failed leaves behind: the node is ours, nothing serves the slot.
+        member._drop(holder)
+        assert slot not in brokers[0].coordinator.services
+        with trio.fail_after(10):
+            while not any(
+                b.member is not None and b.member.held.get(slot, holder).epoch > holder.epoch
+                for b in brokers
+            ):
+                await trio.sleep(0.02)
+        await settled(brokers)

@@ -32,6 +32,7 @@ drops every slot, opens a new session, registers again and re-elects.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -396,6 +397,12 @@ class ClusterMember:
                 s: vacant_since.get(s, now) for s in range(self.slots) if s not in self.holders
             }
             wake = math.inf
+            for slot, holder_id in list(self.holders.items()):
+                if holder_id == self.broker_id and slot not in self.held:
+                    # Ours in ZooKeeper but served by no task (a load or a release that
+                    # failed): give it up so that it is elected again. (A node of an old
+                    # session of this broker id is left to expire with it.)
+                    await _retrying(store, functools.partial(self._release, store, slot))
             if self.broker_id in self.brokers:
                 for slot, claimant in self._claimants().items():
                     overdue = vacant_since[slot] + self._claim_grace
@@ -433,7 +440,7 @@ class ClusterMember:
                 live,
             )
             self._drop(holder)
-            await self._release(store, holder.slot)
+            await _retrying(store, lambda: self._release(store, holder.slot))
         return trio.current_time()
 
     async def _claim(self, store: MetadataStore, slot: int) -> None:
@@ -485,10 +492,13 @@ class ClusterMember:
                 )
                 service = broker.new_coordinator_service(writer)
                 try:
-                    records, paths = await load_records(
+                    records, paths = await _retrying(
                         store,
-                        topics=False,
-                        groups=lambda g: broker.coordinator.slot_of(g) == slot,
+                        lambda: load_records(
+                            store,
+                            topics=False,
+                            groups=lambda g: broker.coordinator.slot_of(g) == slot,
+                        ),
                     )
                     writer.add_existing_paths(paths)
                     for record in records:
@@ -514,7 +524,7 @@ class ClusterMember:
                             slot,
                         )
                         nursery.cancel_scope.cancel()
-                    await self._release(store, slot)
+                    await _retrying(store, lambda: self._release(store, slot))
                 finally:
                     service.detach()
         except StoreError as exc:
@@ -525,7 +535,7 @@ class ClusterMember:
     async def _release(self, store: MetadataStore, slot: int) -> None:
         """Delete this session's node of ``slot`` if it still exists, so the slot is re-elected."""
         path = coordinator_path(slot)
-        with contextlib.suppress(NoNodeError, BadVersionError, StoreConnectionError):
+        with contextlib.suppress(NoNodeError, BadVersionError):
             _data, stat = await store.get(path)
             if stat.ephemeral_owner == store.session_id:
                 await store.delete(path, version=stat.version)
@@ -538,15 +548,8 @@ class ClusterMember:
             if coordinators.services.get(holder.slot) is holder.service:
                 coordinators.services.pop(holder.slot, None)
             coordinators.loading.discard(holder.slot)
+            self._view_changed()  # (the balancer gives the slot up if its node is still ours)
         holder.scope.cancel()
-
-    def status(self) -> dict[str, object]:
-        """What this broker knows of the cluster (for ``trio-coord cluster status``)."""
-        return {
-            "broker_id": self.broker_id,
-            "brokers": sorted(self.brokers),
-            "holders": dict(sorted(self.holders.items())),
-        }
 
 
 async def _until_connected(store: MetadataStore) -> None:
