@@ -72,6 +72,7 @@ async def settled(brokers: list[Broker]) -> None:
     """Wait until every broker is connected, sees all of them, and the slots are spread evenly
     and loaded."""
     ids = {b.config.broker_id for b in brokers}
+    slots = brokers[0].coordinator.slots
     with trio.fail_after(30):
         while True:
             views = [b.member for b in brokers if b.member is not None]
@@ -79,9 +80,9 @@ async def settled(brokers: list[Broker]) -> None:
             if (
                 all(b.store.session_state.value is SessionState.CONNECTED for b in brokers)
                 and all(set(v.brokers) == ids for v in views)
-                and sum(held) == SLOTS
+                and sum(held) == slots
                 and max(held) - min(held) <= 1
-                and all(len(v.holders) == SLOTS for v in views)
+                and all(len(v.holders) == slots for v in views)
             ):
                 return
             await trio.sleep(0.05)
@@ -428,3 +429,20 @@ async def test_a_slot_held_in_zookeeper_but_served_by_no_task_is_given_up_and_el
             ):
                 await trio.sleep(0.02)
         await settled(brokers)
+
+
+async def test_sixteen_slots_spread_over_three_brokers_joining_one_by_one(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    settings = {**SETTINGS, "coordinator_slots": 16, "claim_grace": 0.1}
+    async with contextlib.AsyncExitStack() as stack:
+        brokers: list[Broker] = []
+        for i in (1, 2, 3):
+            brokers.append(
+                await stack.enter_async_context(
+                    open_broker(tmp_path / f"b{i}", store=url, broker_id=i, **settings)
+                )
+            )
+            await settled(brokers)  # each joiner takes a share: 16, then 8/8, then 6/5/5
+        assert sorted(len(b.coordinator.services) for b in brokers) == [5, 5, 6]

@@ -20,10 +20,10 @@ offsets after bumping, so it sees every write the old holder made.
 Slots are spread evenly: a vacant slot is claimed by the live broker holding
 the fewest (ties: the lowest id), which every broker computes from the same
 view; if that broker does not claim it within ``claim_grace``, any broker
-may. A broker holding more than its share (``ceil(slots / brokers)``) while
-another holds fewer than ``floor(slots / brokers)`` gives one slot up, after
-the view has been still for ``claim_grace``, so that a broker joining takes
-over a share without churn at start-up.
+may. A broker holding at least two slots more than another gives one up,
+after the view has been still for ``claim_grace``, so that a broker joining
+takes over a share without churn at start-up; the counts end at most one
+apart.
 
 On session expiry everything held through the session is gone: the member
 drops every slot, opens a new session, registers again and re-elects.
@@ -422,9 +422,9 @@ class ClusterMember:
         for holder_id in self.holders.values():
             if holder_id in counts:
                 counts[holder_id] += 1
-        if not (
-            len(mine) > math.ceil(self.slots / live) and min(counts.values()) < self.slots // live
-        ):
+        if len(self.holders) < self.slots or len(mine) < min(counts.values()) + 2:
+            # Slots are being elected, or it is as even as it gets: no broker holds two
+            # fewer than this one.
             return math.inf
         with trio.move_on_after(self._claim_grace):
             await changed.wait()
