@@ -415,7 +415,7 @@ class ClusterMember:
                 await changed.wait()
 
     async def _shed(self, store: MetadataStore, changed: trio.Event) -> float:
-        """Give up one slot if this broker holds more than its share; when to look again."""
+        """Give up one slot if this broker holds two more than another; when to look again."""
         live = len(self.brokers)
         mine = sorted(s for s, b in self.holders.items() if b == self.broker_id)
         counts = {b: 0 for b in self.brokers}
