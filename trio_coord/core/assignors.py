@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +84,8 @@ class MemberSpec:
     member_id: str
     topics: frozenset[str]
     owned: frozenset[TopicPartition] = field(default_factory=frozenset)
+    user_data: bytes = b""
+    """Opaque bytes the member gave in JoinGroup (for assignors of the application's own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,9 +310,7 @@ def validate_assignment(
         raise ValueError("invalid assignment: " + "; ".join(problems))
 
 
-def choose_assignor(
-    preferences: Iterable[Sequence[str]], available: Mapping[str, Assignor]
-) -> str | None:
+def choose_assignor(preferences: Iterable[Sequence[str]], available: Collection[str]) -> str | None:
     """Pick the assignor for a group from its members' preference lists.
 
     The result is the first name in the first member's list (members' lists

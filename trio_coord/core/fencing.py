@@ -91,6 +91,11 @@ def check_commit(
       current generation (``member.generation == generation ==
       group.generation``; REBALANCE_IN_PROGRESS until it has) and may commit
       only partitions of its assignment in it (PARTITION_NOT_OWNED).
+    * In a cooperative group, a member that commits only partitions it may
+      still be fetching (``member.may_own``: a partition that moves is taken
+      out of it by the stop acknowledgement, before anyone else starts it)
+      is accepted with the generation it last acknowledged or the current
+      one, in any state: it keeps fetching them through the rebalance.
     * Every offset must be for an existing partition (``partitions`` maps a
       topic to its count; UNKNOWN_TOPIC, INVALID_PARTITIONS), which also
       bounds a group's offsets by the topics that exist, must be
@@ -105,7 +110,13 @@ def check_commit(
             )
     else:
         member = check_member(group, member_id)
-        if generation != group.generation:
+        if (
+            group.cooperative
+            and generation in (member.generation, group.generation)
+            and all(offset.tp in member.may_own for offset in offsets)
+        ):
+            pass  # fetching these through a cooperative rebalance: see above
+        elif generation != group.generation:
             raise IllegalGenerationError(
                 f"commit for generation {generation} is stale: group {group.group_id} is at "
                 f"generation {group.generation}; its partitions may have moved"
