@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -191,8 +192,8 @@ class GroupRunner:
                     "own instance_id (this one is refused, the other keeps running)"
                 )
             member_id = static.member_id
-        elif member_id in self._pending_ids:
-            del self._pending_ids[member_id]
+        elif self._pending_ids.pop(member_id, -math.inf) > trio.current_time():
+            pass  # the second step of a new member's join
         elif (
             member_id
             and member_id not in group.members
