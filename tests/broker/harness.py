@@ -240,12 +240,34 @@ async def ephemeral_broker(**settings: Any) -> AsyncIterator[Broker]:
         yield broker
 
 
+class _WholeSends(trio.abc.Stream):
+    """A memory stream whose ``send_all`` cannot be cancelled half-way, like a socket's
+    when its buffer has room (trio's memory streams checkpoint before they send, so a
+    cancelled request would look torn and close the connection, as no socket does)."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self._inner = inner
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.CancelScope(shield=True):  # (a memory stream's buffer never fills)
+            await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 @asynccontextmanager
 async def connected(member: FakeMember) -> AsyncIterator[FakeMember]:
     """Connect ``member`` to its broker over an in-memory stream pair."""
     client_side, broker_side = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(member.broker.serve_stream, broker_side)
+        nursery.start_soon(member.broker.serve_stream, _WholeSends(broker_side))
         member.conn = Connection(client_side, member, name=f"fake-{member.name}")
         await nursery.start(member.conn.serve)
         try:

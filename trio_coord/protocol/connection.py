@@ -149,6 +149,10 @@ class Connection:
     async def _send(self, frame: Request | Response | Goodbye) -> None:
         async with self._send_lock:
             data = self._codec.encode(frame)
+            # Cancelled while waiting for the lock: nothing is on the wire yet, so the
+            # connection is intact. (Without a yield in between, a socket's send_all
+            # writes before it could see a cancellation.)
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
