@@ -303,10 +303,14 @@ class Group:
         computable = set(available).union(client_assignors, *(m.client_assignors for m in others))
         assignors = tuple(assignors)
         if choose_assignor([assignors, *(m.assignors for m in others)], computable) is None:
+            theirs = ""
+            if others:
+                accepted = set(others[0].assignors).intersection(*(m.assignors for m in others))
+                theirs = f" (who all accept: {', '.join(sorted(accepted)) or 'nothing common'})"
             raise InconsistentAssignorError(
                 f"no assignor that the broker ({', '.join(sorted(available))}) or a member "
                 f"can compute is common to this member ({', '.join(assignors) or 'none'}) "
-                f"and the members of group {self.group_id}"
+                f"and the members of group {self.group_id}{theirs}"
             )
 
     def add_member(
