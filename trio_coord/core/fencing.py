@@ -78,8 +78,14 @@ def check_commit(
     * A standalone committer (member id ``""``, generation
       :data:`STANDALONE_GENERATION`) may commit only to a group without
       members (UNKNOWN_MEMBER_ID otherwise).
-    * Any other committer must be a live member (UNKNOWN_MEMBER_ID) and send
-      the group's current generation (ILLEGAL_GENERATION).
+    * Any other committer must be a live member (UNKNOWN_MEMBER_ID).
+    * In a cooperative group, a member that commits only partitions it may
+      still be fetching (``member.may_own``: a partition that moves is taken
+      out of it by the stop acknowledgement, before anyone else starts it)
+      is accepted with the generation it last acknowledged or the current
+      one, in any state: it keeps fetching them through the rebalance.
+      Otherwise the rules below apply.
+    * The member must send the group's current generation (ILLEGAL_GENERATION).
     * While fetchers are being stopped or the assignment computed (STOPPING,
       ASSIGNING), a member may commit only partitions it may still be
       fetching (``member.may_own``): this is how it commits its progress in
@@ -91,11 +97,6 @@ def check_commit(
       current generation (``member.generation == generation ==
       group.generation``; REBALANCE_IN_PROGRESS until it has) and may commit
       only partitions of its assignment in it (PARTITION_NOT_OWNED).
-    * In a cooperative group, a member that commits only partitions it may
-      still be fetching (``member.may_own``: a partition that moves is taken
-      out of it by the stop acknowledgement, before anyone else starts it)
-      is accepted with the generation it last acknowledged or the current
-      one, in any state: it keeps fetching them through the rebalance.
     * Every offset must be for an existing partition (``partitions`` maps a
       topic to its count; UNKNOWN_TOPIC, INVALID_PARTITIONS), which also
       bounds a group's offsets by the topics that exist, must be
