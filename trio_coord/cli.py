@@ -467,9 +467,11 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         session_timeout=args.session_timeout,
         rebalance_timeout=args.rebalance_timeout,
         offset_reset=args.offset_reset,
-        assignors=args.assignor or ("range", "roundrobin"),
+        assignors=args.assignor or None,
         auto_commit=not args.no_auto_commit,
         client_id=args.client_id,
+        rebalance_protocol=args.rebalance_protocol,
+        instance_id=args.instance_id,
         on_assigned=lambda ps: emit("assigned", ps),
         on_revoked=lambda ps: emit("revoked", ps),
         on_lost=lambda ps: emit("lost", ps),
@@ -808,7 +810,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--assignor",
         action="append",
-        help="preferred assignor; repeat for a preference list (default: range, roundrobin)",
+        help="preferred assignor; repeat for a preference list (default: range, roundrobin; "
+        "with --rebalance-protocol cooperative: uniform, sticky, range, roundrobin)",
+    )
+    p.add_argument(
+        "--rebalance-protocol",
+        choices=["eager", "cooperative"],
+        default="eager",
+        help="eager: every rebalance stops everything; cooperative: only what moves "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--instance-id",
+        help="a static member's stable identity: restarted within its session timeout, it "
+        "gets its partitions back without a rebalance",
     )
     p.add_argument(
         "--no-auto-commit", action="store_true", help="do not hand positions to the coordinator"
