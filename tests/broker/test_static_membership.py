@@ -152,3 +152,23 @@ async def test_a_static_consumer_restarts_without_disturbing_the_group(tmp_path)
                         await trio.sleep(0.01)
                 assert again.member_id == member_id
                 assert calls == []  # the other member heard of nothing
+
+
+async def test_a_twin_consumer_is_refused_after_a_session_timeout_and_the_first_runs_on(tmp_path):
+    """A consumer refused as a twin retries for one session timeout (its own former
+    process may not be seen gone yet), then raises FencedInstanceIdError."""
+    async with open_broker(tmp_path, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=1.0, instance_id="worker-1"
+        ) as first:
+            with trio.fail_after(10):
+                owned = await first.wait_assigned()
+            with trio.fail_after(10), pytest.raises(FencedInstanceIdError, match="worker-1"):
+                async with open_consumer(
+                    broker.bootstrap, "g", ["t"], session_timeout=0.3, instance_id="worker-1"
+                ):
+                    pass
+            assert first.assignment == owned
+            await first.commit()  # still a member in good standing

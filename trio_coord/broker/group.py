@@ -83,8 +83,10 @@ def _wall_clock_ms() -> int:
 EventCallback = Callable[[str, dict[str, object]], None]
 """An observer of group events: ``callback(what, details)``, where ``what`` is one of
 joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
-start_delayed, started, stable; ``details`` always has ``group`` and ``time``, and
-partitions are spelled ``"topic-N"``."""
+start_delayed, started, stable; initial_delay (a new group waits for more joins),
+revoking (a cooperative plan: what each member gives up), compute_requested (a
+leader is asked for the assignment), disconnected and resumed (a static member);
+``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
 class _Reset:

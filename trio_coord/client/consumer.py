@@ -48,6 +48,7 @@ from ..protocol.connection import Connection, RequestHandler, open_connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
+    FencedInstanceIdError,
     GroupNotFoundError,
     IllegalGenerationError,
     InvalidRequestError,
@@ -250,6 +251,7 @@ class Consumer(EnterOnce):
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
         self._left = False
+        self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
@@ -666,6 +668,15 @@ class Consumer(EnterOnce):
                             if exc.forget_member:
                                 await self._lose(str(exc))
                                 self.member_id = ""
+                        except FencedInstanceIdError as exc:
+                            # Our own former process, not yet seen gone by the broker,
+                            # or a real twin: wait one session timeout to tell them apart.
+                            now = trio.current_time()
+                            if self._fenced_since is None:
+                                self._fenced_since = now
+                            if now - self._fenced_since >= self.session_timeout:
+                                raise
+                            log.info("consumer %s: %s; retrying", self.instance_id, exc)
                         except CoordError as exc:
                             if not exc.retriable:
                                 raise  # a setting the broker refuses: tell the application
@@ -715,6 +726,7 @@ class Consumer(EnterOnce):
                 break
             self.member_id = response.member_id  # the first step: join again with it
         self.member_id = response.member_id
+        self._fenced_since = None
         self.generation = response.generation
         self._granted_session = response.session_timeout_ms / 1000
         self._renew_lease(sent_at)
