@@ -7,10 +7,13 @@ assignor is deterministic (the same input gives the same output, whatever the
 order of the input's dicts and sets), complete and exclusive (every partition
 of a topic that some member subscribes to goes to exactly one subscriber). The
 group's coordinator picks the first assignor in the members' common
-preference list that it has registered (:func:`choose_assignor`); a broker's
-registry is :data:`ASSIGNORS` plus any assignors of its own
-(:func:`make_registry`), and :func:`validate_assignment` checks what a
-plugged-in assignor returns.
+preference list that it has registered, or that a member can compute
+itself (:func:`choose_assignor`); a broker's registry is :data:`ASSIGNORS`
+plus any assignors of its own (:func:`make_registry`). An assignor only the
+members have runs on the group's leader, which gets the same
+:class:`GroupSpec` (with each member's opaque ``user_data``) over the wire;
+:func:`validate_assignment` checks what a plugged-in assignor returns,
+wherever it ran.
 
 ``range`` (per topic, consecutive blocks, as Kafka's RangeAssignor): with
 topic ``t`` of 5 partitions and members ``a``, ``b``: ``a`` gets t-0, t-1,
