@@ -291,14 +291,17 @@ class GroupRunner:
         self._bind(conn, member.member_id, self.group_id)
         self._watch_liveness(member.member_id, member.session_timeout)
         plan = group.resume_plan(member.member_id, self._log_offsets)
+        generation = group.generation
         self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
+
+        async def resume(m: Member) -> None:
+            # A rebalance that began before this task ran decides for itself (it may
+            # have moved these partitions): start only in the generation planned for.
+            if group.state is GroupState.STABLE and group.generation == generation:
+                await self._start_member(m, plan, generation)
+
         assert self._nursery is not None
-        self._nursery.start_soon(
-            self._answer_in_time,
-            member,
-            lambda m: self._start_member(m, plan, group.generation),
-            0.0,
-        )
+        self._nursery.start_soon(self._answer_in_time, member, resume, 0.0)
         return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
