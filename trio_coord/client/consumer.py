@@ -18,7 +18,14 @@ The application reads records with ``async for record in consumer`` or
 :meth:`Consumer.getmany`. A StopFetchers first stops handing out records of
 the partitions (none is handed out after ``on_revoked`` returns), then calls
 ``on_revoked``, then hands back what the application has *consumed* (see
-``_fetcher``). Leaving the ``async with`` block (or being cancelled) revokes
+``_fetcher``). In a cooperative group a StopFetchers names just the
+partitions that move away and the rest keep flowing, and an incremental
+StartFetchers adds partitions (``on_assigned`` hears only of those). A
+consumer may bring assignors of its own: it computes the group's
+assignment with them when the coordinator asks it as the leader
+(ComputeAssignment). A static consumer (``instance_id``) closes without
+leaving, so that its successor takes its partitions back without a
+rebalance. Leaving the ``async with`` block (or being cancelled) revokes
 the partitions, hands the final positions to the coordinator with
 LeaveGroup, and closes.
 
