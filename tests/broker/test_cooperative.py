@@ -242,3 +242,33 @@ async def test_consumer_listeners_hear_only_the_moving_partitions(tmp_path):
                 )
                 async with open_admin(broker.bootstrap) as admin:
                     assert (await admin.describe_group("g")).assignor == "uniform"
+
+
+async def test_a_member_that_loses_nothing_is_never_stopped(autojump_clock):
+    """30 partitions over 3 members, c alone on its topic: when d joins on the other
+    topic, a and b give up d's share and c, which keeps everything, hears nothing."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 24)
+        await broker.topics.create_topic("u", 6)
+        a, b, d = coop(broker, timeline, "a", "b", "d", topics=("t",))
+        (c,) = coop(broker, timeline, "c", topics=("u",))
+        async with connected(a), connected(b), connected(c), connected(d):
+            await join_one_by_one(rec, a, b, c)
+            assert [len(m.owned) for m in (a, b, c)] == [12, 12, 6]
+            before = {m.name: set(m.owned) for m in (a, b, c)}
+            for m in (a, b, c):
+                m.stops.clear()
+            pushes_to_c = len(c.pushes)
+            await trio.sleep(1.0)
+            mark = rec.mark()
+            await d.join()
+            await rec.wait_for("stable", since=mark)
+            assert [len(m.owned) for m in (a, b, d)] == [8, 8, 8]
+            assert c.stops == [] and set(c.owned) == before["c"]
+            assert [kind for _, kind in c.pushes[pushes_to_c:]] == ["start"]  # the generation
+            for tp in c.owned:
+                assert unbroken(timeline, c, tp, since=1.0)
+            for m in (a, b):
+                assert [tps for _, tps in m.stops] == [sorted(before[m.name] - set(m.owned))]
+        assert timeline.overlaps() == []
