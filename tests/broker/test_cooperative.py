@@ -272,3 +272,35 @@ async def test_a_member_that_loses_nothing_is_never_stopped(autojump_clock):
             for m in (a, b):
                 assert [tps for _, tps in m.stops] == [sorted(before[m.name] - set(m.owned))]
         assert timeline.overlaps() == []
+
+
+async def test_an_offset_reset_makes_one_rebalance_eager(autojump_clock):
+    """Every owner must restart from the reset offsets: all stop, all start afresh."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b = coop(broker, timeline, "a", "b")
+        async with connected(a), connected(b):
+            await join_one_by_one(rec, a, b)
+            kept = {m.name: list(m.owned) for m in (a, b)}
+            for m in (a, b):
+                m.stops.clear()
+            runner = broker.coordinator.runner("g")
+            assert runner is not None
+            mark = rec.mark()
+            await runner.reset_offsets([PartitionOffset("t", p, 3) for p in range(4)])
+            stable = await rec.wait_for("stable", since=mark)
+            assert rec.all("rebalance_started", since=mark)[0]["cooperative"] is False
+            for m in (a, b):
+                assert [tps for _, tps in m.stops] == [None]  # everything stopped
+                assert m.owned == kept[m.name]  # sticky all the same
+                assert m.start_offsets == {tp: 3 for tp in m.owned}
+            # The next change is cooperative again.
+            c = coop(broker, timeline, "c")[0]
+            async with connected(c):
+                mark = rec.mark()
+                await c.join()
+                await rec.wait_for("stable", since=mark)
+                assert rec.all("rebalance_started", since=mark)[0]["cooperative"] is True
+            assert stable["generation"] == 3
+        assert timeline.overlaps() == []

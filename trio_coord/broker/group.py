@@ -583,7 +583,7 @@ class GroupRunner:
         if cooperative:
             # Plan first, from what everyone is fetching; then only what moves stops:
             # phase 1 reaches just the members that give partitions up.
-            computed = await self._compute_assignment()
+            computed = await self._compute_assignment(cooperative=True)
             revoke = group.revocations(computed[1])
             self._emit("revoking", partitions={m: [str(tp) for tp in r] for m, r in revoke.items()})
             await self._in_parallel(
@@ -610,13 +610,14 @@ class GroupRunner:
         await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
         if computed is None:
-            computed = await self._compute_assignment()
+            computed = await self._compute_assignment(cooperative=False)
         plan = group.plan_assignment(
             trio.current_time(),
             partitions=self._subscribed_partitions(),
             available=self._assignors,
             log_offsets=self._log_offsets,
             computed=computed,
+            cooperative=cooperative,
         )
         with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
             # Shielded from the rebalance's cancellation: a generation that reaches the
@@ -652,7 +653,7 @@ class GroupRunner:
             ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
         )
 
-    async def _compute_assignment(self) -> tuple[AssignmentInput, Assignment]:
+    async def _compute_assignment(self, *, cooperative: bool) -> tuple[AssignmentInput, Assignment]:
         """The next assignment: by a broker-side assignor, or by the group's leader.
 
         The leader answers within its rebalance timeout or is expelled, and
@@ -661,7 +662,9 @@ class GroupRunner:
         """
         group = self.group
         input = group.assignment_input(
-            partitions=self._subscribed_partitions(), available=self._assignors
+            partitions=self._subscribed_partitions(),
+            available=self._assignors,
+            cooperative=cooperative,
         )
         if input.leader is None:
             return input, group.compute_assignment(input, self._assignors)

@@ -470,7 +470,11 @@ class Group:
             )
 
     def assignment_input(
-        self, *, partitions: Mapping[str, int], available: Mapping[str, Assignor]
+        self,
+        *,
+        partitions: Mapping[str, int],
+        available: Mapping[str, Assignor],
+        cooperative: bool | None = None,
     ) -> AssignmentInput:
         """The assignor to use, its input, and who computes it (the broker, or a leader).
 
@@ -478,15 +482,18 @@ class Group:
         broker has (``available``) or that some member can compute itself; in
         the latter case the leader is the first such member in member-id
         order. Each member's ``owned`` is what it owned in the current
-        generation; in a cooperative group, what it may still be fetching (a
-        cooperative plan is made before anything stops).
+        generation; in a cooperative rebalance, what it may still be fetching
+        (a cooperative plan is made before anything stops). ``cooperative``
+        None means :attr:`cooperative`; the broker passes False for a
+        rebalance it runs eagerly in a cooperative group (an offset reset).
         """
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         computable = set(available).union(*(m.client_assignors for m in members))
         name = choose_assignor([m.assignors for m in members], computable)
         if name is None:  # validate_join keeps this from happening
             raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
-        cooperative = self.cooperative
+        if cooperative is None:
+            cooperative = self.cooperative
         spec = GroupSpec(
             members={
                 m.member_id: MemberSpec(
@@ -539,6 +546,7 @@ class Group:
         available: Mapping[str, Assignor],
         log_offsets: Callable[[TopicPartition], tuple[int, int]],
         computed: tuple[AssignmentInput, Assignment] | None = None,
+        cooperative: bool | None = None,
     ) -> AssignmentPlan:
         """Enter ASSIGNING and plan the next generation: its record and its starts.
 
@@ -547,15 +555,18 @@ class Group:
         whose group has no committed offset there. ``computed`` is an
         assignment made already (a cooperative plan, or a leader's);
         otherwise a broker-side assignor computes it now. In a cooperative
-        group the starts are incremental, and only the partitions a member
-        does not have yet wait for fences. Nothing changes until the
+        rebalance (``cooperative``, default :attr:`cooperative`) the starts
+        are incremental, and only the partitions a member does not have yet
+        wait for fences. Nothing changes until the
         returned record is replayed (after it is durable).
         """
         self.transition(GroupState.ASSIGNING)
         self.expire_fences(now)
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         if computed is None:
-            input = self.assignment_input(partitions=partitions, available=available)
+            input = self.assignment_input(
+                partitions=partitions, available=available, cooperative=cooperative
+            )
             if input.leader is not None:
                 raise InconsistentAssignorError(
                     f"assignor {input.assignor!r} runs on the group's leader, not the broker"
@@ -594,7 +605,8 @@ class Group:
             ],
         )
         starts = []
-        cooperative = self.cooperative
+        if cooperative is None:
+            cooperative = self.cooperative
         for m in members:
             owned = sorted(assignment.get(m.member_id, []))
             new = [tp for tp in owned if tp not in m.may_own] if cooperative else owned
