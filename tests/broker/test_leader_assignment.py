@@ -143,3 +143,34 @@ def test_a_consumer_refuses_an_assignor_object_with_a_builtin_name():
 
     with pytest.raises(ValueError, match="built-in"):
         open_consumer("127.0.0.1:1", "g", ["t"], assignors=[Impostor()])
+
+
+class Forgetful(Weighted):
+    """Forgets the last partition: an incomplete assignment."""
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        result = super().assign(spec)
+        for partitions in result.values():
+            if partitions:
+                partitions.pop()
+        return result
+
+
+async def test_a_broken_assignment_from_the_leader_fails_the_rebalance_and_says_whose(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 3)
+        (a,) = leaders(broker, timeline, "a")
+        a.compute = Forgetful()
+        async with connected(a):
+            await a.join()
+            failed = await rec.wait_for("rebalance_failed")
+            assert f"assignor 'weighted' (computed by leader {a.member_id})" in failed["error"]
+            assert "assigned to no member: t-2" in failed["error"]
+            assert rec.all("started") == []  # nobody was started with it
+            a.compute = Weighted()  # fixed (say, a new release): the retry succeeds
+            stable = await rec.wait_for("stable")
+            assert a.owned == [TopicPartition("t", p) for p in range(3)]
+            assert stable["generation"] == 1
