@@ -218,6 +218,7 @@ class Group:
         self.record: GroupRecord | None = None
         """The last generation record replayed (what the store holds)."""
         self.empty_since: float | None = now
+        self._cooperative: bool | None = None  # cached; membership changes clear it
 
     def __repr__(self) -> str:
         return (
@@ -229,10 +230,15 @@ class Group:
 
     @property
     def cooperative(self) -> bool:
-        """True if every member asked for cooperative rebalancing (then only moves stop)."""
-        return bool(self.members) and all(
-            m.protocol == "cooperative" for m in self.members.values()
-        )
+        """True if every member asked for cooperative rebalancing (then only moves stop).
+
+        Cached (heartbeats ask), and recomputed after a membership change.
+        """
+        if self._cooperative is None:
+            self._cooperative = bool(self.members) and all(
+                m.protocol == "cooperative" for m in self.members.values()
+            )
+        return self._cooperative
 
     def member_by_instance(self, instance_id: str) -> Member | None:
         """The live member with this static ``instance_id``, if any."""
@@ -364,6 +370,7 @@ class Group:
         elif fence is not None and fence.until > now:
             member.may_own = set(fence.partitions)
         self.members[member_id] = member
+        self._cooperative = None
         self.empty_since = None
         return member
 
@@ -380,6 +387,7 @@ class Group:
         ends. The group becomes EMPTY when its last member goes.
         """
         member = self.members.pop(member_id)
+        self._cooperative = None
         if not stopped and member.may_own and member.lease_end > now:
             self.fences[member_id] = Fence(
                 frozenset(member.may_own), member.lease_end, member.session_timeout
