@@ -193,3 +193,19 @@ def test_a_static_member_is_found_by_its_instance_id():
     assert group.member_by_instance("host-1") is group.members["a"]
     assert group.member_by_instance("host-2") is None
     assert group.member_by_instance("") is None
+
+
+def test_user_data_is_bounded():
+    group = Group("g", now=0.0)
+    with pytest.raises(InvalidRequestError, match="more than the 65536 a member may bring"):
+        group.validate_join(
+            member_id="",
+            topics=["t"],
+            session_timeout=10.0,
+            rebalance_timeout=5.0,
+            assignors=["uniform"],
+            offset_reset="earliest",
+            limits=LIMITS,
+            available=ASSIGNORS,
+            user_data=b"x" * (64 * 1024 + 1),
+        )

@@ -217,6 +217,7 @@ class GroupRunner:
             available=self._assignors,
             protocol=request.rebalance_protocol,
             client_assignors=request.client_assignors,
+            user_data=request.user_data,
         )
         if not member_id:
             prefix = request.instance_id or request.client_id or "member"

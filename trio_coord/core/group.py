@@ -61,6 +61,7 @@ from .records import (
 )
 
 __all__ = [
+    "MAX_USER_DATA",
     "OFFSET_RESET_POLICIES",
     "REBALANCE_PROTOCOLS",
     "TRANSITIONS",
@@ -78,6 +79,8 @@ __all__ = [
 OFFSET_RESET_POLICIES = ("earliest", "latest", "none")
 REBALANCE_PROTOCOLS = ("eager", "cooperative")
 """How a member wants rebalances run: stop everything, or only what moves."""
+MAX_USER_DATA = 64 * 1024
+"""The most opaque ``user_data`` a member may bring (a group holds every member's)."""
 
 
 class GroupState(enum.StrEnum):
@@ -279,6 +282,7 @@ class Group:
         available: Mapping[str, Assignor],
         protocol: str = "eager",
         client_assignors: Iterable[str] = (),
+        user_data: bytes = b"",
     ) -> None:
         """Raise the error a JoinGroup with these values deserves, if any."""
         if not (limits.min_session_timeout <= session_timeout <= limits.max_session_timeout):
@@ -295,6 +299,11 @@ class Group:
             raise InvalidRequestError(
                 f"offset reset policy {offset_reset!r} is not one of "
                 f"{', '.join(OFFSET_RESET_POLICIES)}"
+            )
+        if len(user_data) > MAX_USER_DATA:
+            raise InvalidRequestError(
+                f"user data of {len(user_data)} bytes is more than the {MAX_USER_DATA} a "
+                "member may bring; keep it to what the assignor needs"
             )
         if protocol not in REBALANCE_PROTOCOLS:
             raise InvalidRequestError(
