@@ -23,6 +23,7 @@ from trio_coord import (
     open_admin,
     open_broker,
     open_consumer,
+    open_producer,
 )
 from trio_coord.protocol import OffsetCommitRequest, PartitionOffset
 
@@ -304,3 +305,57 @@ async def test_an_offset_reset_makes_one_rebalance_eager(autojump_clock):
                 assert rec.all("rebalance_started", since=mark)[0]["cooperative"] is True
             assert stable["generation"] == 3
         assert timeline.overlaps() == []
+
+
+async def test_records_of_kept_partitions_keep_flowing_once_each(broker):
+    """Real consumers and records: through b's join, a hands out every record of the
+    partitions it keeps exactly once and in order (they were never restarted), and no
+    record of a partition it gave up after its ``on_revoked``."""
+    async with open_admin(broker.bootstrap) as admin:
+        await admin.create_topic("t", 4)
+    handed: list[tuple[float, TopicPartition, int]] = []
+    revoked_at: dict[TopicPartition, float] = {}
+
+    def on_revoked(tps):
+        for tp in tps:
+            revoked_at[tp] = trio.current_time()
+
+    async def consume(consumer):
+        async for record in consumer:
+            handed.append((trio.current_time(), record.tp, record.offset))
+            await trio.sleep(0.001)
+
+    opts = dict(session_timeout=0.6, offset_reset="earliest", rebalance_protocol="cooperative")
+    async with trio.open_nursery() as nursery:
+        async with open_producer(broker.bootstrap, linger=0.001) as producer:
+            producing = trio.CancelScope()
+
+            async def keep_producing():
+                with producing:
+                    i = 0
+                    while True:
+                        await producer.send("t", str(i), partition=i % 4)
+                        i += 1
+
+            nursery.start_soon(keep_producing)
+            async with open_consumer(
+                broker.bootstrap, "g", ["t"], on_revoked=on_revoked, **opts
+            ) as a:
+                nursery.start_soon(consume, a)
+                await a.wait_assigned()
+                await trio.sleep(0.3)
+                async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as b:
+                    with trio.fail_after(5):
+                        while len(b.assignment) != 2 or len(a.assignment) != 2:
+                            await trio.sleep(0.01)
+                    await trio.sleep(0.3)
+                    kept = set(a.assignment)
+                    assert set(revoked_at) == set(b.assignment)  # exactly what moved
+                    for tp, at in revoked_at.items():
+                        late = [t for t, seen, _ in handed if seen == tp and t > at]
+                        assert late == [], f"{tp} handed out after on_revoked"
+                    for tp in kept:
+                        offsets = [o for _, seen, o in handed if seen == tp]
+                        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+                producing.cancel()  # (then the producer flushes what it holds)
+            nursery.cancel_scope.cancel()
