@@ -107,6 +107,7 @@ def test_sigkill_in_a_cooperative_group_stops_none_of_the_survivors(broker_proce
         assert gained == lost  # only the victim's partitions moved
         described = json.loads(ok("groups", "describe", "g", "--json", "-b", bootstrap))
         assert described["state"] == "STABLE" and described["assignor"] == "uniform"
+        assert {m["rebalance_protocol"] for m in described["members"]} == {"cooperative"}
         by_member = {
             m["member_id"]: {tuple(p) for p in m["partitions"]} for m in described["members"]
         }

@@ -85,6 +85,8 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
                 "topics": m.topics,
                 "session_timeout_ms": m.session_timeout_ms,
                 "partitions": [_tp(tp) for tp in m.partitions],
+                "instance_id": m.instance_id or None,
+                "rebalance_protocol": m.rebalance_protocol,
             }
             for m in desc.members
         ],

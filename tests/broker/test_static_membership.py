@@ -152,6 +152,10 @@ async def test_a_static_consumer_restarts_without_disturbing_the_group(tmp_path)
                         await trio.sleep(0.01)
                 assert again.member_id == member_id
                 assert calls == []  # the other member heard of nothing
+                async with open_admin(broker.bootstrap) as admin:
+                    described = await admin.describe_group("g")
+                instances = {m.member_id: m.instance_id for m in described.members}
+                assert instances == {member_id: "worker-1", other.member_id: ""}
 
 
 async def test_a_twin_consumer_is_refused_after_a_session_timeout_and_the_first_runs_on(tmp_path):

@@ -77,6 +77,8 @@ MEMBER = MemberDescription(
     15_000,
     45_000,
     [TopicPartition("orders", 3)],
+    instance_id="host-a-worker",
+    rebalance_protocol="cooperative",
 )
 
 # One instance of every body type, every defaulted field set to a non-default value.

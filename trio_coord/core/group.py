@@ -762,6 +762,8 @@ class Group:
                     round(m.session_timeout * 1000),
                     round(m.rebalance_timeout * 1000),
                     sorted(m.assignment),
+                    m.instance_id,
+                    m.protocol,
                 )
                 for m in sorted(self.members.values(), key=lambda m: m.member_id)
             ],

@@ -173,6 +173,9 @@ class MemberDescription(_Wire):
     session_timeout_ms: int
     rebalance_timeout_ms: int
     partitions: list[TopicPartition]
+    instance_id: str = ""
+    """A static member's instance id (empty: dynamic)."""
+    rebalance_protocol: str = "eager"
 
 
 class GroupDescription(_Wire):
