@@ -143,6 +143,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
         group_retention=args.group_retention,
+        initial_rebalance_delay=args.initial_rebalance_delay,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -632,6 +633,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         metavar="SECONDS",
         help="remove groups empty and without offsets for this long (default: %(default)s)",
+    )
+    p.add_argument(
+        "--initial-rebalance-delay",
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="a new group's first rebalance waits this long for more joins (default: %(default)s)",
     )
     p.add_argument(
         "--flush-interval",
