@@ -214,10 +214,12 @@ class FakeMember(RequestHandler):
         assert self.conn is not None
         await self.conn.request(HeartbeatRequest(self.group, self.member_id, self.generation))
 
-    async def leave(self) -> None:
+    async def leave(self, *, stay: bool = False) -> None:
+        """LeaveGroup after stopping; ``stay``: a static member stepping out for a restart."""
         assert self.conn is not None
         self.timeline.stop(self.member_id)
-        await self.conn.request(LeaveGroupRequest(self.group, self.member_id))
+        self.owned = []
+        await self.conn.request(LeaveGroupRequest(self.group, self.member_id, stay=stay))
 
     async def crash(self) -> None:
         """Drop the connection without a word (the process died).

@@ -64,13 +64,17 @@ async def test_a_static_member_back_within_its_session_resumes_without_a_rebalan
                 await a.crash()  # the process dies (or restarts)
             gone = await rec.wait_for("disconnected", since=mark, member_id=a.member_id)
             assert gone["time"] == 2.0 and gone["until"] == S  # kept for it until then
+            # (If a was only cut off, it fetches until its lease ends, at S.)
+            timeline.stop_at(a.member_id, S)  # type: ignore[attr-defined]
             await trio.sleep_until(6.0)
             again = member(broker, timeline, "a2", instance_id="host-a")
             async with connected(again):
                 response = await again.join()  # a new process: no member id, same instance
                 assert response.member_id == a.member_id and not response.rejoin
                 resumed = await rec.wait_for("started", since=mark, member_id=a.member_id)
-                assert resumed["time"] == 6.0
+                # It did not say goodbye: its partitions wait for its former lease.
+                assert resumed["time"] == S
+                assert rec.all("start_delayed", since=mark)[0]["until"] == S
                 assert again.owned == had and again.generation == generation
                 # Nobody else heard anything: no rebalance, no push.
                 assert rec.all("rebalance_started", since=mark) == []
@@ -81,6 +85,40 @@ async def test_a_static_member_back_within_its_session_resumes_without_a_rebalan
                 # It lives on as the same member: its heartbeats count.
                 await again.heartbeat()
                 nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
+
+
+async def test_a_static_member_that_stepped_out_is_resumed_at_once(autojump_clock):
+    """A clean restart: LeaveGroup with ``stay`` (what a static consumer sends when it
+    closes) keeps its place; its successor gets the partitions the moment it joins."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                await rec.wait_for("stable", generation=2)
+                nursery.start_soon(heartbeat_forever, b, 1.0)
+                had = list(a.owned)
+                await trio.sleep_until(2.0)
+                mark = rec.mark()
+                await a.leave(stay=True)
+            out = await rec.wait_for("stepped_out", since=mark, member_id=a.member_id)
+            assert out["time"] == 2.0
+            await trio.sleep_until(3.0)
+            again = member(broker, timeline, "a2", instance_id="host-a")
+            async with connected(again):
+                await again.join()
+                resumed = await rec.wait_for("started", since=mark, member_id=a.member_id)
+                assert resumed["time"] == 3.0 and again.owned == had
+                assert rec.all("rebalance_started", since=mark) == []
+                assert rec.all("removed", since=mark) == []
+            nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
 
 
 async def test_a_second_live_member_with_the_same_instance_id_is_fenced(autojump_clock):

@@ -102,7 +102,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         client_assignors=["my-assignor"],
     ),
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
-    LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down"),
+    LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),
     OffsetCommitRequest("billing", "m-1", 4, [OFFSET], allow_regression=True),
     OffsetFetchRequest("billing", partitions=[TopicPartition("orders", 3)]),
     ListGroupsRequest(),

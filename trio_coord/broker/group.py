@@ -85,7 +85,8 @@ EventCallback = Callable[[str, dict[str, object]], None]
 joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
 start_delayed, started, stable; initial_delay (a new group waits for more joins),
 revoking (a cooperative plan: what each member gives up), compute_requested (a
-leader is asked for the assignment), disconnected and resumed (a static member);
+leader is asked for the assignment), disconnected, stepped_out and resumed (a
+static member);
 ``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
@@ -272,7 +273,9 @@ class GroupRunner:
 
         Only in a stable group, and only if it asks for what it had (topics,
         assignors, protocol): anything else needs a rebalance. Returns False
-        then, and the join proceeds as any other.
+        then, and the join proceeds as any other. If its former process did
+        not step out cleanly it may still be fetching, cut off rather than
+        dead: the partitions then start once that process's lease has ended.
         """
         group = self.group
         if (
@@ -283,6 +286,9 @@ class GroupRunner:
             or member.client_assignors != tuple(request.client_assignors)
         ):
             return False
+        # Its former process may still be fetching (cut off, not dead) until its lease
+        # ends, unless it stepped out cleanly: then it has stopped already.
+        start_at = member.lease_end if member.may_own else 0.0
         now = trio.current_time()
         member.last_heartbeat = now
         member.session_timeout = request.session_timeout_ms / 1000
@@ -302,7 +308,7 @@ class GroupRunner:
                 await self._start_member(m, plan, generation)
 
         assert self._nursery is not None
-        self._nursery.start_soon(self._answer_in_time, member, resume, 0.0)
+        self._nursery.start_soon(self._answer_in_time, member, resume, start_at)
         return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
@@ -332,15 +338,26 @@ class GroupRunner:
             self._positions_dirty.set()
 
     async def leave(self, request: LeaveGroupRequest) -> None:
-        """A member leaves after stopping its fetchers; its final positions are committed."""
+        """A member leaves after stopping its fetchers; its final positions are committed.
+
+        A static member that asks to ``stay`` (a restart) steps out instead:
+        it has stopped, so a successor with its instance id may start at
+        once, and until its session expires nobody else gets its partitions.
+        """
         member = self.group.members.get(request.member_id)
         if member is None:
             raise UnknownMemberError(
                 f"member {request.member_id!r} is not in group {self.group_id}"
             )
         self.group.member_stopped(member.member_id, request.positions)
-        reason = f"left the group{': ' + request.reason if request.reason else ''}"
-        self.remove_member(member.member_id, reason, stopped=True)
+        if request.stay and member.instance_id and self.group.state is GroupState.STABLE:
+            conn = self._conns.pop(member.member_id, None)
+            if conn is not None:
+                self._bind(conn, member.member_id, None)
+            self._emit("stepped_out", member_id=member.member_id, until=member.lease_end)
+        else:
+            reason = f"left the group{': ' + request.reason if request.reason else ''}"
+            self.remove_member(member.member_id, reason, stopped=True)
         await self._commit_positions()
 
     def remove_member(self, member_id: str, reason: str, *, stopped: bool) -> None:

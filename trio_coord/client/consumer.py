@@ -810,24 +810,25 @@ class Consumer(EnterOnce):
             self._state.value = ConsumerState.UNJOINED
 
     async def _step_out(self, conn: Connection) -> None:
-        """A static member closes without leaving: it commits what it consumed and goes.
+        """A static member closes without leaving the group: it stops, hands back its
+        positions, and asks the coordinator to keep its place (LeaveGroup ``stay``).
 
         The coordinator keeps its partitions for it (fetched by no one) until
         its session expires; a consumer with the same ``instance_id`` that
-        joins before then gets them back without a rebalance of the others.
+        joins before then gets them back at once, without a rebalance of the
+        others.
         """
-        generation = self.generation
         positions = await self._revoke()
         self._left = True
         self._state.value = ConsumerState.UNJOINED
-        if not positions:
-            return
         try:
             await conn.request(
-                OffsetCommitRequest(self.group_id, self.member_id, generation, positions)
+                LeaveGroupRequest(
+                    self.group_id, self.member_id, positions, "consumer closed", stay=True
+                )
             )
         except CoordError as exc:
-            log.info("consumer %s: final commit not made: %s", self.member_id, exc)
+            log.info("consumer %s: step-out not acknowledged: %s", self.member_id, exc)
 
 
 def open_consumer(

@@ -256,6 +256,9 @@ class LeaveGroupRequest(_Wire, tag=6):
     member_id: str
     positions: list[PartitionOffset] = []
     reason: str = ""
+    stay: bool = False
+    """A static member stepping out (it has stopped): keep it, and its partitions for
+    its successor, until its session expires."""
 
 
 class OffsetCommitRequest(_Wire, tag=7):
