@@ -174,3 +174,27 @@ async def test_a_broken_assignment_from_the_leader_fails_the_rebalance_and_says_
             stable = await rec.wait_for("stable")
             assert a.owned == [TopicPartition("t", p) for p in range(3)]
             assert stable["generation"] == 1
+
+
+async def test_a_cooperative_group_asks_its_leader_first_and_stops_only_what_moves(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b = leaders(broker, timeline, "a", "b")
+        for m in (a, b):
+            m.protocol = "cooperative"
+        async with connected(a), connected(b):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            mark = rec.mark()
+            await b.join()
+            await rec.wait_for("stable", since=mark)
+            kinds = [w for w, _ in rec.events[mark:]]
+            # The leader computes before anything stops; then only a gives partitions up.
+            assert kinds.index("compute_requested") < kinds.index("revoking")
+            assert [tps for _, tps in a.stops] == [[TopicPartition("t", p) for p in (1, 3, 5)]]
+            assert b.stops == []
+            assert a.owned == [TopicPartition("t", p) for p in (0, 2, 4)]
+        assert timeline.overlaps() == []
