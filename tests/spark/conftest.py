@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from trio_coord import open_admin, open_producer
+from trio_coord import open_admin, open_consumer, open_producer
 from trio_coord.spark import local_session
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -116,5 +116,23 @@ def log_ends(bootstrap: str, topic: str, partitions: int) -> dict[tuple[str, int
             async with open_admin(bootstrap) as admin:
                 listed = await admin.list_offsets([(topic, p) for p in range(partitions)])
                 return {tuple(tp): o.log_end for tp, o in listed.items()}
+
+    return trio.run(go)
+
+
+def consume(bootstrap: str, topic: str, count: int, group: str | None = None) -> list:
+    """Read ``count`` records of ``topic`` as a member of ``group`` (default: its own group)."""
+
+    async def go() -> list:
+        records = []
+        with trio.fail_after(30):
+            async with open_consumer(
+                bootstrap, group or f"reader-{topic}", [topic], offset_reset="earliest"
+            ) as c:
+                async for record in c:
+                    records.append(record)
+                    if len(records) == count:
+                        break
+        return records
 
     return trio.run(go)

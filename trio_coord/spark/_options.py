@@ -61,6 +61,8 @@ _READ_OPTIONS: Final = {
     "timeout",
 }
 _WRITE_OPTIONS: Final = {"bootstrap", "topic", "batchsize", "compression", "timeout"}
+_SPARKS_OWN: Final = {"path", "paths", "checkpointlocation"}
+"""Options Spark itself passes on to a data source along with the user's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,7 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
 
 
 def _check_known(options: dict[str, str], known: set[str], what: str) -> None:
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known - _SPARKS_OWN)
     if unknown:
         raise OptionError(
             f"unknown option(s) {', '.join(unknown)} for a {what}; "
@@ -184,7 +186,7 @@ def parse_offsets(raw: str, name: str, *, allowed: tuple[str, ...], default: str
     text = raw.strip()
     if text.lower() in allowed:
         return OffsetSpec(text.lower())
-    if not text.startswith("{"):
+    if not text.startswith(("{", "[")):
         words = ", ".join(allowed)
         raise OptionError(
             f'option "{name}" is {raw!r}; give one of {words}, or JSON per partition '
