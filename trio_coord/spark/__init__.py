@@ -9,7 +9,8 @@ adds the listener that commits a stream's progress to its group); then::
 reads a topic as a batch (``spark.readStream`` as a stream), and
 ``df.write.format("trio_coord")`` produces rows as records. ``local_session``
 builds a local session with the source registered, after checking that Java
-is there. Importing this package sets ``PYSPARK_PYTHON`` to the running
+is there; ``background_broker`` runs a broker in a thread, for programs that
+want one of their own. Importing this package sets ``PYSPARK_PYTHON`` to the running
 interpreter when it is unset, so that Spark's Python workers import the same
 trio_coord. ``docs/spark.md`` has the options and a cluster set-up.
 
@@ -30,6 +31,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from ._client import BlockingClient as BlockingClient
 from ._client import BrokerUnreachableError as BrokerUnreachableError
+from ._embedded import background_broker as background_broker
 from ._options import OptionError as OptionError
 from ._read import ARROW_SCHEMA as ARROW_SCHEMA
 from ._read import SCHEMA as SCHEMA
@@ -52,6 +54,7 @@ __all__ = [
     "JavaNotFoundError",
     "OptionError",
     "TrioCoordDataSource",
+    "background_broker",
     "check_java",
     "local_session",
     "register",
