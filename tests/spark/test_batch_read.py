@@ -12,9 +12,10 @@ import json
 from datetime import datetime
 
 import pytest
-from conftest import make_topic, produce
 
 from trio_coord.spark import SCHEMA
+
+from .helpers import make_topic, produce
 
 T0 = 1_700_000_000.0
 

@@ -10,7 +10,6 @@ client is closed however the task ends; commits to a group never move back.
 from __future__ import annotations
 
 import pytest
-from conftest import committed, make_topic, produce
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from trio_coord.protocol.errors import UnknownTopicError
@@ -20,6 +19,8 @@ from trio_coord.spark import ARROW_SCHEMA, SCHEMA, BlockingClient, BrokerUnreach
 from trio_coord.spark._options import read_options
 from trio_coord.spark._plan import OffsetRange
 from trio_coord.spark._read import commit_forward, read_range, read_task
+
+from .helpers import committed, make_topic, produce
 
 
 def test_the_arrow_schema_is_exactly_what_spark_expects():

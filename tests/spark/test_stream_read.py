@@ -15,9 +15,10 @@ import time
 
 import pytest
 import trio
-from conftest import committed, log_ends, make_topic, produce
 
 from trio_coord import open_producer
+
+from .helpers import committed, log_ends, make_topic, produce
 
 
 def wait_for_commits(bootstrap: str, group: str, expected: dict) -> dict:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from conftest import consume, make_topic
 from pyspark.sql import Row
 
 from trio_coord.client import partition_for_key
+
+from .helpers import consume, make_topic
 
 
 def test_rows_written_are_read_back_by_a_consumer(spark, bootstrap):
