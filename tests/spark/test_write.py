@@ -99,3 +99,12 @@ def test_columns_that_cannot_be_written_are_refused_at_planning(spark, bootstrap
         spark.createDataFrame([("x",)], "value string").write.format("trio_coord").option(
             "bootstrap", bootstrap
         ).mode("append").save()
+
+
+def test_a_row_for_a_partition_the_topic_lacks_fails_the_write_clearly(spark, bootstrap):
+    make_topic(bootstrap, "too-few", 1)
+    df = spark.createDataFrame([(5, "x")], "partition int, value string")
+    with pytest.raises(Exception, match=r"topic 'too-few' has partitions 0\.\.0; partition 5 does"):
+        df.write.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "too-few"
+        ).mode("append").save()

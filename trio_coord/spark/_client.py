@@ -101,19 +101,20 @@ class _Socket:
         set and the caller closes it.
         """
         corr_id = next(self.corr_ids)
+        frame = self.codec.encode(Request(corr_id, body))
         self.broken = True
-        self.sock.sendall(self.codec.encode(Request(corr_id, body)))
-        frame = self.codec.decode(self._read_frame())
-        if isinstance(frame, Goodbye):
-            raise error_for(frame.error, f"the broker closed the connection: {frame.message}")
-        if not isinstance(frame, Response) or frame.corr_id != corr_id:
-            raise CorruptMessageError(f"expected the answer to request {corr_id}, got {frame!r}")
+        self.sock.sendall(frame)
+        answer = self.codec.decode(self._read_frame())
+        if isinstance(answer, Goodbye):
+            raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
+        if not isinstance(answer, Response) or answer.corr_id != corr_id:
+            raise CorruptMessageError(f"expected the answer to request {corr_id}, got {answer!r}")
         self.broken = False
-        if frame.error:
-            raise error_for(frame.error, frame.message)
-        if frame.body is None:
+        if answer.error:
+            raise error_for(answer.error, answer.message)
+        if answer.body is None:
             raise CorruptMessageError(f"the answer to request {corr_id} has no body")
-        return frame.body
+        return answer.body
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)

@@ -141,14 +141,9 @@ class _Batches:
         return count
 
     def choose(self, topic: str, key: bytes | None, partition: int | None) -> int:
-        count = self.partitions(topic)
-        if partition is not None:
-            if not 0 <= partition < count:
-                raise OptionError(
-                    f"row for partition {partition} of topic {topic!r}, which has partitions "
-                    f"0..{count - 1}"
-                )
+        if partition is not None:  # the client refuses one the topic does not have
             return partition
+        count = self.partitions(topic)
         if key is not None:
             return partition_for_key(key, count)
         return self.sticky.setdefault(topic, self.seed % count)
