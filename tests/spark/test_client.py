@@ -90,3 +90,36 @@ def test_commits_never_move_backwards(bootstrap):
         assert commit_forward(client, "client-g", {tp0: 5, tp1: 6}) == {tp1: 6}
         assert commit_forward(client, "client-g", {tp0: 8, tp1: 6}) == {}
     assert committed(bootstrap, "client-g") == {("client-c", 0): 8, ("client-c", 1): 6}
+
+
+class _TrimmedLog:
+    """A client whose partition lost offsets 0..4 to retention and holds 5..9."""
+
+    def __init__(self) -> None:
+        from trio_coord.protocol.messages import FetchedBatch, FetchedPartition, ListedOffset
+
+        payload = encode_batch([WireRecord(0, None, f"v{i}".encode()) for i in range(5, 10)])
+        self._answer = FetchedPartition("t", 0, 0, "", 5, 10, [FetchedBatch(5, 5, payload)])
+        self._listed = ListedOffset("t", 0, 5, 5, 10)
+
+    def fetch(self, tp, offset, *, max_bytes, max_wait_ms=0):
+        from trio_coord.protocol.errors import OffsetOutOfRangeError
+
+        if offset < 5:
+            raise OffsetOutOfRangeError(f"offset {offset} is out of range")
+        return self._answer
+
+    def list_offsets(self, partitions, timestamp_ms):
+        return {TopicPartition("t", 0): self._listed}
+
+
+def test_records_lost_to_retention_fail_the_read_unless_told_to_skip():
+    from trio_coord.spark import DataLossError
+
+    lost = OffsetRange("t", 0, 2, 8)
+    with pytest.raises(DataLossError) as caught:
+        list(read_range(_TrimmedLog(), lost))  # type: ignore[arg-type]
+    assert "records 2 to 4 of t-0 were deleted before they could be read" in str(caught.value)
+    assert "set failOnDataLoss=false to skip what is lost" in str(caught.value)
+    batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))  # type: ignore[arg-type]
+    assert [r["offset"] for b in batches for r in b.to_pylist()] == [5, 6, 7]

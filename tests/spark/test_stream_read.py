@@ -178,3 +178,23 @@ def test_stopped_and_restarted_while_producing_nothing_is_lost_or_doubled(
     stored = [(r.partition, r.offset) for r in spark.read.parquet(out).collect()]
     assert len(stored) == len(set(stored))  # nothing twice
     assert sorted(stored) == sorted(sent)  # nothing lost
+
+
+def test_a_pattern_stream_reads_new_topics_and_partitions_from_their_start(
+    spark, bootstrap, tmp_path
+):
+    make_topic(bootstrap, "grow-1", 1)
+    produce(bootstrap, "grow-1", [{"value": b"a"} for _ in range(4)])
+    checkpoint = str(tmp_path / "checkpoint")
+    options = {"pattern": r"grow-\d+", "startingOffsets": "latest"}
+    # latest: the records already there are not read; a new topic is read from its start.
+    assert run_available_now(spark, bootstrap, checkpoint, **options) == []
+    make_topic(bootstrap, "grow-2", 2)
+    later = produce(bootstrap, "grow-2", [{"value": b"b", "partition": i % 2} for i in range(6)])
+    more = produce(bootstrap, "grow-1", [{"value": b"c"} for _ in range(3)])
+    rows = [
+        row for batch in run_available_now(spark, bootstrap, checkpoint, **options) for row in batch
+    ]
+    assert sorted(row[:2] for row in rows if row[2] == b"b") == sorted(later)
+    assert sorted(row[:2] for row in rows if row[2] == b"c") == sorted(more)
+    assert len(rows) == 9
