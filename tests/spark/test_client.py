@@ -118,8 +118,8 @@ def test_records_lost_to_retention_fail_the_read_unless_told_to_skip():
 
     lost = OffsetRange("t", 0, 2, 8)
     with pytest.raises(DataLossError) as caught:
-        list(read_range(_TrimmedLog(), lost))  # type: ignore[arg-type]
+        list(read_range(_TrimmedLog(), lost))
     assert "records 2 to 4 of t-0 were deleted before they could be read" in str(caught.value)
     assert "set failOnDataLoss=false to skip what is lost" in str(caught.value)
-    batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))  # type: ignore[arg-type]
+    batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))
     assert [r["offset"] for b in batches for r in b.to_pylist()] == [5, 6, 7]

@@ -22,13 +22,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
+from . import _requirements as _requirements  # first: checks pyspark, sets PYSPARK_PYTHON
 from ._client import BlockingClient as BlockingClient
 from ._client import BrokerUnreachableError as BrokerUnreachableError
 from ._embedded import background_broker as background_broker
