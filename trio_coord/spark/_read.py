@@ -53,7 +53,7 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import EARLIEST, LATEST, TopicPartition
-from ..protocol.records import decode_batch
+from ..protocol.records import WireRecord, decode_batch
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions
 from ._plan import OffsetRange, admit, offsets_from_json, offsets_to_json, split_ranges
@@ -90,12 +90,13 @@ SCHEMA = StructType(
 """The rows a read gives: one per record."""
 
 _HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
 ARROW_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestamp", _TIMESTAMP),
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("headers", _HEADERS),
@@ -192,36 +193,21 @@ def plan_batch(client: BlockingClient, options: ReadOptions) -> list[OffsetRange
 # -- reading a range (in a task) -----------------------------------------------------------
 
 
-class _Columns:
-    """Column lists for one Arrow batch."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.headers: list[list[tuple[str, bytes]]] = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        rows = len(self.offsets)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([topic] * rows, pa.string()),
-                pa.array([partition] * rows, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array(self.headers, _HEADERS),
-            ],
-            schema=ARROW_SCHEMA,
-        )
+def _arrow_batch(r: OffsetRange, first: int, records: list[WireRecord]) -> pa.RecordBatch:
+    """``records``, whose offsets are ``first``, ``first + 1``, ..., as one Arrow batch."""
+    rows = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(r.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(r.partition, pa.int32()), rows),
+            pa.array(range(first, first + rows), pa.int64()),
+            pa.array([rec.timestamp_ms * 1000 for rec in records], _TIMESTAMP),
+            pa.array([rec.key for rec in records], pa.binary()),
+            pa.array([rec.value for rec in records], pa.binary()),
+            pa.array([rec.headers for rec in records], _HEADERS),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool) -> int:
@@ -248,9 +234,15 @@ def read_range(
     fail_on_data_loss: bool = True,
     rows_per_batch: int = ROWS_PER_ARROW_BATCH,
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA`, in offset order."""
+    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA`, in offset order.
+
+    Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
+    ...), so the records waiting for the next Arrow batch are a list and the
+    offset of its first one.
+    """
     position = r.start
-    columns = _Columns()
+    pending: list[WireRecord] = []
+    first = position
     while position < r.end:
         try:
             part = client.fetch(r.tp, position, max_bytes=fetch_max_bytes)
@@ -266,27 +258,29 @@ def read_range(
                 f"({r.end}): the broker lost records it had (was it restored from a backup?)"
             )
         for fetched in part.batches:
-            if fetched.base_offset + fetched.count <= position:
+            if fetched.base_offset > position:  # the log's start moved past us meanwhile
+                if pending:
+                    yield _arrow_batch(r, first, pending)
+                    pending = []
+                position = _skip_lost(client, r, position, fail_on_data_loss)
+                break
+            low = position - fetched.base_offset
+            high = r.end - fetched.base_offset
+            if low >= fetched.count or high <= 0:
                 continue
-            for index, rec in enumerate(decode_batch(fetched.records)):
-                offset = fetched.base_offset + index
-                if offset < position:
-                    continue
-                if offset >= r.end:
-                    break
-                columns.offsets.append(offset)
-                columns.timestamps.append(rec.timestamp_ms * 1000)
-                columns.keys.append(rec.key)
-                columns.values.append(rec.value)
-                columns.headers.append(list(rec.headers))
-                position = offset + 1
-                if len(columns) >= rows_per_batch:
-                    yield columns.batch(r.topic, r.partition)
-                    columns.clear()
+            records = decode_batch(fetched.records)[max(0, low) : high]
+            if not pending:
+                first = position
+            pending.extend(records)
+            position += len(records)
+            while len(pending) >= rows_per_batch:
+                yield _arrow_batch(r, first, pending[:rows_per_batch])
+                del pending[:rows_per_batch]
+                first += rows_per_batch
             if position >= r.end:
                 break
-    if len(columns):
-        yield columns.batch(r.topic, r.partition)
+    if pending:
+        yield _arrow_batch(r, first, pending)
 
 
 def read_task(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
