@@ -139,16 +139,15 @@ def resolve(
     """The offset ``spec`` means for each of ``tps``, checked against the logs."""
     if not tps:
         return {}
-    starts = client.list_offsets(tps, EARLIEST)
-    ends = client.list_offsets(tps, LATEST)
+    logs = client.list_offsets(tps, LATEST)  # each answer has the log's start and end
     if spec.kind == "earliest":
-        return {tp: starts[tp].log_start for tp in tps}
+        return {tp: logs[tp].log_start for tp in tps}
     if spec.kind == "latest":
-        return {tp: ends[tp].log_end for tp in tps}
+        return {tp: logs[tp].log_end for tp in tps}
     if spec.kind == "group":
         assert options.group is not None
         committed = client.committed(options.group)
-        return {tp: committed.get(tp, starts[tp].log_start) for tp in tps}
+        return {tp: committed.get(tp, logs[tp].log_start) for tp in tps}
     known = set(tps)
     stray = sorted(tp for tp in spec.offsets if tp not in known)
     if stray:
@@ -160,7 +159,7 @@ def resolve(
     result = {}
     for tp in tps:
         wanted = spec.offsets.get(tp, EARLIEST if spec.default == "earliest" else LATEST)
-        low, high = starts[tp].log_start, ends[tp].log_end
+        low, high = logs[tp].log_start, logs[tp].log_end
         if wanted == EARLIEST:
             result[tp] = low
         elif wanted == LATEST:
