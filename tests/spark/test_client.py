@@ -123,3 +123,19 @@ def test_records_lost_to_retention_fail_the_read_unless_told_to_skip():
     assert "set failOnDataLoss=false to skip what is lost" in str(caught.value)
     batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))
     assert [r["offset"] for b in batches for r in b.to_pylist()] == [5, 6, 7]
+
+
+def test_a_stream_reader_pickles_without_its_driver_side_client(bootstrap):
+    import pickle
+
+    from trio_coord.spark._read import StreamReader
+
+    make_topic(bootstrap, "client-d", 1)
+    options = read_options({"bootstrap": bootstrap, "topic": "client-d"}, streaming=True)
+    reader = StreamReader(options)
+    assert reader.initialOffset() == {"partitions": {"client-d": {"0": 0}}}
+    assert reader.client._sockets  # the driver side keeps its connection between calls
+    copy = pickle.loads(pickle.dumps(reader))  # what Spark ships to the tasks
+    assert copy._client is None and copy.options == reader.options
+    reader.stop()
+    assert reader._client is None
