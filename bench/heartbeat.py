@@ -432,8 +432,12 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
                     )
                 )
             for _, load in loads:
-                with load.within(ready_timeout, "get all its members ready"):
-                    await load.expect("ready")
+                try:
+                    with load.within(ready_timeout, "get all its members ready"):
+                        await load.expect("ready")
+                except BenchError as exc:  # the server's side of the story helps most
+                    tail = server.stderr_tail().strip() or "(nothing)"
+                    raise BenchError(f"{exc}\n{target} server's stderr:\n{tail}") from None
             if target == "broker":
                 watch = _StableWatch(bootstrap, params.members)
                 with trio.move_on_after(ready_timeout):

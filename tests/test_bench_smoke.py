@@ -117,6 +117,21 @@ def test_throughput_bench_quick_json() -> None:
 
 
 @pytest.mark.slow
+def test_spark_read_bench_quick_json() -> None:
+    """The quick Spark read benchmark reads every record both ways and reports their ratio."""
+    result = run_quick("spark_read.py")
+    assert result["params"]["quick"] is True
+    for name in ("source", "json"):
+        figures = result[name]
+        assert len(figures["samples_s"]) == result["params"]["repeat"], figures
+        value = figures["records_per_s"]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, figures
+    for key in ("median", "min", "max"):
+        value = result["ratio"][key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+
+
+@pytest.mark.slow
 def test_rebalance_churn_bench_quick() -> None:
     """`bench/rebalance.py --churn --quick --json`: both protocols move the same partitions,
     and the cooperative group stops only those (its members never pause what they keep)."""

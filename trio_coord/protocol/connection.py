@@ -149,9 +149,10 @@ class Connection:
     async def _send(self, frame: Request | Response | Goodbye) -> None:
         async with self._send_lock:
             data = self._codec.encode(frame)
-            # Cancelled while waiting for the lock: nothing is on the wire yet, so the
-            # connection is intact. (Without a yield in between, a socket's send_all
-            # writes before it could see a cancellation.)
+            # An uncontended lock lets a cancelled task through; send_all would raise
+            # Cancelled before its first byte, and the handler below, unable to tell,
+            # would close a healthy connection (a routine rebalance restart did so to
+            # every member it was pushing to). Cancelled here is certainly clean.
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 await self._stream.send_all(data)
