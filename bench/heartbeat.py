@@ -260,20 +260,22 @@ async def _member(load: _Load, index: int) -> None:
     handler = _MemberHandler(load)
     async with open_connection(spec["host"], spec["port"], handler) as conn:
         if broker:
-            joined = await conn.request(
-                JoinGroupRequest(
-                    GROUP,
-                    "",
-                    [TOPIC],
-                    spec["session_timeout_ms"],
-                    spec["session_timeout_ms"],
-                    ["range"],
-                    auto_commit=False,
-                    client_id=client_id,
+            member_id = ""
+            for _ in range(2):  # a new member is given its id first, then joins with it
+                joined = await conn.request(
+                    JoinGroupRequest(
+                        GROUP,
+                        member_id,
+                        [TOPIC],
+                        spec["session_timeout_ms"],
+                        spec["session_timeout_ms"],
+                        ["range"],
+                        auto_commit=False,
+                        client_id=client_id,
+                    )
                 )
-            )
-            assert isinstance(joined, JoinGroupResponse)
-            member_id = joined.member_id
+                assert isinstance(joined, JoinGroupResponse)
+                member_id = joined.member_id
             await handler.started.wait()
         else:  # the same shape of id the broker hands out, so the frames are the same size
             member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"

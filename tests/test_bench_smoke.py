@@ -129,3 +129,25 @@ def test_spark_read_bench_quick_json() -> None:
     for key in ("median", "min", "max"):
         value = result["ratio"][key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+
+
+@pytest.mark.slow
+def test_rebalance_churn_bench_quick() -> None:
+    """`bench/rebalance.py --churn --quick --json`: both protocols move the same partitions,
+    and the cooperative group stops only those (its members never pause what they keep)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--churn", "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    eager, coop = result["summary"]["eager"], result["summary"]["cooperative"]
+    assert eager["moved_total"] == coop["moved_total"] > 0
+    assert coop["stopped_total"] <= coop["moved_total"] < eager["stopped_total"]
+    assert coop["kept_pause_max_ms"] == 0.0 and coop["pause_max_ms"] == 0.0
+    assert eager["kept_pause_max_ms"] > 0.0
+    assert len(result["changes"]["eager"]) == 2 * result["params"]["changes"]

@@ -74,6 +74,8 @@ class BrokerConfig:
     min_session_timeout: float = 1.0
     max_session_timeout: float = 1800.0
     max_group_size: int = 1000
+    initial_rebalance_delay: float = 0.1
+    """A new group's first rebalance waits this long for more joins (each join re-arms it)."""
     max_partitions: int = 10_000
     group_retention: float = 600.0
     position_flush_interval: float = 1.0
@@ -121,7 +123,12 @@ class BrokerConfig:
             )
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
-        for name in ("group_retention", "position_flush_interval", "shutdown_grace"):
+        for name in (
+            "group_retention",
+            "position_flush_interval",
+            "shutdown_grace",
+            "initial_rebalance_delay",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 
@@ -160,6 +167,7 @@ class Broker:
                     config.min_session_timeout,
                     config.max_session_timeout,
                     config.max_group_size,
+                    config.initial_rebalance_delay,
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,
