@@ -260,20 +260,22 @@ async def _member(load: _Load, index: int) -> None:
     handler = _MemberHandler(load)
     async with open_connection(spec["host"], spec["port"], handler) as conn:
         if broker:
-            joined = await conn.request(
-                JoinGroupRequest(
-                    GROUP,
-                    "",
-                    [TOPIC],
-                    spec["session_timeout_ms"],
-                    spec["session_timeout_ms"],
-                    ["range"],
-                    auto_commit=False,
-                    client_id=client_id,
+            member_id = ""
+            for _ in range(2):  # a new member is given its id first, then joins with it
+                joined = await conn.request(
+                    JoinGroupRequest(
+                        GROUP,
+                        member_id,
+                        [TOPIC],
+                        spec["session_timeout_ms"],
+                        spec["session_timeout_ms"],
+                        ["range"],
+                        auto_commit=False,
+                        client_id=client_id,
+                    )
                 )
-            )
-            assert isinstance(joined, JoinGroupResponse)
-            member_id = joined.member_id
+                assert isinstance(joined, JoinGroupResponse)
+                member_id = joined.member_id
             await handler.started.wait()
         else:  # the same shape of id the broker hands out, so the frames are the same size
             member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
@@ -430,8 +432,12 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
                     )
                 )
             for _, load in loads:
-                with load.within(ready_timeout, "get all its members ready"):
-                    await load.expect("ready")
+                try:
+                    with load.within(ready_timeout, "get all its members ready"):
+                        await load.expect("ready")
+                except BenchError as exc:  # the server's side of the story helps most
+                    tail = server.stderr_tail().strip() or "(nothing)"
+                    raise BenchError(f"{exc}\n{target} server's stderr:\n{tail}") from None
             if target == "broker":
                 watch = _StableWatch(bootstrap, params.members)
                 with trio.move_on_after(ready_timeout):

@@ -1,5 +1,8 @@
 """How fast a group rebalances after a join, a clean leave, a crash and a silent failure.
 
+(``--churn`` measures something else: what a membership change stops, eager
+against cooperative; see ``bench/_churn.py``.)
+
 ``python bench/rebalance.py [--members N] [--partitions P] [--session-timeout S]
 [--rounds K] [--json] [--quick]`` runs a broker in this process, on the
 embedded file store in a temporary directory (so every rebalance pays for its
@@ -594,7 +597,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit status (2 if the benchmark could not run)."""
+    """The command line; returns the exit status (2 if the benchmark could not run).
+
+    With ``--churn`` it runs the eager-against-cooperative churn benchmark
+    instead (``bench/_churn.py``).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if "--churn" in arguments:
+        from bench import _churn
+
+        arguments.remove("--churn")
+        return _churn.main(arguments)
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     params = QUICK if args.quick else Params()

@@ -114,3 +114,40 @@ def test_throughput_bench_quick_json() -> None:
             for key in (name, f"{name}_min", f"{name}_max"):
                 value = run["ratio"][key]
                 assert isinstance(value, float) and math.isfinite(value) and value > 0, run["ratio"]
+
+
+@pytest.mark.slow
+def test_spark_read_bench_quick_json() -> None:
+    """The quick Spark read benchmark reads every record both ways and reports their ratio."""
+    result = run_quick("spark_read.py")
+    assert result["params"]["quick"] is True
+    for name in ("source", "json"):
+        figures = result[name]
+        assert len(figures["samples_s"]) == result["params"]["repeat"], figures
+        value = figures["records_per_s"]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, figures
+    for key in ("median", "min", "max"):
+        value = result["ratio"][key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+
+
+@pytest.mark.slow
+def test_rebalance_churn_bench_quick() -> None:
+    """`bench/rebalance.py --churn --quick --json`: both protocols move the same partitions,
+    and the cooperative group stops only those (its members never pause what they keep)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--churn", "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    eager, coop = result["summary"]["eager"], result["summary"]["cooperative"]
+    assert eager["moved_total"] == coop["moved_total"] > 0
+    assert coop["stopped_total"] <= coop["moved_total"] < eager["stopped_total"]
+    assert coop["kept_pause_max_ms"] == 0.0 and coop["pause_max_ms"] == 0.0
+    assert eager["kept_pause_max_ms"] > 0.0
+    assert len(result["changes"]["eager"]) == 2 * result["params"]["changes"]

@@ -87,6 +87,8 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
                 "topics": m.topics,
                 "session_timeout_ms": m.session_timeout_ms,
                 "partitions": [_tp(tp) for tp in m.partitions],
+                "instance_id": m.instance_id or None,
+                "rebalance_protocol": m.rebalance_protocol,
             }
             for m in desc.members
         ],
@@ -145,6 +147,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         group_retention=args.group_retention,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
+        initial_rebalance_delay=args.initial_rebalance_delay,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -480,9 +483,11 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         session_timeout=args.session_timeout,
         rebalance_timeout=args.rebalance_timeout,
         offset_reset=args.offset_reset,
-        assignors=args.assignor or ("range", "roundrobin"),
+        assignors=args.assignor or None,
         auto_commit=not args.no_auto_commit,
         client_id=args.client_id,
+        rebalance_protocol=args.rebalance_protocol,
+        instance_id=args.instance_id,
         on_assigned=lambda ps: emit("assigned", ps),
         on_revoked=lambda ps: emit("revoked", ps),
         on_lost=lambda ps: emit("lost", ps),
@@ -664,6 +669,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         metavar="SECONDS",
         help="remove groups empty and without offsets for this long (default: %(default)s)",
+    )
+    p.add_argument(
+        "--initial-rebalance-delay",
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="a new group's first rebalance waits this long for more joins (default: %(default)s)",
     )
     p.add_argument(
         "--flush-interval",
@@ -864,7 +876,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--assignor",
         action="append",
-        help="preferred assignor; repeat for a preference list (default: range, roundrobin)",
+        help="preferred assignor; repeat for a preference list (default: range, roundrobin; "
+        "with --rebalance-protocol cooperative: uniform, sticky, range, roundrobin)",
+    )
+    p.add_argument(
+        "--rebalance-protocol",
+        choices=["eager", "cooperative"],
+        default="eager",
+        help="eager: every rebalance stops everything; cooperative: only what moves "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--instance-id",
+        help="a static member's stable identity: restarted within its session timeout, it "
+        "gets its partitions back without a rebalance",
     )
     p.add_argument(
         "--no-auto-commit", action="store_true", help="do not hand positions to the coordinator"

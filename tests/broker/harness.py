@@ -20,12 +20,16 @@ import trio
 import trio.testing
 
 from trio_coord import Broker, open_broker
+from trio_coord.core.assignors import GroupSpec, MemberSpec
 from trio_coord.protocol import (
+    ComputeAssignmentRequest,
+    ComputeAssignmentResponse,
     Connection,
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberAssignment,
     RequestBody,
     RequestHandler,
     ResponseBody,
@@ -57,10 +61,14 @@ class Timeline:
         now = trio.current_time()
         self.intervals.extend(Ownership(member, tp, now) for tp in tps)
 
-    def stop(self, member: str) -> None:
+    def stop(self, member: str, tps: list[TopicPartition] | None = None) -> None:
         now = trio.current_time()
         for interval in self.intervals:
-            if interval.member == member and interval.end is None:
+            if (
+                interval.member == member
+                and interval.end is None
+                and (tps is None or interval.tp in tps)
+            ):
                 interval.end = now
 
     def overlaps(self) -> list[tuple[Ownership, Ownership]]:
@@ -94,6 +102,10 @@ class FakeMember(RequestHandler):
         rebalance_timeout: float = 5.0,
         timeline: Timeline | None = None,
         name: str = "",
+        protocol: str = "eager",
+        assignors: list[str] | None = None,
+        instance_id: str = "",
+        compute: Any = None,
     ) -> None:
         self.broker = broker
         self.group = group
@@ -109,6 +121,12 @@ class FakeMember(RequestHandler):
         self.pushes: list[tuple[float, str]] = []
         self.hold_stop = False
         self.hold_start = False
+        self.hold_compute = False
+        self.protocol = protocol
+        self.assignors = assignors or ["range"]
+        self.instance_id = instance_id
+        self.compute = compute  # an assignor this member runs as the group's leader
+        self.stops: list[tuple[float, list[TopicPartition] | None]] = []
 
         self.conn: Connection | None = None
         self.dead = False
@@ -117,23 +135,60 @@ class FakeMember(RequestHandler):
         now = trio.current_time()
         if isinstance(body, StopFetchersRequest):
             self.pushes.append((now, "stop"))
+            self.stops.append((now, body.partitions))
             if self.hold_stop:
                 await trio.sleep_forever()
-            self.timeline.stop(self.member_id)
-            self.owned = []
+            if body.partitions is None:
+                self.timeline.stop(self.member_id)
+                self.owned = []
+            else:
+                self.timeline.stop(self.member_id, body.partitions)
+                self.owned = [tp for tp in self.owned if tp not in body.partitions]
             return StopFetchersResponse()
         if isinstance(body, StartFetchersRequest):
             self.pushes.append((now, "start"))
             if self.hold_start:
                 await trio.sleep_forever()
             self.generation = body.generation
-            self.owned = [p.tp for p in body.partitions]
+            wanted = [p.tp for p in body.partitions]
+            if body.incremental:
+                added = [tp for tp in wanted if tp not in self.owned]
+                self.timeline.stop(self.member_id, [tp for tp in self.owned if tp not in wanted])
+            else:
+                self.timeline.stop(self.member_id)
+                added = wanted
+            self.owned = wanted
             self.start_offsets = {p.tp: p.offset for p in body.partitions}
-            self.timeline.start(self.member_id, self.owned)
+            self.timeline.start(self.member_id, added)
             return StartFetchersResponse()
+        if isinstance(body, ComputeAssignmentRequest):
+            self.pushes.append((now, "compute"))
+            if self.hold_compute:
+                await trio.sleep_forever()
+            spec = GroupSpec(
+                {
+                    m.member_id: MemberSpec(
+                        m.member_id, frozenset(m.topics), frozenset(m.owned), m.user_data
+                    )
+                    for m in body.members
+                },
+                dict(body.partitions),
+            )
+            result = self.compute.assign(spec)
+            return ComputeAssignmentResponse(
+                [MemberAssignment(m, sorted(tps)) for m, tps in sorted(result.items())]
+            )
         return await super().handle(body)
 
     async def join(self) -> JoinGroupResponse:
+        """Join (both steps: a new member is given its id, then joins with it)."""
+        response = await self.join_once()
+        if response.rejoin:
+            response = await self.join_once()
+        return response
+
+    async def join_once(self) -> JoinGroupResponse:
+        """One JoinGroup request, as it is."""
         assert self.conn is not None
         response = await self.conn.request(
             JoinGroupRequest(
@@ -142,8 +197,11 @@ class FakeMember(RequestHandler):
                 self.topics,
                 round(self.session_timeout * 1000),
                 round(self.rebalance_timeout * 1000),
-                ["range"],
+                self.assignors,
                 client_id=self.name or "fake",
+                rebalance_protocol=self.protocol,
+                instance_id=self.instance_id,
+                client_assignors=[self.compute.name] if self.compute is not None else [],
             )
         )
         assert isinstance(response, JoinGroupResponse)
@@ -156,10 +214,12 @@ class FakeMember(RequestHandler):
         assert self.conn is not None
         await self.conn.request(HeartbeatRequest(self.group, self.member_id, self.generation))
 
-    async def leave(self) -> None:
+    async def leave(self, *, stay: bool = False) -> None:
+        """LeaveGroup after stopping; ``stay``: a static member stepping out for a restart."""
         assert self.conn is not None
         self.timeline.stop(self.member_id)
-        await self.conn.request(LeaveGroupRequest(self.group, self.member_id))
+        self.owned = []
+        await self.conn.request(LeaveGroupRequest(self.group, self.member_id, stay=stay))
 
     async def crash(self) -> None:
         """Drop the connection without a word (the process died).
@@ -177,8 +237,31 @@ class FakeMember(RequestHandler):
 async def ephemeral_broker(**settings: Any) -> AsyncIterator[Broker]:
     """A broker on an in-memory store, safe to use on the virtual clock."""
     settings.setdefault("min_session_timeout", 0.01)
+    settings.setdefault("initial_rebalance_delay", 0.0)  # exact times: no debounce unless asked
     async with open_broker(None, **settings) as broker:
         yield broker
+
+
+class _WholeSends(trio.abc.Stream):
+    """A memory stream whose ``send_all`` cannot be cancelled half-way, like a socket's
+    when its buffer has room (trio's memory streams checkpoint before they send, so a
+    cancelled request would look torn and close the connection, as no socket does)."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self._inner = inner
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.CancelScope(shield=True):  # (a memory stream's buffer never fills)
+            await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 @asynccontextmanager
@@ -186,7 +269,7 @@ async def connected(member: FakeMember) -> AsyncIterator[FakeMember]:
     """Connect ``member`` to its broker over an in-memory stream pair."""
     client_side, broker_side = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(member.broker.serve_stream, broker_side)
+        nursery.start_soon(member.broker.serve_stream, _WholeSends(broker_side))
         member.conn = Connection(client_side, member, name=f"fake-{member.name}")
         await nursery.start(member.conn.serve)
         try:

@@ -2,11 +2,12 @@
 
 Each run drives an ephemeral broker with fake members doing random things:
 join, leave cleanly, crash (connection dropped without a word), hang on a
-StopFetchers (to be expelled at its rebalance timeout), go silent (to be
+StopFetchers or StartFetchers (to be expelled at its rebalance timeout), go silent (to be
 declared dead at its session timeout), and grow the topic. Every member
 records when it owned what; a crashed or silent member is assumed to keep
 fetching until its lease ends, since the coordinator cannot tell it from one
-that is merely cut off. After the run:
+that is merely cut off. Every run is made twice: with eager members and
+with cooperative ones (where most members are never stopped). After the run:
 
 * invariant 1, exclusive ownership: no partition was owned by two members at
   any moment;
@@ -29,6 +30,7 @@ from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
 S = 4.0  # session timeout
 R = 2.0  # rebalance timeout
 HEARTBEAT = S / 4
+ASSIGNORS = {"eager": ["range"], "cooperative": ["uniform"]}
 
 
 async def _member_life(member: FakeMember, script: list[tuple[float, str]]) -> None:
@@ -51,8 +53,8 @@ async def _member_life(member: FakeMember, script: list[tuple[float, str]]) -> N
             if action == "silence":
                 member.dead = True  # stops heartbeating, keeps its connection
                 await trio.sleep_forever()
-            if action == "hang":
-                member.hold_stop = True
+            if action == "hang":  # on its next push (a cooperative member may get no stop)
+                member.hold_stop = member.hold_start = True
         while True:
             await trio.sleep_until(next_beat)
             await _beat(member)
@@ -74,8 +76,9 @@ async def _beat(member: FakeMember) -> None:
         await trio.sleep_forever()
 
 
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
 @pytest.mark.parametrize("seed", range(40))
-async def test_invariants_hold_under_random_faults(seed, autojump_clock):
+async def test_invariants_hold_under_random_faults(seed, protocol, autojump_clock):
     rng = random.Random(seed)
     rec, timeline = Recorder(), Timeline()
     async with ephemeral_broker(on_event=rec) as broker:
@@ -96,6 +99,8 @@ async def test_invariants_hold_under_random_faults(seed, autojump_clock):
                     rebalance_timeout=R,
                     timeline=timeline,
                     name=f"m{i}",
+                    protocol=protocol,
+                    assignors=ASSIGNORS[protocol],
                 )
                 fakes.append(fake)
 
@@ -116,7 +121,14 @@ async def test_invariants_hold_under_random_faults(seed, autojump_clock):
             # causes asks everyone to stop, so a member hanging since its last rebalance
             # is expelled at R; its partitions move when its lease ends (within S).
             late = FakeMember(
-                broker, "g", ["t"], session_timeout=S, rebalance_timeout=R, timeline=timeline
+                broker,
+                "g",
+                ["t"],
+                session_timeout=S,
+                rebalance_timeout=R,
+                timeline=timeline,
+                protocol=protocol,
+                assignors=ASSIGNORS[protocol],
             )
             fakes.append(late)
             fates[late.name] = "stay"

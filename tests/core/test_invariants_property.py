@@ -7,7 +7,11 @@ persist and replay the generation, start each member no earlier than its
 ``not_before``, complete) and the consumers (which join, leave cleanly, lose
 their connection, reconnect with their member id, freeze, heartbeat, and
 fetch). Any membership change or a subscribed topic growing restarts the
-rebalance, from whatever phase it is in.
+rebalance, from whatever phase it is in. Consumers ask for eager or
+cooperative rebalancing at random; while all of a group's members ask for
+cooperative, the group task follows the cooperative sequence instead: plan
+from what members may fetch, stop only the partitions that move (on their
+owners only), start incrementally (members keep what they fetch).
 
 The model tracks who is *actually fetching* each partition: a consumer starts
 fetching when StartFetchers is sent (``member_starting``), stops when it
@@ -40,9 +44,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from trio_coord.core.assignors import ASSIGNORS, choose_assignor
+from trio_coord.core.assignors import ASSIGNORS, Assignment, choose_assignor
 from trio_coord.core.fencing import check_heartbeat
-from trio_coord.core.group import AssignmentPlan, Group, GroupLimits, GroupState, StartPlan
+from trio_coord.core.group import (
+    AssignmentInput,
+    AssignmentPlan,
+    Group,
+    GroupLimits,
+    GroupState,
+    StartPlan,
+)
 from trio_coord.protocol.errors import IllegalGenerationError, InconsistentAssignorError
 from trio_coord.protocol.messages import PartitionOffset
 from trio_coord.protocol.messages import TopicPartition as TP
@@ -51,7 +62,13 @@ S = GroupState
 MEMBER_IDS = ["m0", "m1", "m2", "m3", "m4"]
 TOPICS = ["t0", "t1", "t2"]
 LIMITS = GroupLimits(min_session_timeout=1.0, max_session_timeout=60.0, max_group_size=100)
-ASSIGNOR_PREFS = [("range", "roundrobin"), ("roundrobin", "range"), ("range",), ("roundrobin",)]
+ASSIGNOR_PREFS = [
+    ("range", "roundrobin"),
+    ("roundrobin", "range"),
+    ("range",),
+    ("roundrobin",),
+    ("uniform", "range"),
+]
 MAX_PARTITIONS = 6
 LOG_START, LOG_END = 0, 5
 
@@ -73,6 +90,7 @@ class Consumer:
     """partition → position, for every partition it is fetching."""
     frozen: bool = False
     """Stopped (SIGSTOP): answers nothing, heartbeats no more."""
+    protocol: str = "eager"
 
 
 @dataclass
@@ -94,6 +112,8 @@ class GroupProtocol(RuleBasedStateMachine):
         self.departed: dict[str, Departed] = {}
         # The group task's progress through the current rebalance.
         self.to_stop: set[str] = set()
+        self.computed: tuple[AssignmentInput, Assignment] | None = None  # cooperative plan
+        self.revoke: dict[str, list[TP]] = {}
         self.unpersisted: AssignmentPlan | None = None
         self.to_start: dict[str, StartPlan] = {}
         self.unacked: set[str] = set()
@@ -159,9 +179,17 @@ class GroupProtocol(RuleBasedStateMachine):
             self.unpersisted = None
         self.to_start.clear()
         self.unacked.clear()
+        self.computed, self.revoke = None, {}
         if self.group.members:
             self.to_stop = {m.member_id for m in self.group.begin_rebalance()}
             assert self.to_stop == set(self.group.members)
+            if self.group.cooperative:
+                given = self.group.assignment_input(
+                    partitions=self.subscribed_partitions(), available=ASSIGNORS
+                )
+                self.computed = (given, self.group.compute_assignment(given, ASSIGNORS))
+                self.revoke = self.group.revocations(self.computed[1])
+                self.to_stop = set(self.revoke)
         else:
             assert self.group.state is S.EMPTY
             self.to_stop = set()
@@ -217,6 +245,7 @@ class GroupProtocol(RuleBasedStateMachine):
                 offset_reset=consumer.offset_reset,
                 limits=LIMITS,
                 available=ASSIGNORS,
+                protocol=consumer.protocol,
             )
         except InconsistentAssignorError:
             assert choose_assignor([consumer.assignors, *others], ASSIGNORS) is None
@@ -233,6 +262,7 @@ class GroupProtocol(RuleBasedStateMachine):
             assignors=consumer.assignors,
             auto_commit=True,
             offset_reset=consumer.offset_reset,
+            protocol=consumer.protocol,
         )
         consumer.generation = self.group.generation  # from the JoinGroup response
         self.consumers[member_id] = consumer
@@ -263,12 +293,16 @@ class GroupProtocol(RuleBasedStateMachine):
             if answering:
                 member_id = answering[choice % len(answering)]
                 consumer = self.consumers[member_id]
+                revoked = self.revoke.get(member_id) if self.computed else None
+                stopping = sorted(consumer.fetching if revoked is None else revoked)
                 positions = [
-                    PartitionOffset(tp.topic, tp.partition, p)
-                    for tp, p in sorted(consumer.fetching.items())
+                    PartitionOffset(tp.topic, tp.partition, consumer.fetching[tp])
+                    for tp in stopping
+                    if tp in consumer.fetching
                 ]
-                group.member_stopped(member_id, positions)
-                consumer.fetching.clear()
+                group.member_stopped(member_id, positions, revoked)
+                for tp in stopping:
+                    consumer.fetching.pop(tp, None)
                 self.to_stop.discard(member_id)
                 return True
             if self.to_stop:
@@ -280,8 +314,10 @@ class GroupProtocol(RuleBasedStateMachine):
                 partitions=self.subscribed_partitions(),
                 available=ASSIGNORS,
                 log_offsets=log_offsets,
+                computed=self.computed,
             )
             assert group.state is S.ASSIGNING and group.generation == generation
+            assert all(s.incremental == (self.computed is not None) for s in plan.starts)
             assert plan.record.generation == generation + 1
             assert [s.member_id for s in plan.starts] == sorted(group.members)
             assert [m.member_id for m in plan.record.members] == sorted(group.members)
@@ -324,12 +360,17 @@ class GroupProtocol(RuleBasedStateMachine):
                     if self.restarts != restarts:
                         return True  # the rebalance restarted while we waited
                 consumer = self.consumers[member_id]
-                assert not consumer.fetching, "started before it was stopped"
+                wanted = {po.tp: max(po.offset, 0) for po in start.partitions}
+                if start.incremental:  # it keeps what it fetches, all of which it keeps
+                    assert set(consumer.fetching) <= set(wanted), "kept what moved away"
+                    wanted.update(consumer.fetching)
+                else:
+                    assert not consumer.fetching, "started before it was stopped"
                 group.member_starting(member_id)
                 del self.to_start[member_id]
                 self.unacked.add(member_id)
                 # StartFetchers: it fetches from here on (a frozen one, maybe, too).
-                consumer.fetching = {po.tp: max(po.offset, 0) for po in start.partitions}
+                consumer.fetching = wanted
                 consumer.generation = group.generation
                 assert set(consumer.fetching) == group.members[member_id].assignment
             else:
@@ -359,6 +400,7 @@ class GroupProtocol(RuleBasedStateMachine):
         assignors=st.sampled_from(ASSIGNOR_PREFS),
         offset_reset=st.sampled_from(["earliest", "latest"]),
         generation=st.just(-1),
+        protocol=st.sampled_from(["eager", "cooperative"]),
     )
     steps = st.integers(0, 8)
     index = st.integers(0, 99)
@@ -589,3 +631,33 @@ def test_heartbeat_from_a_start_whose_ack_was_dropped_by_a_restart() -> None:
     run.settle(0)
     assert machine.group.state is S.STABLE and machine.group.generation == 3
     assert machine.stable_generations == [1, 3]
+
+
+def test_cooperative_join_stops_only_the_owners_of_what_moves() -> None:
+    def coop(*topics: str) -> Consumer:
+        return Consumer(
+            frozenset(topics), 10.0, ("uniform",), "earliest", generation=-1, protocol="cooperative"
+        )
+
+    machine = GroupProtocol()
+    run = Checked(machine)
+    machine.topics["t0"] = 6
+    run.settled_group([coop("t0"), coop("t0")])
+    before = {m: dict(c.fetching) for m, c in machine.consumers.items()}
+    assert sorted(len(f) for f in before.values()) == [3, 3]
+    run.join(2, coop("t0"), then=0)
+    assert machine.group.cooperative and machine.computed is not None
+    assert set(machine.to_stop) == {"m0", "m1"}  # each gives one up; the joiner nothing
+    assert all(len(tps) == 1 for tps in machine.revoke.values())
+    run.settle(0)
+    assert machine.group.state is S.STABLE
+    for member_id, fetched in before.items():  # what stayed kept its position: never stopped
+        kept = set(fetched) & set(machine.consumers[member_id].fetching)
+        assert len(kept) == 2
+        assert all(machine.consumers[member_id].fetching[tp] >= fetched[tp] for tp in kept)
+    eager = Consumer(frozenset({"t0"}), 10.0, ("uniform",), "earliest", generation=-1)
+    run.join(3, eager, then=0)  # an eager member makes the group eager
+    assert not machine.group.cooperative and machine.computed is None
+    assert machine.to_stop == {"m0", "m1", "m2", "m3"}
+    run.settle(0)
+    assert machine.group.state is S.STABLE

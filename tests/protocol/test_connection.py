@@ -561,3 +561,24 @@ async def test_a_send_interrupted_mid_frame_closes_the_connection(autojump_clock
     assert conn.closed
     with pytest.raises(ConnectionClosedError, match="interrupted"):
         await conn.request(HeartbeatRequest("g", "m", 1))
+
+
+async def test_a_request_cancelled_before_its_first_byte_leaves_the_connection_open():
+    # A rebalance restart cancels the pushes it had in flight. A push handed the
+    # write lock, then cancelled before it ran again, has sent nothing: it must not
+    # cost the member its connection (it did, to every member being pushed to).
+    async with connected(handler_b=TopicHandler("b")) as (a, _b, _raw):
+        scope = trio.CancelScope()
+
+        async def push() -> None:
+            with scope:
+                await a.request(HeartbeatRequest("g", "m", 1))
+
+        async with trio.open_nursery() as nursery:
+            async with a._send_lock:
+                nursery.start_soon(push)
+                await trio.testing.wait_all_tasks_blocked()  # push waits for the lock
+            scope.cancel()  # the lock is already push's, it has not run since
+        assert scope.cancelled_caught
+        assert not a.closed
+        assert await a.request(HeartbeatRequest("g", "m", 1)) == HeartbeatResponse()

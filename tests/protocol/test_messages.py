@@ -77,6 +77,8 @@ MEMBER = MemberDescription(
     15_000,
     45_000,
     [TopicPartition("orders", 3)],
+    instance_id="host-a-worker",
+    rebalance_protocol="cooperative",
 )
 
 # One instance of every body type, every defaulted field set to a non-default value.
@@ -94,9 +96,13 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         auto_commit=False,
         offset_reset="earliest",
         client_id="client-a",
+        rebalance_protocol="cooperative",
+        instance_id="host-7",
+        user_data=b"rack-1",
+        client_assignors=["my-assignor"],
     ),
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
-    LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down"),
+    LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),
     OffsetCommitRequest("billing", "m-1", 4, [OFFSET], allow_regression=True),
     OffsetFetchRequest("billing", partitions=[TopicPartition("orders", 3)]),
     ListGroupsRequest(),
@@ -113,15 +119,23 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
     ListOffsetsRequest([TopicPartition("orders", 3)], timestamp_ms=1_700_000_000_000),
     ResetOffsetsRequest("billing", [OFFSET]),
     DeleteOffsetsRequest("billing", [TopicPartition("orders", 3)]),
-    StopFetchersRequest("billing", "m-1", 4),
-    StartFetchersRequest("billing", "m-1", 5, [OFFSET], brokers=[BROKER]),
+    StopFetchersRequest("billing", "m-1", 4, partitions=[TopicPartition("orders", 3)]),
+    StartFetchersRequest("billing", "m-1", 5, [OFFSET], brokers=[BROKER], incremental=True),
+    messages.ComputeAssignmentRequest(
+        "billing",
+        "m-1",
+        5,
+        "my-assignor",
+        [messages.MemberSubscription("m-1", ["orders"], [TopicPartition("orders", 3)], b"\x01")],
+        {"orders": 12},
+    ),
 ]
 
 RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     MetadataResponse([BROKER], [TOPIC], coordinator=BROKER),
     CreateTopicResponse(TOPIC),
     AddPartitionsResponse(TopicInfo("orders", 24, leaders=[7] * 24)),
-    JoinGroupResponse("m-1", 5, 15_000),
+    JoinGroupResponse("m-1", 5, 15_000, rejoin=True),
     HeartbeatResponse(),
     LeaveGroupResponse(),
     OffsetCommitResponse(),
@@ -139,6 +153,9 @@ RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     DeleteOffsetsResponse(),
     StopFetchersResponse(positions=[OFFSET]),
     StartFetchersResponse(),
+    messages.ComputeAssignmentResponse(
+        [messages.MemberAssignment("m-1", [TopicPartition("orders", 3)])]
+    ),
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,25 +30,30 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..core.assignors import Assignor
+from ..core.assignors import Assignment, Assignor
 from ..core.fencing import check_commit, check_heartbeat
-from ..core.group import Group, GroupLimits, GroupState, Member, StartPlan
-from ..core.records import GroupRecord, OffsetRecord, OffsetTombstone, Record
+from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
+from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
     CoordinatorNotAvailableError,
+    FencedInstanceIdError,
+    GroupMaxSizeReachedError,
     GroupSubscribedToTopicError,
     InvalidRequestError,
     UnknownMemberError,
     UnknownTopicError,
 )
 from ..protocol.messages import (
+    ComputeAssignmentRequest,
+    ComputeAssignmentResponse,
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberSubscription,
     OffsetCommitRequest,
     PartitionOffset,
     StartFetchersRequest,
@@ -77,8 +83,11 @@ def _wall_clock_ms() -> int:
 EventCallback = Callable[[str, dict[str, object]], None]
 """An observer of group events: ``callback(what, details)``, where ``what`` is one of
 joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
-start_delayed, started, stable; ``details`` always has ``group`` and ``time``, and
-partitions are spelled ``"topic-N"``."""
+start_delayed, started, stable; initial_delay (a new group waits for more joins),
+revoking (a cooperative plan: what each member gives up), compute_requested (a
+leader is asked for the assignment), disconnected, stepped_out and resumed (a
+static member);
+``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
 class _Reset:
@@ -124,6 +133,7 @@ class GroupRunner:
         self._positions_dirty = trio.Event()
         self._resets: list[_Reset] = []
         self._nursery: trio.Nursery | None = None
+        self._pending_ids: dict[str, float] = {}  # member ids handed out → until when
         self.ready = trio.Event()
         """Set once the group task runs and can admit members."""
         self.deleting = False
@@ -159,14 +169,35 @@ class GroupRunner:
     # -- membership --------------------------------------------------------------
 
     def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
-        """Admit a member (a new one, a live one rejoining, or one known from before a restart)."""
+        """Admit a member (a new one, a live one rejoining, or one known from before a restart).
+
+        A join without a member id (and without an instance id) is not
+        admitted: it is given a member id to join again with, which is
+        remembered for one session timeout, so that a client retrying joins
+        fills no group. A static member (``instance_id``) coming back while
+        its former self is still in the group, disconnected, takes its place
+        and partitions without a rebalance; while its former self is
+        connected, it is refused (fenced) and the former one keeps running.
+        """
         group = self.group
         member_id = request.member_id
         if self.deleting:
             raise CoordinatorNotAvailableError(
                 f"group {self.group_id} is being deleted; join again in a moment"
             )
-        if (
+        static = group.member_by_instance(request.instance_id)
+        if static is not None:
+            old_conn = self._conns.get(static.member_id)
+            if member_id != static.member_id and old_conn is not None and not old_conn.closed:
+                raise FencedInstanceIdError(
+                    f"instance id {request.instance_id!r} is in use by live member "
+                    f"{static.member_id!r} of group {self.group_id}; give every consumer its "
+                    "own instance_id (this one is refused, the other keeps running)"
+                )
+            member_id = static.member_id
+        elif self._pending_ids.pop(member_id, -math.inf) > trio.current_time():
+            pass  # the second step of a new member's join
+        elif (
             member_id
             and member_id not in group.members
             and not group.knows_former_member(member_id)
@@ -185,12 +216,20 @@ class GroupRunner:
             offset_reset=request.offset_reset,
             limits=self._limits,
             available=self._assignors,
+            protocol=request.rebalance_protocol,
+            client_assignors=request.client_assignors,
+            user_data=request.user_data,
         )
         if not member_id:
-            member_id = f"{request.client_id or 'member'}-{uuid.uuid4().hex[:12]}"
+            prefix = request.instance_id or request.client_id or "member"
+            member_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+            if not request.instance_id:
+                return self._member_id_required(member_id, request)
         old_conn = self._conns.get(member_id)
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
+        if static is not None and self._resume_static(static, request, conn):
+            return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
         group.add_member(
             trio.current_time(),
             member_id=member_id,
@@ -202,6 +241,10 @@ class GroupRunner:
             assignors=request.assignors,
             auto_commit=request.auto_commit,
             offset_reset=request.offset_reset,
+            protocol=request.rebalance_protocol,
+            instance_id=request.instance_id,
+            user_data=request.user_data,
+            client_assignors=request.client_assignors,
         )
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)
@@ -209,6 +252,64 @@ class GroupRunner:
         self._emit("joined", member_id=member_id)
         self.request_rebalance(f"member {member_id} joined")
         return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
+
+    def _member_id_required(self, member_id: str, request: JoinGroupRequest) -> JoinGroupResponse:
+        """Hand out a member id to join again with; remembered for one session timeout."""
+        now = trio.current_time()
+        for stale in [m for m, until in self._pending_ids.items() if until <= now]:
+            del self._pending_ids[stale]
+        if len(self._pending_ids) >= self._limits.max_group_size:
+            raise GroupMaxSizeReachedError(
+                f"group {self.group_id} has {len(self._pending_ids)} joins waiting for their "
+                "second step; join again with the member id you were given"
+            )
+        self._pending_ids[member_id] = now + request.session_timeout_ms / 1000
+        return JoinGroupResponse(
+            member_id, self.group.generation, request.session_timeout_ms, rejoin=True
+        )
+
+    def _resume_static(self, member: Member, request: JoinGroupRequest, conn: Connection) -> bool:
+        """A static member is back: hand it its partitions again, without a rebalance.
+
+        Only in a stable group, and only if it asks for what it had (topics,
+        assignors, protocol): anything else needs a rebalance. Returns False
+        then, and the join proceeds as any other. If its former process did
+        not step out cleanly it may still be fetching, cut off rather than
+        dead: the partitions then start once that process's lease has ended.
+        """
+        group = self.group
+        if (
+            group.state is not GroupState.STABLE
+            or member.topics != frozenset(request.topics)
+            or member.assignors != tuple(request.assignors)
+            or member.protocol != request.rebalance_protocol
+            or member.client_assignors != tuple(request.client_assignors)
+        ):
+            return False
+        # Its former process may still be fetching (cut off, not dead) until its lease
+        # ends, unless it stepped out cleanly: then it has stopped already.
+        start_at = member.lease_end if member.may_own else 0.0
+        now = trio.current_time()
+        member.last_heartbeat = now
+        member.session_timeout = request.session_timeout_ms / 1000
+        member.rebalance_timeout = request.rebalance_timeout_ms / 1000
+        member.user_data = request.user_data
+        self._conns[member.member_id] = conn
+        self._bind(conn, member.member_id, self.group_id)
+        self._watch_liveness(member.member_id, member.session_timeout)
+        plan = group.resume_plan(member.member_id, self._log_offsets)
+        generation = group.generation
+        self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
+
+        async def resume(m: Member) -> None:
+            # A rebalance that began before this task ran decides for itself (it may
+            # have moved these partitions): start only in the generation planned for.
+            if group.state is GroupState.STABLE and group.generation == generation:
+                await self._start_member(m, plan, generation)
+
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_in_time, member, resume, start_at)
+        return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
         old = self._liveness.pop(member_id, None)
@@ -237,15 +338,26 @@ class GroupRunner:
             self._positions_dirty.set()
 
     async def leave(self, request: LeaveGroupRequest) -> None:
-        """A member leaves after stopping its fetchers; its final positions are committed."""
+        """A member leaves after stopping its fetchers; its final positions are committed.
+
+        A static member that asks to ``stay`` (a restart) steps out instead:
+        it has stopped, so a successor with its instance id may start at
+        once, and until its session expires nobody else gets its partitions.
+        """
         member = self.group.members.get(request.member_id)
         if member is None:
             raise UnknownMemberError(
                 f"member {request.member_id!r} is not in group {self.group_id}"
             )
         self.group.member_stopped(member.member_id, request.positions)
-        reason = f"left the group{': ' + request.reason if request.reason else ''}"
-        self.remove_member(member.member_id, reason, stopped=True)
+        if request.stay and member.instance_id and self.group.state is GroupState.STABLE:
+            conn = self._conns.pop(member.member_id, None)
+            if conn is not None:
+                self._bind(conn, member.member_id, None)
+            self._emit("stepped_out", member_id=member.member_id, until=member.lease_end)
+        else:
+            reason = f"left the group{': ' + request.reason if request.reason else ''}"
+            self.remove_member(member.member_id, reason, stopped=True)
         await self._commit_positions()
 
     def remove_member(self, member_id: str, reason: str, *, stopped: bool) -> None:
@@ -274,8 +386,25 @@ class GroupRunner:
         self.request_rebalance(f"member {member_id} {reason}")
 
     def connection_lost(self, member_id: str) -> None:
-        """The member's connection ended without a LeaveGroup."""
+        """The member's connection ended without a LeaveGroup.
+
+        A static member of a stable group stays (disconnected, its partitions
+        kept for it) until its session expires, in case it comes back.
+        """
+        member = self.group.members.get(member_id)
+        if member is not None and member.instance_id and self.group.state is GroupState.STABLE:
+            conn = self._conns.pop(member_id, None)
+            if conn is not None:
+                self._bind(conn, member_id, None)
+            self._emit("disconnected", member_id=member_id, until=member.lease_end)
+            return
         self.remove_member(member_id, "lost its connection", stopped=False)
+
+    def _conn_of(self, member: Member) -> Connection:
+        conn = self._conns.get(member.member_id)
+        if conn is None:
+            raise ConnectionClosedError(f"static member {member.member_id} is disconnected")
+        return conn
 
     def request_rebalance(self, reason: str) -> None:
         """Start a rebalance soon; cancel the one in flight, which is now out of date."""
@@ -408,6 +537,8 @@ class GroupRunner:
         while True:
             await self._kick.wait()
             self._kick = trio.Event()
+            if self.group.state is GroupState.EMPTY and self.group.members:
+                await self._debounce_first_joins()
             if not self.group.members:
                 if self._resets:  # nobody to stop: the resets apply at once
                     with contextlib.suppress(StoreError):
@@ -438,13 +569,48 @@ class GroupRunner:
             if scope.cancelled_caught:
                 self._emit("rebalance_restarted")
 
+    async def _debounce_first_joins(self) -> None:
+        """A group coming to life waits for the burst of joins to end before its first rebalance.
+
+        Each join within ``initial_rebalance_delay`` of the previous one waits
+        another delay, but no longer in all than the largest rebalance timeout
+        of the members: then the first generation has everyone who started
+        together, instead of one rebalance per arrival.
+        """
+        delay = self._limits.initial_rebalance_delay
+        if delay <= 0:
+            return
+        now = trio.current_time()
+        limit = now + max(m.rebalance_timeout for m in self.group.members.values())
+        self._emit("initial_delay", until=min(now + delay, limit))
+        while self.group.members:
+            with trio.move_on_at(min(trio.current_time() + delay, limit)):
+                await self._kick.wait()
+                self._kick = trio.Event()
+                continue
+            break
+
     async def _rebalance(self) -> None:
         group = self.group
         started = trio.current_time()
         members = group.begin_rebalance()
-        self._emit("rebalance_started", members=len(members))
-        # Phase 1: every member stops all its fetchers and hands back its positions.
-        await self._in_parallel(members, self._stop_member)
+        # Offsets being reset must restart every owner: a reset makes the rebalance eager.
+        cooperative = group.cooperative and not self._resets
+        self._emit("rebalance_started", members=len(members), cooperative=cooperative)
+        computed = None
+        if cooperative:
+            # Plan first, from what everyone is fetching; then only what moves stops:
+            # phase 1 reaches just the members that give partitions up.
+            computed = await self._compute_assignment(cooperative=True)
+            revoke = group.revocations(computed[1])
+            self._emit("revoking", partitions={m: [str(tp) for tp in r] for m, r in revoke.items()})
+            await self._in_parallel(
+                [group.members[m] for m in sorted(revoke)],
+                lambda m: self._stop_member(m, revoke[m.member_id]),
+            )
+        else:
+            # Phase 1: every member stops all its fetchers and hands back its positions.
+            await self._in_parallel(members, self._stop_member)
         # A member removed in a phase cancels this scope, but a nursery whose tasks
         # all ended need not checkpoint: make sure an outdated rebalance stops here.
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -461,11 +627,15 @@ class GroupRunner:
             await self._apply_resets()
         await trio.lowlevel.checkpoint_if_cancelled()
         # Phase 3: the new generation's assignment, durable before anyone hears of it.
+        if computed is None:
+            computed = await self._compute_assignment(cooperative=False)
         plan = group.plan_assignment(
             trio.current_time(),
             partitions=self._subscribed_partitions(),
             available=self._assignors,
             log_offsets=self._log_offsets,
+            computed=computed,
+            cooperative=cooperative,
         )
         with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
             # Shielded from the rebalance's cancellation: a generation that reaches the
@@ -480,7 +650,7 @@ class GroupRunner:
         by_id = {s.member_id: s for s in plan.starts}
         await self._in_parallel(
             [group.members[s.member_id] for s in plan.starts],
-            lambda m: self._start_member(m, by_id[m.member_id], plan.record),
+            lambda m: self._start_member(m, by_id[m.member_id], plan.record.generation),
             not_before={s.member_id: s.not_before for s in plan.starts},
         )
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -500,6 +670,56 @@ class GroupRunner:
             elapsed=elapsed,
             ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
         )
+
+    async def _compute_assignment(self, *, cooperative: bool) -> tuple[AssignmentInput, Assignment]:
+        """The next assignment: by a broker-side assignor, or by the group's leader.
+
+        The leader answers within its rebalance timeout or is expelled, and
+        its death (by any means) restarts the rebalance with the next leader
+        at once, like any membership change.
+        """
+        group = self.group
+        input = group.assignment_input(
+            partitions=self._subscribed_partitions(),
+            available=self._assignors,
+            cooperative=cooperative,
+        )
+        if input.leader is None:
+            return input, group.compute_assignment(input, self._assignors)
+        leader = group.members[input.leader]
+        answers: list[ComputeAssignmentResponse] = []
+
+        async def ask(member: Member) -> None:
+            response = await self._conn_of(member).request(
+                ComputeAssignmentRequest(
+                    self.group_id,
+                    member.member_id,
+                    group.generation,
+                    input.assignor,
+                    [
+                        MemberSubscription(
+                            m.member_id, sorted(m.topics), sorted(m.owned), m.user_data
+                        )
+                        for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
+                    ],
+                    dict(input.spec.partitions),
+                )
+            )
+            if not isinstance(response, ComputeAssignmentResponse):
+                raise InvalidRequestError(
+                    f"answered ComputeAssignment with {type(response).__name__}"
+                )
+            answers.append(response)
+
+        self._emit("compute_requested", leader=leader.member_id, assignor=input.assignor)
+        await self._answer_in_time(leader, ask, 0.0)
+        await trio.lowlevel.checkpoint_if_cancelled()  # the leader went away: restarted
+        if not answers:
+            raise trio.TooSlowError(f"leader {leader.member_id} gave no assignment")
+        given: dict[str, list[TopicPartition]] = {}
+        for entry in answers[0].assignment:
+            given.setdefault(entry.member_id, []).extend(entry.partitions)
+        return input, group.check_assignment(input, given)
 
     def _subscribed_partitions(self) -> dict[str, int]:
         topics: set[str] = set()
@@ -552,22 +772,28 @@ class GroupRunner:
     def _is_current(self, member: Member) -> bool:
         return self.group.members.get(member.member_id) is member
 
-    async def _stop_member(self, member: Member) -> None:
-        conn = self._conns[member.member_id]
-        response = await conn.request(
-            StopFetchersRequest(self.group_id, member.member_id, self.group.generation)
+    async def _stop_member(
+        self, member: Member, partitions: list[TopicPartition] | None = None
+    ) -> None:
+        """Phase 1 for one member: stop everything, or (cooperative) just ``partitions``."""
+        response = await self._conn_of(member).request(
+            StopFetchersRequest(self.group_id, member.member_id, self.group.generation, partitions)
         )
         if not isinstance(response, StopFetchersResponse):
             raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
         if self._is_current(member):
-            self.group.member_stopped(member.member_id, response.positions)
+            self.group.member_stopped(member.member_id, response.positions, partitions)
 
-    async def _start_member(self, member: Member, plan: StartPlan, record: GroupRecord) -> None:
-        conn = self._conns[member.member_id]
+    async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
+        conn = self._conn_of(member)
         self.group.member_starting(member.member_id)
         await conn.request(
             StartFetchersRequest(
-                self.group_id, member.member_id, record.generation, plan.partitions
+                self.group_id,
+                member.member_id,
+                generation,
+                plan.partitions,
+                incremental=plan.incremental,
             )
         )
         if not self._is_current(member):
@@ -576,7 +802,7 @@ class GroupRunner:
         self._emit(
             "started",
             member_id=member.member_id,
-            generation=record.generation,
+            generation=generation,
             partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions],
         )
 

@@ -78,6 +78,8 @@ class BrokerConfig:
     min_session_timeout: float = 1.0
     max_session_timeout: float = 1800.0
     max_group_size: int = 1000
+    initial_rebalance_delay: float = 0.1
+    """A new group's first rebalance waits this long for more joins (each join re-arms it)."""
     max_partitions: int = 10_000
     group_retention: float = 600.0
     position_flush_interval: float = 1.0
@@ -137,7 +139,13 @@ class BrokerConfig:
             raise ValueError("coordinator_slots must be at least 1")
         if self.zk_session_timeout <= 0:
             raise ValueError("zk_session_timeout must be positive")
-        for name in ("group_retention", "position_flush_interval", "shutdown_grace", "claim_grace"):
+        for name in (
+            "group_retention",
+            "position_flush_interval",
+            "shutdown_grace",
+            "initial_rebalance_delay",
+            "claim_grace",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
 
@@ -216,6 +224,7 @@ class Broker:
                     config.min_session_timeout,
                     config.max_session_timeout,
                     config.max_group_size,
+                    config.initial_rebalance_delay,
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,

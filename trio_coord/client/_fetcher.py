@@ -127,13 +127,35 @@ class Fetcher:
             self._parts[tp] = _Partition(offset, offset, offset, self._next_epoch())
         self._layout_changed.set()
 
-    def freeze(self) -> None:
-        """Stop handing out and fetching anything, keeping the offsets (a revoke begins)."""
-        for part in self._parts.values():
+    def add(self, offsets: dict[TopicPartition, int]) -> None:
+        """Own these partitions too, from these offsets; the others carry on untouched."""
+        for tp, offset in sorted(offsets.items()):
+            self._parts[tp] = _Partition(offset, offset, offset, self._next_epoch())
+        if offsets:
+            self._layout_changed.set()
+
+    def remove(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget these partitions (their offsets and unsent progress); the others carry on."""
+        gone = set(tps) & self._parts.keys()
+        for tp in gone:
+            del self._parts[tp]
+            self._outstanding.pop(tp, None)
+            self._pending_reset.pop(tp, None)
+        self._dirty -= gone
+        if gone:
+            self._ready = deque(tp for tp in self._ready if tp not in gone)
+            self._layout_changed.set()
+
+    def freeze(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        """Stop handing out and fetching these partitions (default: all), keeping their
+        offsets (a revoke begins)."""
+        frozen = set(self._parts if tps is None else tps) & self._parts.keys()
+        for tp in frozen:
+            part = self._parts[tp]
             part.buffer.clear()
             part.paused = True
             part.epoch = self._next_epoch()
-        self._ready.clear()
+        self._ready = deque(tp for tp in self._ready if tp not in frozen)
         self._layout_changed.set()
 
     def drop(self) -> list[TopicPartition]:

@@ -18,7 +18,14 @@ The application reads records with ``async for record in consumer`` or
 :meth:`Consumer.getmany`. A StopFetchers first stops handing out records of
 the partitions (none is handed out after ``on_revoked`` returns), then calls
 ``on_revoked``, then hands back what the application has *consumed* (see
-``_fetcher``). Leaving the ``async with`` block (or being cancelled) revokes
+``_fetcher``). In a cooperative group a StopFetchers names just the
+partitions that move away and the rest keep flowing, and an incremental
+StartFetchers adds partitions (``on_assigned`` hears only of those). A
+consumer may bring assignors of its own: it computes the group's
+assignment with them when the coordinator asks it as the leader
+(ComputeAssignment). A static consumer (``instance_id``) closes without
+leaving, so that its successor takes its partitions back without a
+rebalance. Leaving the ``async with`` block (or being cancelled) revokes
 the partitions, hands the final positions to the coordinator with
 LeaveGroup, and closes.
 
@@ -42,13 +49,16 @@ import trio
 from trio_util import AsyncValue
 
 from .._aio import EnterOnce, unwrap_lone_exception
-from ..core.group import OFFSET_RESET_POLICIES
+from ..core.assignors import Assignor, GroupSpec, MemberSpec, make_registry
+from ..core.group import OFFSET_RESET_POLICIES, REBALANCE_PROTOCOLS
 from ..protocol.connection import Connection, RequestHandler, open_connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
+    FencedInstanceIdError,
     GroupNotFoundError,
     IllegalGenerationError,
+    InvalidRequestError,
     OffsetRegressionError,
     RequestTimedOutError,
     UnknownMemberError,
@@ -57,10 +67,13 @@ from ..protocol.messages import (
     EARLIEST,
     LATEST,
     NO_OFFSET,
+    ComputeAssignmentRequest,
+    ComputeAssignmentResponse,
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberAssignment,
     OffsetCommitRequest,
     OffsetFetchRequest,
     OffsetFetchResponse,
@@ -87,6 +100,13 @@ PartitionsCallback = Callable[[list[TopicPartition]], Any]
 
 _LEAVE_TIMEOUT = 5.0
 
+_DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
+    "eager": ("range", "roundrobin"),
+    "cooperative": ("uniform", "sticky", "range", "roundrobin"),
+}
+"""The assignors a consumer accepts unless told otherwise, per rebalance protocol: a
+cooperative group pays for every move with a stop, so it prefers the sticky ones."""
+
 
 class ConsumerState(enum.StrEnum):
     """A consumer's view of its membership."""
@@ -112,6 +132,9 @@ class _PushHandler(RequestHandler):
 
     async def handle(self, body: RequestBody) -> ResponseBody:
         consumer = self._consumer
+        if isinstance(body, ComputeAssignmentRequest):
+            await consumer._member_ready.wait()
+            return consumer._compute_assignment(body)
         if isinstance(body, StopFetchersRequest | StartFetchersRequest):
             await consumer._member_ready.wait()  # a push may overtake our JoinGroup answer
             if body.member_id != consumer.member_id or body.group != consumer.group_id:
@@ -125,8 +148,13 @@ class _PushHandler(RequestHandler):
                 if consumer._left:
                     raise UnknownMemberError(f"member {body.member_id!r} has left the group")
                 if isinstance(body, StopFetchersRequest):
+                    if body.partitions is not None:
+                        return StopFetchersResponse(await consumer._revoke_some(body.partitions))
                     return StopFetchersResponse(await consumer._stop_fetchers())
-                await consumer._start_fetchers(body)
+                if body.incremental:
+                    await consumer._start_incremental(body)
+                else:
+                    await consumer._start_fetchers(body)
                 return StartFetchersResponse()
         return await super().handle(body)
 
@@ -145,7 +173,10 @@ class Consumer(EnterOnce):
         rebalance_timeout: float = 30.0,
         auto_commit: bool = True,
         offset_reset: str = "latest",
-        assignors: Sequence[str] = ("range", "roundrobin"),
+        assignors: Sequence[str | Assignor] | None = None,
+        rebalance_protocol: str = "eager",
+        instance_id: str | None = None,
+        user_data: bytes = b"",
         on_assigned: PartitionsCallback | None = None,
         on_revoked: PartitionsCallback | None = None,
         on_lost: PartitionsCallback | None = None,
@@ -179,15 +210,30 @@ class Consumer(EnterOnce):
                 f"offset_reset must be one of {', '.join(OFFSET_RESET_POLICIES)}, "
                 f"not {offset_reset!r}"
             )
+        if rebalance_protocol not in REBALANCE_PROTOCOLS:
+            raise ValueError(
+                f"rebalance_protocol must be one of {', '.join(REBALANCE_PROTOCOLS)}, "
+                f"not {rebalance_protocol!r}"
+            )
+        if assignors is None:
+            assignors = _DEFAULT_ASSIGNORS[rebalance_protocol]
         if not assignors:
             raise ValueError("name at least one assignor (for example 'range')")
+        local = [a for a in assignors if not isinstance(a, str)]
+        make_registry(local)  # raises ValueError for a bad name or a clash with a built-in
+        self._local_assignors: dict[str, Assignor] = {a.name: a for a in local}
+        if instance_id is not None and not instance_id:
+            raise ValueError("instance_id must not be empty (or leave it out: a dynamic member)")
         self.group_id = group_id or ""
         self.session_timeout = session_timeout
         self._granted_session = session_timeout
         self.rebalance_timeout = rebalance_timeout
         self.auto_commit = auto_commit
         self.offset_reset = offset_reset
-        self.assignors = list(assignors)
+        self.assignors = [a if isinstance(a, str) else a.name for a in assignors]
+        self.rebalance_protocol = rebalance_protocol
+        self.instance_id = instance_id or ""
+        self.user_data = user_data
         self.client_id = client_id
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -212,6 +258,7 @@ class Consumer(EnterOnce):
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
         self._left = False
+        self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
@@ -487,6 +534,78 @@ class Consumer(EnterOnce):
         self._handed_back = positions
         return positions
 
+    async def _revoke_some(self, partitions: list[TopicPartition]) -> list[PartitionOffset]:
+        """Cooperative: give up just ``partitions`` cleanly, and keep fetching the rest.
+
+        The positions of any of them given up already (an answer a restarted
+        rebalance dropped) are said again.
+        """
+        wanted = set(partitions)
+        owned = sorted(wanted & self._assignment.keys())
+        again = [p for p in self._handed_back if p.tp in wanted and p.tp not in owned]
+        positions: list[PartitionOffset] = []
+        if owned:
+            engine = self._engine()
+            engine.freeze(owned)
+            await self._call(self._on_revoked, owned)
+            positions = engine.consumed(owned) if self.auto_commit else []
+            engine.remove(owned)
+            for tp in owned:
+                del self._assignment[tp]
+            self._handed_back = [p for p in self._handed_back if p.tp not in wanted] + positions
+        return sorted(again + positions, key=lambda p: p.tp)
+
+    async def _start_incremental(self, request: StartFetchersRequest) -> None:
+        """Cooperative: own ``request.partitions``, keeping those already fetched as they are.
+
+        ``on_assigned`` hears only of the partitions that are new here. A
+        partition owned but not in the request was taken without a revoke
+        (it should not happen: the coordinator revokes first) and is lost.
+        """
+        self._check_lease()
+        self.generation = request.generation
+        self._handed_back = []
+        wanted = {p.tp: p.offset for p in request.partitions}
+        gone = sorted(self._assignment.keys() - wanted.keys())
+        added = {tp: off for tp, off in wanted.items() if tp not in self._assignment}
+        engine = self._engine()
+        if gone:
+            engine.remove(gone)
+            for tp in gone:
+                del self._assignment[tp]
+            await self._call(self._on_lost or self._on_revoked, gone)
+        engine.add(added)
+        self._assignment.update(added)
+        self._state.value = ConsumerState.STABLE
+        if added:
+            await self._call(self._on_assigned, sorted(added))
+
+    def _compute_assignment(self, request: ComputeAssignmentRequest) -> ComputeAssignmentResponse:
+        """As the group's leader: run the application's assignor on the group's subscriptions."""
+        if request.member_id != self.member_id or request.group != self.group_id:
+            raise UnknownMemberError(
+                f"this consumer is member {self.member_id!r} of {self.group_id!r}, "
+                f"not {request.member_id!r} of {request.group!r}"
+            )
+        assignor = self._local_assignors.get(request.assignor)
+        if assignor is None:
+            raise InvalidRequestError(
+                f"this consumer has no assignor {request.assignor!r} of its own to compute with"
+            )
+        spec = GroupSpec(
+            members={
+                m.member_id: MemberSpec(
+                    m.member_id, frozenset(m.topics), frozenset(m.owned), m.user_data
+                )
+                for m in request.members
+            },
+            partitions=dict(request.partitions),
+        )
+        assignment = assignor.assign(spec)
+        return ComputeAssignmentResponse(
+            [MemberAssignment(m, sorted(tps)) for m, tps in sorted(assignment.items())]
+        )
+
     def _drop(self) -> list[TopicPartition]:
         """Forget every partition, its position and unsent progress; return what was owned."""
         owned = sorted(self._assignment)
@@ -494,7 +613,7 @@ class Consumer(EnterOnce):
         self._engine().drop()
         return owned
 
-    async def _start_fetchers(self, request: StartFetchersRequest) -> None:
+    def _check_lease(self) -> None:
         if trio.current_time() >= self._lease_end:
             # The lease ran out while we owned nothing, so the watchdog has nothing to
             # drop: the coordinator may have declared us dead and handed these over.
@@ -502,6 +621,9 @@ class Consumer(EnterOnce):
                 f"member {self.member_id!r} has no lease: no heartbeat it sent within "
                 f"its session timeout ({self._granted_session:g}s) was accepted"
             )
+
+    async def _start_fetchers(self, request: StartFetchersRequest) -> None:
+        self._check_lease()
         self.generation = request.generation
         self._handed_back = []
         self._assignment = {p.tp: p.offset for p in request.partitions}
@@ -553,6 +675,15 @@ class Consumer(EnterOnce):
                             if exc.forget_member:
                                 await self._lose(str(exc))
                                 self.member_id = ""
+                        except FencedInstanceIdError as exc:
+                            # Our own former process, not yet seen gone by the broker,
+                            # or a real twin: wait one session timeout to tell them apart.
+                            now = trio.current_time()
+                            if self._fenced_since is None:
+                                self._fenced_since = now
+                            if now - self._fenced_since >= self.session_timeout:
+                                raise
+                            log.info("consumer %s: %s; retrying", self.instance_id, exc)
                         except CoordError as exc:
                             if not exc.retriable:
                                 raise  # a setting the broker refuses: tell the application
@@ -575,25 +706,34 @@ class Consumer(EnterOnce):
                 await self._heartbeat(conn)
 
     async def _join(self, conn: Connection) -> None:
-        sent_at = trio.current_time()
-        try:
-            response = await conn.request(
-                JoinGroupRequest(
-                    self.group_id,
-                    self.member_id,
-                    self.topics,
-                    round(self.session_timeout * 1000),
-                    round(self.rebalance_timeout * 1000),
-                    self.assignors,
-                    self.auto_commit,
-                    self.offset_reset,
-                    self.client_id,
+        while True:
+            sent_at = trio.current_time()
+            try:
+                response = await conn.request(
+                    JoinGroupRequest(
+                        self.group_id,
+                        self.member_id,
+                        self.topics,
+                        round(self.session_timeout * 1000),
+                        round(self.rebalance_timeout * 1000),
+                        self.assignors,
+                        self.auto_commit,
+                        self.offset_reset,
+                        self.client_id,
+                        self.rebalance_protocol,
+                        self.instance_id,
+                        self.user_data,
+                        sorted(self._local_assignors),
+                    )
                 )
-            )
-        except UnknownMemberError as exc:
-            raise _Reconnect(str(exc), forget_member=True) from None
-        assert isinstance(response, JoinGroupResponse)
+            except UnknownMemberError as exc:
+                raise _Reconnect(str(exc), forget_member=True) from None
+            assert isinstance(response, JoinGroupResponse)
+            if not response.rejoin:
+                break
+            self.member_id = response.member_id  # the first step: join again with it
         self.member_id = response.member_id
+        self._fenced_since = None
         self.generation = response.generation
         self._granted_session = response.session_timeout_ms / 1000
         self._renew_lease(sent_at)
@@ -656,6 +796,9 @@ class Consumer(EnterOnce):
         # Like a push: a StopFetchers arriving meanwhile would revoke these partitions
         # again, and a StartFetchers would hand new ones to a consumer that is leaving.
         async with self._push_lock:
+            if self.instance_id:
+                await self._step_out(conn)
+                return
             positions = await self._revoke()
             self._left = True  # (after on_revoked, which may still commit)
             try:
@@ -665,6 +808,27 @@ class Consumer(EnterOnce):
             except CoordError as exc:
                 log.info("consumer %s: leave not acknowledged: %s", self.member_id, exc)
             self._state.value = ConsumerState.UNJOINED
+
+    async def _step_out(self, conn: Connection) -> None:
+        """A static member closes without leaving the group: it stops, hands back its
+        positions, and asks the coordinator to keep its place (LeaveGroup ``stay``).
+
+        The coordinator keeps its partitions for it (fetched by no one) until
+        its session expires; a consumer with the same ``instance_id`` that
+        joins before then gets them back at once, without a rebalance of the
+        others.
+        """
+        positions = await self._revoke()
+        self._left = True
+        self._state.value = ConsumerState.UNJOINED
+        try:
+            await conn.request(
+                LeaveGroupRequest(
+                    self.group_id, self.member_id, positions, "consumer closed", stay=True
+                )
+            )
+        except CoordError as exc:
+            log.info("consumer %s: step-out not acknowledged: %s", self.member_id, exc)
 
 
 def open_consumer(
@@ -685,11 +849,17 @@ def open_consumer(
     ``bootstrap`` is ``"host:port[,host:port...]"``. Options (with defaults):
     ``session_timeout=10.0`` and ``rebalance_timeout=30.0`` seconds,
     ``auto_commit=True``, ``offset_reset="latest"`` (or ``"earliest"``,
-    ``"none"``), ``assignors=("range", "roundrobin")`` in order of
-    preference, ``client_id``, and the callbacks ``on_assigned``,
-    ``on_revoked`` and ``on_lost`` (each called with a sorted list of
-    partitions; plain or async functions); ``fetch_max_wait=0.5`` seconds a
-    fetch waits for data, ``fetch_min_bytes=1`` and
+    ``"none"``), ``rebalance_protocol="eager"`` (or ``"cooperative"``:
+    rebalances stop only the partitions that move, and the callbacks hear
+    only of those), ``assignors`` in order of preference (names of the
+    broker's assignors, or assignor objects of the application's own, which
+    this consumer runs if it becomes the group's leader; default ``("range",
+    "roundrobin")``, or ``("uniform", "sticky", "range", "roundrobin")`` when
+    cooperative), ``user_data`` (bytes handed to such an assignor),
+    ``instance_id`` (a static member: see docs/assignment.md), ``client_id``,
+    and the callbacks ``on_assigned``, ``on_revoked`` and ``on_lost`` (each
+    called with a sorted list of partitions; plain or async functions);
+    ``fetch_max_wait=0.5`` seconds a fetch waits for data, ``fetch_min_bytes=1`` and
     ``max_partition_fetch_bytes=1048576``.
 
     The block is entered once the consumer has joined (use

@@ -7,10 +7,13 @@ assignor is deterministic (the same input gives the same output, whatever the
 order of the input's dicts and sets), complete and exclusive (every partition
 of a topic that some member subscribes to goes to exactly one subscriber). The
 group's coordinator picks the first assignor in the members' common
-preference list that it has registered (:func:`choose_assignor`); a broker's
-registry is :data:`ASSIGNORS` plus any assignors of its own
-(:func:`make_registry`), and :func:`validate_assignment` checks what a
-plugged-in assignor returns.
+preference list that it has registered, or that a member can compute
+itself (:func:`choose_assignor`); a broker's registry is :data:`ASSIGNORS`
+plus any assignors of its own (:func:`make_registry`). An assignor only the
+members have runs on the group's leader, which gets the same
+:class:`GroupSpec` (with each member's opaque ``user_data``) over the wire;
+:func:`validate_assignment` checks what a plugged-in assignor returns,
+wherever it ran.
 
 ``range`` (per topic, consecutive blocks, as Kafka's RangeAssignor): with
 topic ``t`` of 5 partitions and members ``a``, ``b``: ``a`` gets t-0, t-1,
@@ -50,7 +53,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +87,8 @@ class MemberSpec:
     member_id: str
     topics: frozenset[str]
     owned: frozenset[TopicPartition] = field(default_factory=frozenset)
+    user_data: bytes = b""
+    """Opaque bytes the member gave in JoinGroup (for assignors of the application's own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,9 +313,7 @@ def validate_assignment(
         raise ValueError("invalid assignment: " + "; ".join(problems))
 
 
-def choose_assignor(
-    preferences: Iterable[Sequence[str]], available: Mapping[str, Assignor]
-) -> str | None:
+def choose_assignor(preferences: Iterable[Sequence[str]], available: Collection[str]) -> str | None:
     """Pick the assignor for a group from its members' preference lists.
 
     The result is the first name in the first member's list (members' lists

@@ -78,8 +78,14 @@ def check_commit(
     * A standalone committer (member id ``""``, generation
       :data:`STANDALONE_GENERATION`) may commit only to a group without
       members (UNKNOWN_MEMBER_ID otherwise).
-    * Any other committer must be a live member (UNKNOWN_MEMBER_ID) and send
-      the group's current generation (ILLEGAL_GENERATION).
+    * Any other committer must be a live member (UNKNOWN_MEMBER_ID).
+    * In a cooperative group, a member that commits only partitions it may
+      still be fetching (``member.may_own``: a partition that moves is taken
+      out of it by the stop acknowledgement, before anyone else starts it)
+      is accepted with the generation it last acknowledged or the current
+      one, in any state: it keeps fetching them through the rebalance.
+      Otherwise the rules below apply.
+    * The member must send the group's current generation (ILLEGAL_GENERATION).
     * While fetchers are being stopped or the assignment computed (STOPPING,
       ASSIGNING), a member may commit only partitions it may still be
       fetching (``member.may_own``): this is how it commits its progress in
@@ -105,7 +111,13 @@ def check_commit(
             )
     else:
         member = check_member(group, member_id)
-        if generation != group.generation:
+        if (
+            group.cooperative
+            and generation in (member.generation, group.generation)
+            and all(offset.tp in member.may_own for offset in offsets)
+        ):
+            pass  # fetching these through a cooperative rebalance: see above
+        elif generation != group.generation:
             raise IllegalGenerationError(
                 f"commit for generation {generation} is stale: group {group.group_id} is at "
                 f"generation {group.generation}; its partitions may have moved"

@@ -25,7 +25,7 @@ new owner only after the fence ends (``StartPlan.not_before``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..protocol.errors import (
@@ -42,7 +42,14 @@ from ..protocol.messages import (
     PartitionOffset,
     TopicPartition,
 )
-from .assignors import Assignor, GroupSpec, MemberSpec, choose_assignor, validate_assignment
+from .assignors import (
+    Assignment,
+    Assignor,
+    GroupSpec,
+    MemberSpec,
+    choose_assignor,
+    validate_assignment,
+)
 from .records import (
     GroupRecord,
     GroupTombstone,
@@ -54,8 +61,11 @@ from .records import (
 )
 
 __all__ = [
+    "MAX_USER_DATA",
     "OFFSET_RESET_POLICIES",
+    "REBALANCE_PROTOCOLS",
     "TRANSITIONS",
+    "AssignmentInput",
     "AssignmentPlan",
     "Fence",
     "Group",
@@ -67,6 +77,10 @@ __all__ = [
 ]
 
 OFFSET_RESET_POLICIES = ("earliest", "latest", "none")
+REBALANCE_PROTOCOLS = ("eager", "cooperative")
+"""How a member wants rebalances run: stop everything, or only what moves."""
+MAX_USER_DATA = 64 * 1024
+"""The most opaque ``user_data`` a member may bring (a group holds every member's)."""
 
 
 class GroupState(enum.StrEnum):
@@ -105,6 +119,8 @@ class GroupLimits:
     min_session_timeout: float = 1.0
     max_session_timeout: float = 1800.0
     max_group_size: int = 1000
+    initial_rebalance_delay: float = 0.0
+    """How long a group coming to life waits for more joins before its first rebalance."""
 
 
 @dataclass(slots=True)
@@ -127,6 +143,14 @@ class Member:
     """Its partitions in the group's current generation."""
     may_own: set[TopicPartition] = field(default_factory=set)
     """Partitions it may be fetching: started and not yet acknowledged as stopped."""
+    protocol: str = "eager"
+    """The rebalance protocol it asked for (:data:`REBALANCE_PROTOCOLS`)."""
+    instance_id: str = ""
+    """A static member's stable identity across restarts (empty: dynamic)."""
+    user_data: bytes = b""
+    """Opaque bytes it gave for a leader-side assignor."""
+    client_assignors: tuple[str, ...] = ()
+    """The assignors it can compute itself, as the group's leader."""
 
     @property
     def lease_end(self) -> float:
@@ -149,11 +173,29 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class StartPlan:
-    """One member's StartFetchers: its partitions with start offsets, not before a time."""
+    """One member's StartFetchers: its partitions with start offsets, not before a time.
+
+    ``incremental`` (cooperative): the member keeps fetching the partitions it
+    has, and starts the others from their offsets.
+    """
 
     member_id: str
     partitions: list[PartitionOffset]
     not_before: float
+    incremental: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentInput:
+    """What the next assignment is computed from, and by whom.
+
+    ``leader`` is None when the broker has the assignor; otherwise the
+    member (one that can compute ``assignor`` itself) to ask.
+    """
+
+    assignor: str
+    spec: GroupSpec
+    leader: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +221,7 @@ class Group:
         self.record: GroupRecord | None = None
         """The last generation record replayed (what the store holds)."""
         self.empty_since: float | None = now
+        self._cooperative: bool | None = None  # cached; membership changes clear it
 
     def __repr__(self) -> str:
         return (
@@ -187,6 +230,26 @@ class Group:
         )
 
     # -- states ----------------------------------------------------------------
+
+    @property
+    def cooperative(self) -> bool:
+        """True if every member asked for cooperative rebalancing (then only moves stop).
+
+        Cached (heartbeats ask), and recomputed after a membership change.
+        """
+        if self._cooperative is None:
+            self._cooperative = bool(self.members) and all(
+                m.protocol == "cooperative" for m in self.members.values()
+            )
+        return self._cooperative
+
+    def member_by_instance(self, instance_id: str) -> Member | None:
+        """The live member with this static ``instance_id``, if any."""
+        if instance_id:
+            for member in self.members.values():
+                if member.instance_id == instance_id:
+                    return member
+        return None
 
     @property
     def rebalancing(self) -> bool:
@@ -217,6 +280,9 @@ class Group:
         offset_reset: str,
         limits: GroupLimits,
         available: Mapping[str, Assignor],
+        protocol: str = "eager",
+        client_assignors: Iterable[str] = (),
+        user_data: bytes = b"",
     ) -> None:
         """Raise the error a JoinGroup with these values deserves, if any."""
         if not (limits.min_session_timeout <= session_timeout <= limits.max_session_timeout):
@@ -234,17 +300,32 @@ class Group:
                 f"offset reset policy {offset_reset!r} is not one of "
                 f"{', '.join(OFFSET_RESET_POLICIES)}"
             )
+        if len(user_data) > MAX_USER_DATA:
+            raise InvalidRequestError(
+                f"user data of {len(user_data)} bytes is more than the {MAX_USER_DATA} a "
+                "member may bring; keep it to what the assignor needs"
+            )
+        if protocol not in REBALANCE_PROTOCOLS:
+            raise InvalidRequestError(
+                f"rebalance protocol {protocol!r} is not one of {', '.join(REBALANCE_PROTOCOLS)}"
+            )
         if member_id not in self.members and len(self.members) >= limits.max_group_size:
             raise GroupMaxSizeReachedError(
                 f"group {self.group_id} has reached its maximum size of "
                 f"{limits.max_group_size} members"
             )
-        others = [m.assignors for m in self.members.values() if m.member_id != member_id]
-        if choose_assignor([tuple(assignors), *others], available) is None:
+        others = [m for m in self.members.values() if m.member_id != member_id]
+        computable = set(available).union(client_assignors, *(m.client_assignors for m in others))
+        assignors = tuple(assignors)
+        if choose_assignor([assignors, *(m.assignors for m in others)], computable) is None:
+            theirs = ""
+            if others:
+                accepted = set(others[0].assignors).intersection(*(m.assignors for m in others))
+                theirs = f" (who all accept: {', '.join(sorted(accepted)) or 'nothing common'})"
             raise InconsistentAssignorError(
-                f"no assignor that the broker supports ({', '.join(sorted(available))}) "
-                f"is common to this member ({', '.join(assignors) or 'none'}) and the "
-                f"members of group {self.group_id}"
+                f"no assignor that the broker ({', '.join(sorted(available))}) or a member "
+                f"can compute is common to this member ({', '.join(assignors) or 'none'}) "
+                f"and the members of group {self.group_id}{theirs}"
             )
 
     def add_member(
@@ -260,6 +341,10 @@ class Group:
         assignors: Iterable[str],
         auto_commit: bool,
         offset_reset: str,
+        protocol: str = "eager",
+        instance_id: str = "",
+        user_data: bytes = b"",
+        client_assignors: Iterable[str] = (),
     ) -> Member:
         """Admit a member (validated by :meth:`validate_join`); replaces one with the same id.
 
@@ -283,6 +368,10 @@ class Group:
             offset_reset=offset_reset,
             last_heartbeat=now,
             generation=self.generation,
+            protocol=protocol,
+            instance_id=instance_id,
+            user_data=user_data,
+            client_assignors=tuple(client_assignors),
         )
         if old is not None:
             member.may_own = old.may_own
@@ -290,6 +379,7 @@ class Group:
         elif fence is not None and fence.until > now:
             member.may_own = set(fence.partitions)
         self.members[member_id] = member
+        self._cooperative = None
         self.empty_since = None
         return member
 
@@ -306,6 +396,7 @@ class Group:
         ends. The group becomes EMPTY when its last member goes.
         """
         member = self.members.pop(member_id)
+        self._cooperative = None
         if not stopped and member.may_own and member.lease_end > now:
             self.fences[member_id] = Fence(
                 frozenset(member.may_own), member.lease_end, member.session_timeout
@@ -318,14 +409,20 @@ class Group:
         """Record a fenced-in heartbeat (see ``fencing.check_heartbeat``) and its positions.
 
         Positions count only in a stable generation and only for partitions the
-        member owns; they are committed later, in a batch (:meth:`drain_positions`).
+        member owns, or, in a cooperative group, for partitions it may be
+        fetching (it keeps fetching through a rebalance what does not move);
+        they are committed later, in a batch (:meth:`drain_positions`).
         """
         member.last_heartbeat = now
         if self.state is GroupState.STABLE and member.generation == self.generation:
-            assignment = member.assignment
-            for position in positions:
-                if position.tp in assignment:
-                    self.positions[position.tp] = position
+            owned: Collection[TopicPartition] = member.assignment
+        elif self.cooperative:
+            owned = member.may_own
+        else:
+            return
+        for position in positions:
+            if position.tp in owned:
+                self.positions[position.tp] = position
 
     def expire_fences(self, now: float) -> None:
         """Forget fences that have ended."""
@@ -339,14 +436,28 @@ class Group:
         self.transition(GroupState.STOPPING)
         return list(self.members.values())
 
-    def member_stopped(self, member_id: str, positions: Iterable[PartitionOffset]) -> None:
-        """A member acknowledged StopFetchers: it owns nothing now; keep its positions."""
+    def member_stopped(
+        self,
+        member_id: str,
+        positions: Iterable[PartitionOffset],
+        partitions: Iterable[TopicPartition] | None = None,
+    ) -> None:
+        """A member acknowledged StopFetchers: keep its positions; it no longer owns them.
+
+        ``partitions`` None: it stopped everything (eager); otherwise just those
+        (cooperative), and it may still be fetching the rest.
+        """
         member = self.members[member_id]
+        stopped = set(member.may_own | member.assignment if partitions is None else partitions)
         for position in positions:
-            if position.tp in member.may_own or position.tp in member.assignment:
+            if position.tp in stopped:
                 self.positions[position.tp] = position
-        member.may_own.clear()
-        self.fences.pop(member_id, None)
+        member.may_own -= stopped
+        fence = self.fences.pop(member_id, None)
+        if fence is not None and member.may_own:
+            self.fences[member_id] = Fence(
+                fence.partitions & member.may_own, fence.until, fence.session_timeout
+            )
 
     def drain_positions(self, now_ms: int) -> list[OffsetRecord]:
         """Turn collected positions that advance a committed offset into offset records."""
@@ -375,6 +486,75 @@ class Group:
                 PartitionOffset(record.topic, record.partition, record.offset, record.metadata),
             )
 
+    def assignment_input(
+        self,
+        *,
+        partitions: Mapping[str, int],
+        available: Mapping[str, Assignor],
+        cooperative: bool | None = None,
+    ) -> AssignmentInput:
+        """The assignor to use, its input, and who computes it (the broker, or a leader).
+
+        The assignor is the first of the members' common preferences that the
+        broker has (``available``) or that some member can compute itself; in
+        the latter case the leader is the first such member in member-id
+        order. Each member's ``owned`` is what it owned in the current
+        generation; in a cooperative rebalance, what it may still be fetching
+        (a cooperative plan is made before anything stops). ``cooperative``
+        None means :attr:`cooperative`; the broker passes False for a
+        rebalance it runs eagerly in a cooperative group (an offset reset).
+        """
+        members = sorted(self.members.values(), key=lambda m: m.member_id)
+        computable = set(available).union(*(m.client_assignors for m in members))
+        name = choose_assignor([m.assignors for m in members], computable)
+        if name is None:  # validate_join keeps this from happening
+            raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
+        if cooperative is None:
+            cooperative = self.cooperative
+        spec = GroupSpec(
+            members={
+                m.member_id: MemberSpec(
+                    m.member_id,
+                    m.topics,
+                    frozenset(m.may_own if cooperative else m.assignment),
+                    m.user_data,
+                )
+                for m in members
+            },
+            partitions={t: n for t, n in partitions.items() if n > 0},
+        )
+        leader = None
+        if name not in available:
+            leader = next(m.member_id for m in members if name in m.client_assignors)
+        return AssignmentInput(name, spec, leader)
+
+    def compute_assignment(
+        self, input: AssignmentInput, available: Mapping[str, Assignor]
+    ) -> Assignment:
+        """Run a broker-side assignor on ``input`` and check what it returned."""
+        return self.check_assignment(input, available[input.assignor].assign(input.spec))
+
+    def check_assignment(self, input: AssignmentInput, assignment: object) -> Assignment:
+        """Return ``assignment`` (from an assignor or a leader), sorted, or raise ValueError."""
+        try:
+            validate_assignment(input.spec, assignment)  # type: ignore[arg-type]
+        except ValueError as exc:
+            by = f" (computed by leader {input.leader})" if input.leader else ""
+            raise ValueError(
+                f"assignor {input.assignor!r}{by} returned a bad assignment: {exc}"
+            ) from None
+        assert isinstance(assignment, Mapping)
+        return {m: sorted(assignment.get(m, [])) for m in sorted(input.spec.members)}
+
+    def revocations(self, assignment: Assignment) -> dict[str, list[TopicPartition]]:
+        """Cooperative: per member, what it may be fetching that it must give up."""
+        revoke = {}
+        for member in self.members.values():
+            gone = member.may_own.difference(assignment.get(member.member_id, []))
+            if gone:
+                revoke[member.member_id] = sorted(gone)
+        return revoke
+
     def plan_assignment(
         self,
         now: float,
@@ -382,32 +562,36 @@ class Group:
         partitions: Mapping[str, int],
         available: Mapping[str, Assignor],
         log_offsets: Callable[[TopicPartition], tuple[int, int]],
+        computed: tuple[AssignmentInput, Assignment] | None = None,
+        cooperative: bool | None = None,
     ) -> AssignmentPlan:
-        """Enter ASSIGNING and compute the next generation's assignment.
+        """Enter ASSIGNING and plan the next generation: its record and its starts.
 
         ``partitions`` maps each existing topic to its partition count;
         ``log_offsets`` gives a partition's (log start, log end) for members
-        whose group has no committed offset there. Nothing changes until the
+        whose group has no committed offset there. ``computed`` is an
+        assignment made already (a cooperative plan, or a leader's);
+        otherwise a broker-side assignor computes it now. In a cooperative
+        rebalance (``cooperative``, default :attr:`cooperative`) the starts
+        are incremental, and only the partitions a member does not have yet
+        wait for fences. Nothing changes until the
         returned record is replayed (after it is durable).
         """
         self.transition(GroupState.ASSIGNING)
         self.expire_fences(now)
         members = sorted(self.members.values(), key=lambda m: m.member_id)
-        name = choose_assignor([m.assignors for m in members], available)
-        if name is None:  # validate_join keeps this from happening
-            raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
-        spec = GroupSpec(
-            members={
-                m.member_id: MemberSpec(m.member_id, m.topics, frozenset(m.assignment))
-                for m in members
-            },
-            partitions={t: n for t, n in partitions.items() if n > 0},
-        )
-        assignment = available[name].assign(spec)
-        try:
-            validate_assignment(spec, assignment)
-        except ValueError as exc:
-            raise ValueError(f"assignor {name!r} returned a bad assignment: {exc}") from None
+        if computed is None:
+            input = self.assignment_input(
+                partitions=partitions, available=available, cooperative=cooperative
+            )
+            if input.leader is not None:
+                raise InconsistentAssignorError(
+                    f"assignor {input.assignor!r} runs on the group's leader, not the broker"
+                )
+            assignment = self.compute_assignment(input, available)
+        else:
+            input, assignment = computed
+        name = input.assignor
         record = GroupRecord(
             self.group_id,
             self.generation + 1,
@@ -438,13 +622,17 @@ class Group:
             ],
         )
         starts = []
+        if cooperative is None:
+            cooperative = self.cooperative
         for m in members:
             owned = sorted(assignment.get(m.member_id, []))
+            new = [tp for tp in owned if tp not in m.may_own] if cooperative else owned
             starts.append(
                 StartPlan(
                     m.member_id,
                     [self._start_offset(tp, m.offset_reset, log_offsets) for tp in owned],
-                    self._fenced_until(owned, now),
+                    self._fenced_until(new, now),
+                    cooperative,
                 )
             )
         return AssignmentPlan(record, starts)
@@ -470,6 +658,25 @@ class Group:
             if fence.until > until and not wanted.isdisjoint(fence.partitions):
                 until = fence.until
         return until
+
+    def resume_plan(
+        self, member_id: str, log_offsets: Callable[[TopicPartition], tuple[int, int]]
+    ) -> StartPlan:
+        """A static member came back: its own partitions again, in the current generation.
+
+        Incremental, from the committed offsets: if it is the same process
+        that merely reconnected, it keeps fetching what it still has.
+        """
+        member = self.members[member_id]
+        return StartPlan(
+            member_id,
+            [
+                self._start_offset(tp, member.offset_reset, log_offsets)
+                for tp in sorted(member.assignment)
+            ],
+            0.0,
+            True,
+        )
 
     def begin_starting(self) -> None:
         """Enter STARTING: the new generation is durable and replayed."""
@@ -555,6 +762,8 @@ class Group:
                     round(m.session_timeout * 1000),
                     round(m.rebalance_timeout * 1000),
                     sorted(m.assignment),
+                    m.instance_id,
+                    m.protocol,
                 )
                 for m in sorted(self.members.values(), key=lambda m: m.member_id)
             ],

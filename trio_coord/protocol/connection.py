@@ -149,6 +149,11 @@ class Connection:
     async def _send(self, frame: Request | Response | Goodbye) -> None:
         async with self._send_lock:
             data = self._codec.encode(frame)
+            # An uncontended lock lets a cancelled task through; send_all would raise
+            # Cancelled before its first byte, and the handler below, unable to tell,
+            # would close a healthy connection (a routine rebalance restart did so to
+            # every member it was pushing to). Cancelled here is certainly clean.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

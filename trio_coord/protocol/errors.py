@@ -19,6 +19,7 @@ __all__ = [
     "CoordinatorNotAvailableError",
     "CorruptMessageError",
     "ErrorCode",
+    "FencedInstanceIdError",
     "FrameTooLargeError",
     "GroupAlreadyExistsError",
     "GroupMaxSizeReachedError",
@@ -90,6 +91,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = 31
     GROUP_SUBSCRIBED_TO_TOPIC = 32
     NO_OFFSET_FOR_PARTITION = 33
+    FENCED_INSTANCE_ID = 40
 
 
 _HINTS: dict[ErrorCode, str] = {
@@ -126,6 +128,7 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.INVALID_RECORD: "the record batch is malformed",
     ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "members of the group still consume that partition",
     ErrorCode.NO_OFFSET_FOR_PARTITION: "no committed offset and the reset policy is 'none'",
+    ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
 }
 
 
@@ -362,6 +365,12 @@ class NoOffsetForPartitionError(CoordError):
     """A partition has no committed offset and the consumer's reset policy is "none"."""
 
     code = ErrorCode.NO_OFFSET_FOR_PARTITION
+
+
+class FencedInstanceIdError(CoordError):
+    """Another live member of the group runs with this static ``instance_id``."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
 
 
 assert set(_BY_CODE) == set(ErrorCode) - {ErrorCode.NONE}, "every code needs an exception"

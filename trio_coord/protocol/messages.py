@@ -33,6 +33,8 @@ __all__ = [
     "AddPartitionsRequest",
     "AddPartitionsResponse",
     "BrokerInfo",
+    "ComputeAssignmentRequest",
+    "ComputeAssignmentResponse",
     "CreateGroupRequest",
     "CreateGroupResponse",
     "CreateTopicRequest",
@@ -63,7 +65,9 @@ __all__ = [
     "ListOffsetsRequest",
     "ListOffsetsResponse",
     "ListedOffset",
+    "MemberAssignment",
     "MemberDescription",
+    "MemberSubscription",
     "MetadataRequest",
     "MetadataResponse",
     "OffsetCommitRequest",
@@ -169,6 +173,9 @@ class MemberDescription(_Wire):
     session_timeout_ms: int
     rebalance_timeout_ms: int
     partitions: list[TopicPartition]
+    instance_id: str = ""
+    """A static member's instance id (empty: dynamic)."""
+    rebalance_protocol: str = "eager"
 
 
 class GroupDescription(_Wire):
@@ -223,6 +230,14 @@ class JoinGroupRequest(_Wire, tag=4):
     auto_commit: bool = True
     offset_reset: str = "latest"
     client_id: str = ""
+    rebalance_protocol: str = "eager"
+    """"eager" (every rebalance stops all fetchers) or "cooperative" (only what moves)."""
+    instance_id: str = ""
+    """A static member's stable identity (empty: a dynamic member)."""
+    user_data: bytes = b""
+    """Opaque bytes for a leader-side assignor, passed to it with this member's subscription."""
+    client_assignors: list[str] = []
+    """The names in ``assignors`` that this member can compute itself, as the group's leader."""
 
 
 class HeartbeatRequest(_Wire, tag=5):
@@ -241,6 +256,9 @@ class LeaveGroupRequest(_Wire, tag=6):
     member_id: str
     positions: list[PartitionOffset] = []
     reason: str = ""
+    stay: bool = False
+    """A static member stepping out (it has stopped): keep it, and its partitions for
+    its successor, until its session expires."""
 
 
 class OffsetCommitRequest(_Wire, tag=7):
@@ -360,11 +378,17 @@ class DeleteOffsetsRequest(_Wire, tag=17):
 
 
 class StopFetchersRequest(_Wire, tag=20):
-    """Stop fetching every owned partition and hand back the positions."""
+    """Stop fetching and hand back the positions: of every owned partition, or of ``partitions``.
+
+    ``partitions`` is None in an eager rebalance (stop everything); in a
+    cooperative one it lists just the partitions that move away from this
+    member, and the member keeps fetching the rest.
+    """
 
     group: str
     member_id: str
     generation: int
+    partitions: list[TopicPartition] | None = None
 
 
 class StartFetchersRequest(_Wire, tag=21):
@@ -380,6 +404,33 @@ class StartFetchersRequest(_Wire, tag=21):
     generation: int
     partitions: list[PartitionOffset]
     brokers: list[BrokerInfo] = []
+    incremental: bool = False
+    """Cooperative: ``partitions`` is the whole assignment; keep fetching the ones already
+    owned (their offsets are ignored) and start the others from their offsets."""
+
+
+class MemberSubscription(_Wire):
+    """One member as a leader-side assignor sees it."""
+
+    member_id: str
+    topics: list[str]
+    owned: list[TopicPartition] = []
+    user_data: bytes = b""
+
+
+class ComputeAssignmentRequest(_Wire, tag=40):
+    """Pushed to the group's leader: compute the assignment with ``assignor``.
+
+    ``partitions`` maps every subscribed topic that exists to its partition
+    count. The leader answers within its rebalance timeout or is expelled.
+    """
+
+    group: str
+    member_id: str
+    generation: int
+    assignor: str
+    members: list[MemberSubscription]
+    partitions: dict[str, int]
 
 
 RequestBody = (
@@ -402,6 +453,7 @@ RequestBody = (
     | DeleteOffsetsRequest
     | StopFetchersRequest
     | StartFetchersRequest
+    | ComputeAssignmentRequest
 )
 
 
@@ -434,6 +486,8 @@ class JoinGroupResponse(_Wire, tag=4):
     member_id: str
     generation: int
     session_timeout_ms: int
+    rejoin: bool = False
+    """The member id was just assigned and the member is not admitted yet: join again with it."""
 
 
 class HeartbeatResponse(_Wire, tag=5):
@@ -550,6 +604,19 @@ class StartFetchersResponse(_Wire, tag=21):
     """Fetchers started for the assigned partitions."""
 
 
+class MemberAssignment(_Wire):
+    """One member's partitions, as a leader computed them."""
+
+    member_id: str
+    partitions: list[TopicPartition]
+
+
+class ComputeAssignmentResponse(_Wire, tag=40):
+    """The leader's assignment: every member's partitions."""
+
+    assignment: list[MemberAssignment]
+
+
 ResponseBody = (
     MetadataResponse
     | CreateTopicResponse
@@ -570,6 +637,7 @@ ResponseBody = (
     | DeleteOffsetsResponse
     | StopFetchersResponse
     | StartFetchersResponse
+    | ComputeAssignmentResponse
 )
 
 

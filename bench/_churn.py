@@ -1,0 +1,389 @@
+"""What a membership change stops, eager against cooperative: ``bench/rebalance.py --churn``.
+
+``python bench/rebalance.py --churn [--members N] [--partitions P]
+[--changes K] [--session-timeout S] [--json] [--quick]`` runs a broker in
+this process (embedded file store in a temporary directory, so every
+generation pays for its durable write) and, for each rebalance protocol in
+turn, a group of N members over one topic of P partitions. The members are
+protocol-level clients on real TCP connections (no fetching: what is
+measured is the coordinator's choreography, not the data plane); each
+records, by its own clock, when it stopped and when it started every
+partition. Then K times: one member joins, the group settles; the oldest
+member leaves cleanly, the group settles. Both groups use the ``uniform``
+assignor, so the same partitions move in both modes; only what stops differs.
+
+Per change it reports the partitions that moved (changed owner), the
+partitions stopped (named in a StopFetchers, or all of a member's in an
+eager one), the *untouched* members (in the group before and after, with
+the same partitions) and how long they paused: per member, the longest time
+one of its partitions was stopped before it started again (0 if never
+stopped); and the same over every member's *kept* partitions (those it owns
+before and after), which counts the members that also gain or lose some.
+The rebalance itself (broker: rebalance started → stable) is the
+same-run baseline the pauses are divided by: an eager untouched member
+pauses for about a whole rebalance (ratio ≈ 1), a cooperative one not at all
+(the goal: 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench._common import BenchError, cpu_count, format_table, load_average, ratio, run_and_report
+from trio_coord.broker.server import open_broker
+from trio_coord.protocol import (
+    Connection,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    RequestBody,
+    RequestHandler,
+    ResponseBody,
+    StartFetchersRequest,
+    StartFetchersResponse,
+    StopFetchersRequest,
+    StopFetchersResponse,
+    TopicPartition,
+    open_connection,
+)
+
+__all__ = ["QUICK", "ChurnParams", "main", "render", "run_churn"]
+
+HOST = "127.0.0.1"
+PROTOCOLS = ("eager", "cooperative")
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnParams:
+    """One churn run; the defaults are the issue's figure, :data:`QUICK` the CI smoke run."""
+
+    members: int = 20
+    partitions: int = 200
+    changes: int = 5
+    session_timeout: float = 10.0
+    quick: bool = False
+
+
+QUICK = ChurnParams(members=4, partitions=24, changes=2, quick=True)
+"""The ``--churn --quick`` preset (a few seconds)."""
+
+
+class _Member(RequestHandler):
+    """A group member that owns what it is told and records when, by its own clock."""
+
+    def __init__(self, name: str, group: str, topic: str, protocol: str, session: float) -> None:
+        self.name = name
+        self.group = group
+        self.topic = topic
+        self.protocol = protocol
+        self.session = session
+        self.member_id = ""
+        self.generation = -1
+        self.owned: set[TopicPartition] = set()
+        self.stopped_at: dict[TopicPartition, float] = {}  # stopped, not started since
+        self.pauses: list[tuple[TopicPartition, float, float]] = []  # (tp, stopped, restarted)
+        self.stops: list[tuple[float, int]] = []  # (when, how many partitions)
+        self.changed = trio.Event()
+
+    async def handle(self, body: RequestBody) -> ResponseBody:
+        now = trio.current_time()
+        if isinstance(body, StopFetchersRequest):
+            gone = set(self.owned if body.partitions is None else body.partitions) & self.owned
+            self.stops.append((now, len(gone)))
+            for tp in gone:
+                self.stopped_at[tp] = now
+            self.owned -= gone
+            return StopFetchersResponse()
+        if isinstance(body, StartFetchersRequest):
+            self.generation = body.generation
+            wanted = {p.tp for p in body.partitions}
+            for tp in wanted - self.owned:
+                if tp in self.stopped_at:
+                    self.pauses.append((tp, self.stopped_at.pop(tp), now))
+            self.owned = wanted
+            self.changed.set()
+            self.changed = trio.Event()
+            return StartFetchersResponse()
+        return await super().handle(body)
+
+    async def run(self, port: int, *, task_status: trio.TaskStatus[Connection]) -> None:
+        async with open_connection(HOST, port, self) as conn:
+            for _ in range(2):  # a new member is given its id, then joins with it
+                response = await conn.request(
+                    JoinGroupRequest(
+                        self.group,
+                        self.member_id,
+                        [self.topic],
+                        round(self.session * 1000),
+                        round(self.session * 1000),
+                        ["uniform"],
+                        auto_commit=False,
+                        client_id=self.name,
+                        rebalance_protocol=self.protocol,
+                    )
+                )
+                assert isinstance(response, JoinGroupResponse)
+                self.member_id = response.member_id
+                if not response.rejoin:
+                    break
+            task_status.started(conn)
+            while True:
+                await trio.sleep(self.session / 3)
+                await conn.request(HeartbeatRequest(self.group, self.member_id, self.generation))
+
+
+@dataclass(slots=True)
+class _Group:
+    """One protocol's group in a run: its members, and the broker's events for it."""
+
+    protocol: str
+    params: ChurnParams
+    port: int
+    nursery: trio.Nursery
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    members: list[tuple[_Member, trio.CancelScope, Connection]] = field(default_factory=list)
+    names: Any = field(default_factory=itertools.count)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def group(self) -> str:
+        return f"churn-{self.protocol}"
+
+    def on_event(self, what: str, details: dict[str, Any]) -> None:
+        if details.get("group") == self.group:
+            self.events.append((what, details))
+            self.changed.set()
+            self.changed = trio.Event()
+
+    async def stable_with(self, count: int, since: int) -> dict[str, Any]:
+        """The first "stable" event since index ``since`` with ``count`` owners."""
+        with trio.move_on_after(30 + self.params.session_timeout) as scope:
+            while True:
+                for what, details in self.events[since:]:
+                    if what == "stable" and len(set(details["ownership"].values())) == count:
+                        return details
+                await self.changed.wait()
+        assert scope.cancelled_caught
+        tail = "\n".join(f"  {w} {d}" for w, d in self.events[-6:])
+        raise BenchError(f"group {self.group} did not settle with {count} members:\n{tail}")
+
+    async def add(self) -> None:
+        member = _Member(
+            f"{self.protocol}-{next(self.names):03d}",
+            self.group,
+            "churn",
+            self.protocol,
+            self.params.session_timeout,
+        )
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[Connection]) -> None:
+            with scope:
+                await member.run(self.port, task_status=task_status)
+
+        conn = await self.nursery.start(run)
+        self.members.append((member, scope, conn))
+
+    async def remove_oldest(self) -> None:
+        member, scope, conn = self.members.pop(0)
+        await conn.request(LeaveGroupRequest(self.group, member.member_id, [], "churn"))
+        scope.cancel()
+
+    def owners(self) -> dict[str, frozenset[TopicPartition]]:
+        return {m.member_id: frozenset(m.owned) for m, _, _ in self.members}
+
+
+async def _change(group: _Group, kind: str) -> dict[str, Any]:
+    before = group.owners()
+    marks = {m.member_id: (len(m.stops), len(m.pauses)) for m, _, _ in group.members}
+    since = len(group.events)
+    if kind == "join":
+        await group.add()
+    else:
+        await group.remove_oldest()
+    stable = await group.stable_with(len(group.members), since)
+    after = group.owners()
+    started = next(d for w, d in group.events[since:] if w == "rebalance_started")
+    owner_before = {tp: m for m, tps in before.items() for tp in tps}
+    moved = sum(1 for tp, m in stable["ownership"].items() if owner_before.get(_tp(tp)) != m)
+    stopped = 0
+    untouched = []  # the longest pause of each member whose partitions did not change
+    kept = []  # the same, for every member, over the partitions it kept
+    for member, _, _ in group.members:
+        stops, pause_mark = marks.get(member.member_id, (0, 0))
+        stopped += sum(n for _, n in member.stops[stops:])
+        mine = before.get(member.member_id, frozenset()) & after[member.member_id]
+        if not mine:
+            continue
+        longest = max(
+            (end - begin for tp, begin, end in member.pauses[pause_mark:] if tp in mine),
+            default=0.0,
+        )
+        kept.append(longest)
+        if before[member.member_id] == after[member.member_id]:
+            untouched.append(longest)
+    return {
+        "change": kind,
+        "moved": moved,
+        "stopped": stopped,
+        "untouched": len(untouched),
+        "pause_max_ms": max(untouched, default=0.0) * 1e3,
+        "kept_pause_max_ms": max(kept, default=0.0) * 1e3,
+        "kept_pause_mean_ms": (sum(kept) / len(kept) if kept else 0.0) * 1e3,
+        "rebalance_ms": (stable["time"] - started["time"]) * 1e3,
+    }
+
+
+def _tp(text: str) -> TopicPartition:
+    topic, _, partition = text.rpartition("-")
+    return TopicPartition(topic, int(partition))
+
+
+async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, _Group] = {}
+
+    def on_event(what: str, details: dict[str, Any]) -> None:
+        for group in groups.values():
+            group.on_event(what, details)
+
+    results: dict[str, list[dict[str, Any]]] = {}
+    async with open_broker(workdir, HOST, 0, min_session_timeout=0.1, on_event=on_event) as broker:
+        await broker.topics.create_topic("churn", params.partitions)
+        for protocol in PROTOCOLS:
+            async with trio.open_nursery() as nursery:
+                group = _Group(protocol, params, broker.address[1], nursery)
+                groups[protocol] = group
+                for _ in range(params.members):
+                    await group.add()
+                await group.stable_with(params.members, 0)
+                changes = []
+                for _ in range(params.changes):
+                    changes.append(await _change(group, "join"))
+                    changes.append(await _change(group, "leave"))
+                results[protocol] = changes
+                nursery.cancel_scope.cancel()
+            del groups[protocol]
+    return results
+
+
+async def run_churn(params: ChurnParams) -> dict[str, Any]:
+    """Run both protocols; return the JSON-ready result."""
+    load = load_average()
+    with tempfile.TemporaryDirectory(prefix="trio-coord-churn-") as tmp:
+        results = await _measure(params, Path(tmp))
+    summary = {}
+    for protocol, changes in results.items():
+        rebalance = sum(c["rebalance_ms"] for c in changes) / len(changes)
+        worst = max(c["pause_max_ms"] for c in changes)
+        kept = max(c["kept_pause_max_ms"] for c in changes)
+        summary[protocol] = {
+            "moved_total": sum(c["moved"] for c in changes),
+            "stopped_total": sum(c["stopped"] for c in changes),
+            "pause_max_ms": worst,
+            "kept_pause_max_ms": kept,
+            "rebalance_mean_ms": rebalance,
+            "pause_max_over_rebalance": ratio(worst, rebalance),
+            "kept_pause_max_over_rebalance": ratio(kept, rebalance),
+        }
+    return {
+        "bench": "rebalance-churn",
+        "params": {**asdict(params), "cpus": cpu_count(), "load_average": load},
+        "changes": results,
+        "summary": summary,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """Both protocols side by side, one row per change, then the totals."""
+    p = result["params"]
+    lines = [
+        f"rebalance churn: {p['members']} members over {p['partitions']} partitions, "
+        f"{p['changes']} x (join, leave), assignor uniform; {p['cpus']} CPUs, "
+        f"load average {p['load_average']}",
+        "",
+    ]
+    eager, coop = result["changes"]["eager"], result["changes"]["cooperative"]
+    rows = []
+    for i, (e, c) in enumerate(zip(eager, coop, strict=True), start=1):
+        rows.append(
+            [
+                f"{i} {e['change']}",
+                f"{e['moved']}/{c['moved']}",
+                e["stopped"],
+                c["stopped"],
+                e["untouched"],
+                f"{e['pause_max_ms']:.1f}",
+                f"{c['pause_max_ms']:.1f}",
+                f"{e['kept_pause_max_ms']:.1f}",
+                f"{c['kept_pause_max_ms']:.1f}",
+                f"{e['rebalance_ms']:.1f}",
+                f"{c['rebalance_ms']:.1f}",
+            ]
+        )
+    headers = [
+        "change",
+        "moved e/c",
+        "stopped eager",
+        "stopped coop",
+        "untouched",
+        "untouched pause eager ms",
+        "untouched pause coop ms",
+        "kept pause eager ms",
+        "kept pause coop ms",
+        "rebalance eager ms",
+        "rebalance coop ms",
+    ]
+    lines.append(format_table(headers, rows))
+    lines.append("")
+    for protocol, s in result["summary"].items():
+        lines.append(
+            f"{protocol}: {s['moved_total']} partitions moved, {s['stopped_total']} stopped; "
+            f"untouched members paused at most {s['pause_max_ms']:.1f} ms "
+            f"({s['pause_max_over_rebalance']:.3f} x the mean rebalance of "
+            f"{s['rebalance_mean_ms']:.1f} ms), kept partitions at most "
+            f"{s['kept_pause_max_ms']:.1f} ms ({s['kept_pause_max_over_rebalance']:.3f} x)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """``bench/rebalance.py --churn ...``; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python bench/rebalance.py --churn",
+        description="Partitions stopped and pauses of untouched members per membership "
+        "change, eager against cooperative.",
+    )
+    d = ChurnParams()
+    parser.add_argument("--members", type=int, help=f"members (default {d.members})")
+    parser.add_argument("--partitions", type=int, help=f"partitions (default {d.partitions})")
+    parser.add_argument("--changes", type=int, help=f"join+leave pairs (default {d.changes})")
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        help=f"members' session timeout (default {d.session_timeout:g})",
+    )
+    parser.add_argument("--quick", action="store_true", help="CI smoke preset")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    params = QUICK if args.quick else ChurnParams()
+    overrides = {
+        name: value
+        for name in ("members", "partitions", "changes", "session_timeout")
+        if (value := getattr(args, name)) is not None
+    }
+    params = replace(params, **overrides)
+    if params.members < 2 or params.changes < 1 or params.partitions < params.members:
+        print("members must be >= 2, changes >= 1 and partitions >= members", file=sys.stderr)
+        return 2
+    return run_and_report("rebalance churn", run_churn, params, as_json=args.json, render=render)

@@ -1,0 +1,255 @@
+"""Records/s read into Spark by the data source, against Spark reading the same records from files.
+
+``python bench/spark_read.py [--records N] [--size S] [--partitions P]
+[--repeat R] [--master URL] [--json] [--quick]`` starts a broker in a
+background thread (an ephemeral one: its logs in a temporary directory),
+produces N records with values of S bytes to a topic of P partitions, and
+writes the same records (topic, partition, offset, timestamp, key, value) as
+JSON lines to P files in the same temporary directory, one per partition. In
+one local Spark session it then runs, R times and in alternating order so
+that the machine's noise hits both:
+
+* the system: ``spark.read.format("trio_coord")`` of the topic;
+* the baseline: ``spark.read.json`` of the files, with the schema given
+  (no inference pass), so that Spark parses every line.
+
+Each run computes the same aggregate (count, the sum of the values'
+lengths, the largest offset), which makes Spark materialize the value and
+offset of every record, and checks that the two agree. Throughput is records
+per second of wall time for the aggregate; the figure that travels is the
+ratio system/baseline of each repetition, whose median is reported with its
+range. The first query of each kind is run once untimed first (the JVM's and
+the Python workers' warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import cpu_count, emit_json, format_table, load_average, ratio
+from trio_coord import open_admin, open_producer
+from trio_coord.spark import background_broker, local_session
+
+
+@dataclass(frozen=True)
+class Params:
+    """What one run measures."""
+
+    records: int = 200_000
+    size: int = 100
+    partitions: int = 4
+    repeat: int = 3
+    master: str = "local[2]"
+    quick: bool = False
+
+
+QUICK = Params(records=5_000, repeat=1, quick=True)
+TOPIC = "bench-spark"
+T0_MS = 1_700_000_000_000
+
+
+def value_of(i: int, size: int) -> str:
+    """Record ``i``'s value: ``size`` ASCII bytes (so JSON holds it as it is)."""
+    stem = f"{i:010d}"
+    return (stem * (size // len(stem) + 1))[:size]
+
+
+async def produce(bootstrap: str, params: Params) -> list[list[dict[str, Any]]]:
+    """Produce the records; the same records per partition, as the JSON files hold them."""
+    async with open_admin(bootstrap) as admin:
+        await admin.create_topic(TOPIC, params.partitions)
+    rows: list[list[dict[str, Any]]] = [[] for _ in range(params.partitions)]
+    async with open_producer(bootstrap) as producer:
+        deliveries = []
+        for i in range(params.records):
+            partition = i % params.partitions
+            value = value_of(i, params.size)
+            key = f"k{i % 1000}"
+            deliveries.append(
+                (
+                    await producer.enqueue(
+                        TOPIC, value, key=key, partition=partition, timestamp=(T0_MS + i) / 1000
+                    ),
+                    key,
+                    value,
+                )
+            )
+        for delivery, key, value in deliveries:
+            meta = await delivery
+            rows[meta.partition].append(
+                {
+                    "topic": TOPIC,
+                    "partition": meta.partition,
+                    "offset": meta.offset,
+                    "timestamp": meta.timestamp,
+                    "key": key,
+                    "value": value,
+                }
+            )
+    return rows
+
+
+def write_json_lines(rows: list[list[dict[str, Any]]], directory: Path) -> None:
+    """One JSON-lines file per partition."""
+    directory.mkdir()
+    for partition, records in enumerate(rows):
+        with open(directory / f"part-{partition}.json", "w") as out:
+            for row in records:
+                out.write(json.dumps(row) + "\n")
+
+
+JSON_SCHEMA = "topic string, partition int, offset long, timestamp double, key string, value string"
+
+
+def measure(params: Params) -> dict[str, Any]:
+    """Run the benchmark; the figures as a JSON-ready mapping."""
+    load = load_average()
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, background_broker(None) as boot:
+        rows = trio.run(produce, boot, params)
+        files = Path(tmp) / "json"
+        write_json_lines(rows, files)
+        spark = local_session(
+            "bench spark_read",
+            params.master,
+            **{
+                "spark.sql.shuffle.partitions": str(params.partitions),
+                "spark.ui.showConsoleProgress": "false",
+            },
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            source = (
+                spark.read.format("trio_coord")
+                .option("bootstrap", boot)
+                .option("topic", TOPIC)
+                .load()
+            )
+            baseline = spark.read.schema(JSON_SCHEMA).json(str(files))
+            aggregate = "count(*) AS n", "sum(length(value)) AS bytes", "max(offset) AS last"
+
+            def timed(df: Any) -> tuple[float, tuple[int, int, int]]:
+                started = time.perf_counter()
+                row = df.selectExpr(*aggregate).collect()[0]
+                return time.perf_counter() - started, (row.n, row.bytes, row.last)
+
+            expected = timed(source)[1]  # warm-up, untimed
+            if timed(baseline)[1] != expected:
+                raise SystemExit(f"the two reads disagree: {timed(baseline)[1]} != {expected}")
+            if expected[0] != params.records:
+                raise SystemExit(f"read {expected[0]} records, produced {params.records}")
+            samples: dict[str, list[float]] = {"source": [], "json": []}
+            for rep in range(params.repeat):
+                order = ("source", "json") if rep % 2 == 0 else ("json", "source")
+                for name in order:
+                    seconds, got = timed(source if name == "source" else baseline)
+                    if got != expected:
+                        raise SystemExit(f"{name} read {got}, expected {expected}")
+                    samples[name].append(seconds)
+        finally:
+            spark.stop()
+    ratios = [
+        ratio(params.records / s, params.records / j)
+        for s, j in zip(samples["source"], samples["json"], strict=True)
+    ]
+    return {
+        "params": asdict(params),
+        "machine": {"cpus": cpu_count(), "load_average": load},
+        **{
+            name: {
+                "samples_s": times,
+                "records_per_s": params.records / statistics.median(times),
+            }
+            for name, times in samples.items()
+        },
+        "ratio": {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+        },
+    }
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """The human table."""
+    p = result["params"]
+    machine = result["machine"]
+    load = machine["load_average"]
+    head = (
+        f"spark_read: {p['records']:,} records of {p['size']} B in {p['partitions']} partitions, "
+        f"{p['repeat']} repetition(s), medians; Spark {p['master']}; {machine['cpus']} CPUs, "
+        f"load average {load if load is not None else 'n/a'}"
+    )
+    table = format_table(
+        ["read", "records/s", "seconds (median)"],
+        [
+            [
+                "trio_coord data source",
+                f"{result['source']['records_per_s']:,.0f}",
+                f"{statistics.median(result['source']['samples_s']):.2f}",
+            ],
+            [
+                "spark.read.json, same records",
+                f"{result['json']['records_per_s']:,.0f}",
+                f"{statistics.median(result['json']['samples_s']):.2f}",
+            ],
+        ],
+    )
+    r = result["ratio"]
+    return (
+        f"{head}\n\n{table}\n\nratio source/json: {r['median']:.2f} "
+        f"(range {r['min']:.2f}-{r['max']:.2f})"
+    )
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    d = Params()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, help=f"records (default {d.records:,})")
+    parser.add_argument("--size", type=int, help=f"value bytes (default {d.size})")
+    parser.add_argument("--partitions", type=int, help=f"partitions (default {d.partitions})")
+    parser.add_argument("--repeat", type=int, help=f"repetitions (default {d.repeat})")
+    parser.add_argument("--master", help=f"Spark master (default {d.master})")
+    parser.add_argument("--quick", action="store_true", help="5,000 records, one repetition")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (2 for bad arguments)."""
+    args = _parse(argv)
+    params = QUICK if args.quick else Params()
+    overrides = {
+        name: value
+        for name in ("records", "size", "partitions", "repeat", "master")
+        if (value := getattr(args, name)) is not None
+    }
+    params = replace(params, **overrides)
+    if params.records < 1 or params.partitions < 1 or params.repeat < 1 or params.size < 10:
+        print("records, partitions and repeat must be >= 1, size >= 10", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    result = measure(params)
+    if args.json:
+        emit_json(result)
+    else:
+        print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Group limits: the first rebalance waits for the burst of joins, groups have a maximum
+size, and a new member is given its id before it is admitted.
+
+On Trio's virtual clock with fake members: a group coming to life rebalances
+once for a burst of joins (each join re-arms ``initial_rebalance_delay``, up
+to the members' rebalance timeout), while a living group rebalances at once;
+a join past ``max_group_size`` is refused with a message saying so; a join
+without a member id gets one and must join again with it, and an id never
+used expires with the session timeout, so retries cannot fill the group.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import GroupMaxSizeReachedError, UnknownMemberError
+
+from .harness import FakeMember, Recorder, connected, ephemeral_broker
+
+S = 10.0
+R = 5.0
+
+
+def fakes(broker, *names):
+    return [
+        FakeMember(broker, "g", ["t"], session_timeout=S, rebalance_timeout=R, name=n)
+        for n in names
+    ]
+
+
+async def join_at(member: FakeMember, when: float) -> None:
+    await trio.sleep_until(when)
+    await member.join()
+
+
+async def test_a_new_group_waits_for_the_burst_of_joins(autojump_clock):
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, initial_rebalance_delay=1.0) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b, c, d = fakes(broker, "a", "b", "c", "d")
+        async with connected(a), connected(b), connected(c), connected(d):
+            async with trio.open_nursery() as nursery:
+                for member, when in ((a, 0.0), (b, 0.5), (c, 1.2)):
+                    nursery.start_soon(join_at, member, when)
+            first = await rec.wait_for("rebalance_started")
+            assert (first["time"], first["members"]) == (2.2, 3)  # 1.0 after the last join
+            assert rec.all("initial_delay")[0]["until"] == 1.0
+            stable = await rec.wait_for("stable")
+            assert stable["generation"] == 1 and len(set(stable["ownership"].values())) == 3
+            # A living group does not wait.
+            await trio.sleep_until(3.0)
+            mark = rec.mark()
+            await d.join()
+            assert (await rec.wait_for("rebalance_started", since=mark))["time"] == 3.0
+
+
+async def test_the_initial_delay_ends_at_the_rebalance_timeout_however_many_join(autojump_clock):
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, initial_rebalance_delay=1.0) as broker:
+        await broker.topics.create_topic("t", 6)
+        members = fakes(broker, *"abcdef")
+        async with connected(members[0]) as first:
+            await first.join()
+            async with trio.open_nursery() as nursery:
+                for i, member in enumerate(members[1:], start=1):
+                    nursery.start_soon(connected_join_at, member, 0.9 * i, rec)
+                started = await rec.wait_for("rebalance_started")
+                assert started["time"] == R  # the joins kept coming: capped at R
+                nursery.cancel_scope.cancel()
+
+
+async def connected_join_at(member: FakeMember, when: float, rec: Recorder) -> None:
+    async with connected(member):
+        await join_at(member, when)
+        await trio.sleep_forever()
+
+
+async def test_a_join_past_the_maximum_group_size_is_refused(autojump_clock):
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, max_group_size=2) as broker:
+        await broker.topics.create_topic("t", 2)
+        a, b, c = fakes(broker, "a", "b", "c")
+        async with connected(a), connected(b), connected(c):
+            await a.join()
+            await b.join()
+            with pytest.raises(
+                GroupMaxSizeReachedError, match="group g has reached its maximum size of 2"
+            ):
+                await c.join()
+            await rec.wait_for("stable", generation=2)
+            assert len(rec.all("joined")) == 2
+
+
+async def test_a_new_member_gets_an_id_and_must_join_again_with_it(autojump_clock):
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        a, b = fakes(broker, "a", "b")
+        async with connected(a), connected(b):
+            first = await a.join_once()
+            assert first.rejoin and first.member_id.startswith("a-")
+            assert rec.all("joined") == []  # not a member yet
+            with pytest.raises(UnknownMemberError):
+                await a.heartbeat()
+            second = await a.join_once()
+            assert (second.member_id, second.rejoin) == (first.member_id, False)
+            await rec.wait_for("stable", generation=1)
+            # An id handed out and never used expires with the session timeout.
+            given = await b.join_once()
+            assert given.rejoin
+            await trio.sleep(S)
+            with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
+                await b.join_once()
+
+
+def test_a_negative_initial_delay_is_refused():
+    from trio_coord.broker.server import BrokerConfig
+
+    with pytest.raises(ValueError, match="initial_rebalance_delay must not be negative"):
+        BrokerConfig(initial_rebalance_delay=-1.0).validate()

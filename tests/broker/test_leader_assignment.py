@@ -1,0 +1,200 @@
+"""Leader-side assignment: an assignor the broker lacks runs on the group's leader.
+
+Members name an assignor only they have (``client_assignors`` in JoinGroup);
+the coordinator picks the first member that can compute it as the leader,
+pushes it every member's subscription, ownership and opaque user data
+(ComputeAssignment), checks the answer and distributes it. A leader that
+dies while computing restarts the rebalance at that very moment with the
+next leader. The assignor here is the test's own: it deals partitions in
+proportion to a weight each member puts in its user data.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import (
+    InconsistentAssignorError,
+    TopicPartition,
+    open_admin,
+    open_broker,
+    open_consumer,
+)
+from trio_coord.core.assignors import Assignment, GroupSpec
+
+from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
+
+S = 10.0
+
+
+class Weighted:
+    """Each member gets a share of every topic proportional to ``int(user_data or 1)``."""
+
+    name = "weighted"
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        result: Assignment = {m: [] for m in sorted(spec.members)}
+        for topic in spec.topics():
+            members = spec.subscribers(topic)
+            slots = [m for m in members for _ in range(int(spec.members[m].user_data or b"1"))]
+            for p in range(spec.partitions[topic]):
+                result[slots[p % len(slots)]].append(TopicPartition(topic, p))
+        return result
+
+
+def leaders(broker, timeline, *names):
+    return [
+        FakeMember(
+            broker,
+            "g",
+            ["t"],
+            session_timeout=S,
+            rebalance_timeout=5.0,
+            timeline=timeline,
+            name=name,
+            assignors=["weighted"],
+            compute=Weighted(),
+        )
+        for name in names
+    ]
+
+
+async def test_the_leader_computes_with_the_applications_assignor(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b = leaders(broker, timeline, "a", "b")
+        async with connected(a), connected(b):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            await b.join()
+            await rec.wait_for("stable", generation=2)
+            asked = rec.all("compute_requested")
+            assert [(e["leader"], e["assignor"]) for e in asked] == [
+                (a.member_id, "weighted"),
+                (a.member_id, "weighted"),
+            ]
+            assert [p for _, p in a.pushes].count("compute") == 2 and "compute" not in [
+                p for _, p in b.pushes
+            ]
+            assert a.owned == [TopicPartition("t", p) for p in (0, 2, 4)]
+            assert b.owned == [TopicPartition("t", p) for p in (1, 3, 5)]
+            runner = broker.coordinator.runner("g")
+            assert runner is not None and runner.group.assignor == "weighted"
+        assert timeline.overlaps() == []
+
+
+async def test_a_leader_dying_mid_computation_restarts_with_the_next_leader_at_once(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b = leaders(broker, timeline, "a", "b")
+        async with connected(a), connected(b):
+            await a.join()  # at t=0, its last word: its lease ends at S
+            await rec.wait_for("stable", generation=1)
+            await trio.sleep_until(1.0)
+            a.hold_compute = True  # a will never finish the next computation
+            mark = rec.mark()
+            await b.join()
+            await rec.wait_for("compute_requested", since=mark, leader=a.member_id)
+            await trio.sleep_until(2.0)
+            await a.crash()
+            timeline.stop_at(a.member_id, S)  # type: ignore[attr-defined]
+            again = await rec.wait_for("compute_requested", since=mark, leader=b.member_id)
+            assert again["time"] == 2.0  # not at a's rebalance timeout (1 + 5)
+            started = rec.all("rebalance_started", since=mark)
+            assert [e["time"] for e in started] == [1.0, 2.0]
+            stable = await rec.wait_for("stable", since=mark)
+            # a had acknowledged its stop before computing: nothing to wait for.
+            assert stable["time"] == 2.0
+            assert b.owned == [TopicPartition("t", p) for p in range(6)]
+        assert timeline.overlaps() == []
+
+
+async def test_consumers_with_an_assignor_of_their_own(tmp_path):
+    async with open_broker(tmp_path, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 6)
+        options = dict(session_timeout=1.0, assignors=[Weighted()])
+        async with (
+            open_consumer(broker.bootstrap, "g", ["t"], user_data=b"2", **options) as heavy,
+            open_consumer(broker.bootstrap, "g", ["t"], user_data=b"1", **options) as light,
+        ):
+            with trio.fail_after(10):
+                while sorted([len(heavy.assignment), len(light.assignment)]) != [2, 4]:
+                    await trio.sleep(0.01)
+            assert len(heavy.assignment) == 4
+            # A member naming an assignor nobody in the group can compute is refused.
+            with pytest.raises(InconsistentAssignorError, match="who all accept: weighted"):
+                async with open_consumer(
+                    broker.bootstrap, "g", ["t"], session_timeout=1.0, assignors=["unknown"]
+                ):
+                    pass
+            async with open_admin(broker.bootstrap) as admin:
+                assert (await admin.describe_group("g")).assignor == "weighted"
+
+
+def test_a_consumer_refuses_an_assignor_object_with_a_builtin_name():
+    class Impostor(Weighted):
+        name = "range"
+
+    with pytest.raises(ValueError, match="built-in"):
+        open_consumer("127.0.0.1:1", "g", ["t"], assignors=[Impostor()])
+
+
+class Forgetful(Weighted):
+    """Forgets the last partition: an incomplete assignment."""
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        result = super().assign(spec)
+        for partitions in result.values():
+            if partitions:
+                partitions.pop()
+        return result
+
+
+async def test_a_broken_assignment_from_the_leader_fails_the_rebalance_and_says_whose(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 3)
+        (a,) = leaders(broker, timeline, "a")
+        a.compute = Forgetful()
+        async with connected(a):
+            await a.join()
+            failed = await rec.wait_for("rebalance_failed")
+            assert f"assignor 'weighted' (computed by leader {a.member_id})" in failed["error"]
+            assert "assigned to no member: t-2" in failed["error"]
+            assert rec.all("started") == []  # nobody was started with it
+            a.compute = Weighted()  # fixed (say, a new release): the retry succeeds
+            stable = await rec.wait_for("stable")
+            assert a.owned == [TopicPartition("t", p) for p in range(3)]
+            assert stable["generation"] == 1
+
+
+async def test_a_cooperative_group_asks_its_leader_first_and_stops_only_what_moves(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a, b = leaders(broker, timeline, "a", "b")
+        for m in (a, b):
+            m.protocol = "cooperative"
+        async with connected(a), connected(b):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            mark = rec.mark()
+            await b.join()
+            await rec.wait_for("stable", since=mark)
+            kinds = [w for w, _ in rec.events[mark:]]
+            # The leader computes before anything stops; then only a gives partitions up.
+            assert kinds.index("compute_requested") < kinds.index("revoking")
+            assert [tps for _, tps in a.stops] == [[TopicPartition("t", p) for p in (1, 3, 5)]]
+            assert b.stops == []
+            assert a.owned == [TopicPartition("t", p) for p in (0, 2, 4)]
+        assert timeline.overlaps() == []

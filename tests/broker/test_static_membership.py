@@ -1,0 +1,216 @@
+"""Static membership: a member with an ``instance_id`` survives its own restart.
+
+A static member that disconnects stays in the group, its partitions kept
+for it, until its session expires; coming back before then (a new process,
+same instance id) it gets its member id and partitions back and nobody else
+hears a thing: no rebalance. A second live member with the same instance id
+is refused (FENCED_INSTANCE_ID) and the first keeps running. Past the
+session timeout it is removed as any member would be. Fake members on Trio's
+virtual clock assert the exact times; a test with real consumers checks the
+client side (a static consumer closes without leaving, and comes back).
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import (
+    FencedInstanceIdError,
+    TopicPartition,
+    open_admin,
+    open_broker,
+    open_consumer,
+)
+
+from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker, heartbeat_forever
+
+S = 10.0
+
+
+def member(broker, timeline, name, instance_id=""):
+    return FakeMember(
+        broker,
+        "g",
+        ["t"],
+        session_timeout=S,
+        rebalance_timeout=5.0,
+        timeline=timeline,
+        name=name,
+        instance_id=instance_id,
+    )
+
+
+async def test_a_static_member_back_within_its_session_resumes_without_a_rebalance(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                stable = await rec.wait_for("stable", generation=2)
+                nursery.start_soon(heartbeat_forever, b, 1.0)
+                had, generation = list(a.owned), a.generation
+                assert len(had) == 3
+                pushes_to_b = len(b.pushes)
+                await trio.sleep_until(2.0)
+                mark = rec.mark()
+                await a.crash()  # the process dies (or restarts)
+            gone = await rec.wait_for("disconnected", since=mark, member_id=a.member_id)
+            assert gone["time"] == 2.0 and gone["until"] == S  # kept for it until then
+            # (If a was only cut off, it fetches until its lease ends, at S.)
+            timeline.stop_at(a.member_id, S)  # type: ignore[attr-defined]
+            await trio.sleep_until(6.0)
+            again = member(broker, timeline, "a2", instance_id="host-a")
+            async with connected(again):
+                response = await again.join()  # a new process: no member id, same instance
+                assert response.member_id == a.member_id and not response.rejoin
+                resumed = await rec.wait_for("started", since=mark, member_id=a.member_id)
+                # It did not say goodbye: its partitions wait for its former lease.
+                assert resumed["time"] == S
+                assert rec.all("start_delayed", since=mark)[0]["until"] == S
+                assert again.owned == had and again.generation == generation
+                # Nobody else heard anything: no rebalance, no push.
+                assert rec.all("rebalance_started", since=mark) == []
+                assert rec.all("removed", since=mark) == []
+                assert len(b.pushes) == pushes_to_b
+                runner = broker.coordinator.runner("g")
+                assert runner is not None and runner.group.generation == stable["generation"]
+                # It lives on as the same member: its heartbeats count.
+                await again.heartbeat()
+                nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
+
+
+async def test_a_static_member_that_stepped_out_is_resumed_at_once(autojump_clock):
+    """A clean restart: LeaveGroup with ``stay`` (what a static consumer sends when it
+    closes) keeps its place; its successor gets the partitions the moment it joins."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                await rec.wait_for("stable", generation=2)
+                nursery.start_soon(heartbeat_forever, b, 1.0)
+                had = list(a.owned)
+                await trio.sleep_until(2.0)
+                mark = rec.mark()
+                await a.leave(stay=True)
+            out = await rec.wait_for("stepped_out", since=mark, member_id=a.member_id)
+            assert out["time"] == 2.0
+            await trio.sleep_until(3.0)
+            again = member(broker, timeline, "a2", instance_id="host-a")
+            async with connected(again):
+                await again.join()
+                resumed = await rec.wait_for("started", since=mark, member_id=a.member_id)
+                assert resumed["time"] == 3.0 and again.owned == had
+                assert rec.all("rebalance_started", since=mark) == []
+                assert rec.all("removed", since=mark) == []
+            nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
+
+
+async def test_a_second_live_member_with_the_same_instance_id_is_fenced(autojump_clock):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        twin = member(broker, timeline, "twin", instance_id="host-a")
+        async with connected(a), connected(twin):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            mark = rec.mark()
+            with pytest.raises(FencedInstanceIdError, match="in use by live member"):
+                await twin.join()
+            await a.heartbeat()  # the first keeps running, untouched
+            assert a.owned == [TopicPartition("t", p) for p in range(4)]
+            assert rec.all("rebalance_started", since=mark) == []
+
+
+async def test_a_static_member_not_back_in_time_is_removed_at_its_session_timeout(
+    autojump_clock,
+):
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                await rec.wait_for("stable", generation=2)
+                nursery.start_soon(heartbeat_forever, b, 1.0)
+                mark = rec.mark()
+                await a.crash()
+            removed = await rec.wait_for("removed", since=mark, member_id=a.member_id)
+            assert removed["time"] == S and removed["reason"] == "session timeout expired"
+            stable = await rec.wait_for("stable", since=mark)
+            assert stable["time"] == S  # its lease ended with its session: no wait
+            assert b.owned == [TopicPartition("t", p) for p in range(4)]
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_static_consumer_restarts_without_disturbing_the_group(tmp_path):
+    """Real consumers: closing a static one does not leave; its successor gets its partitions."""
+    calls: list[tuple[str, list[TopicPartition]]] = []
+    async with open_broker(tmp_path, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 4)
+        options = dict(session_timeout=5.0, instance_id="worker-1")
+        async with open_consumer(
+            broker.bootstrap,
+            "g",
+            ["t"],
+            session_timeout=5.0,
+            on_assigned=lambda tps: calls.append(("assigned", tps)),
+            on_revoked=lambda tps: calls.append(("revoked", tps)),
+        ) as other:
+            async with open_consumer(broker.bootstrap, "g", ["t"], **options) as static:
+                with trio.fail_after(10):
+                    while len(static.assignment) != 2 or len(other.assignment) != 2:
+                        await trio.sleep(0.01)
+                had, member_id = sorted(static.assignment), static.member_id
+            calls.clear()
+            async with open_consumer(broker.bootstrap, "g", ["t"], **options) as again:
+                with trio.fail_after(4):  # well within the session: no expiry involved
+                    while sorted(again.assignment) != had:
+                        await trio.sleep(0.01)
+                assert again.member_id == member_id
+                assert calls == []  # the other member heard of nothing
+                async with open_admin(broker.bootstrap) as admin:
+                    described = await admin.describe_group("g")
+                instances = {m.member_id: m.instance_id for m in described.members}
+                assert instances == {member_id: "worker-1", other.member_id: ""}
+
+
+async def test_a_twin_consumer_is_refused_after_a_session_timeout_and_the_first_runs_on(tmp_path):
+    """A consumer refused as a twin retries for one session timeout (its own former
+    process may not be seen gone yet), then raises FencedInstanceIdError."""
+    async with open_broker(tmp_path, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=1.0, instance_id="worker-1"
+        ) as first:
+            with trio.fail_after(10):
+                owned = await first.wait_assigned()
+            with trio.fail_after(10), pytest.raises(FencedInstanceIdError, match="worker-1"):
+                async with open_consumer(
+                    broker.bootstrap, "g", ["t"], session_timeout=0.3, instance_id="worker-1"
+                ):
+                    pass
+            assert first.assignment == owned
+            await first.commit()  # still a member in good standing

@@ -1,0 +1,211 @@
+"""The pure core's side of cooperative rebalancing, static members and leader-side assignors.
+
+Without Trio: a cooperative plan is made from what members may be fetching,
+revokes only what moves, and starts incrementally (only new partitions wait
+for fences); positions and commits of partitions a member keeps fetching
+count through the rebalance; a name only a member can compute makes that
+member the leader; a static member is found by its instance id.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trio_coord.core.assignors import ASSIGNORS
+from trio_coord.core.fencing import check_commit
+from trio_coord.core.group import Group, GroupLimits, GroupState
+from trio_coord.protocol.errors import (
+    IllegalGenerationError,
+    InconsistentAssignorError,
+    InvalidRequestError,
+)
+from trio_coord.protocol.messages import PartitionOffset
+from trio_coord.protocol.messages import TopicPartition as TP
+
+LIMITS = GroupLimits(min_session_timeout=1.0, max_session_timeout=60.0, max_group_size=10)
+PARTITIONS = {"t": 6}
+
+
+def t(*ps: int) -> list[TP]:
+    return [TP("t", p) for p in ps]
+
+
+def join(group: Group, member_id: str, now: float = 0.0, **extra) -> None:
+    options = {"assignors": ("uniform",), "protocol": "cooperative", **extra}
+    group.validate_join(
+        member_id=member_id,
+        topics=["t"],
+        session_timeout=10.0,
+        rebalance_timeout=5.0,
+        assignors=options["assignors"],
+        offset_reset="earliest",
+        limits=LIMITS,
+        available=ASSIGNORS,
+        protocol=options["protocol"],
+        client_assignors=options.get("client_assignors", ()),
+    )
+    group.add_member(
+        now,
+        member_id=member_id,
+        client_id=member_id,
+        host="h",
+        topics=["t"],
+        session_timeout=10.0,
+        rebalance_timeout=5.0,
+        auto_commit=True,
+        offset_reset="earliest",
+        **options,
+    )
+
+
+def stable(group: Group, now: float) -> None:
+    """Run a whole rebalance the way the broker does for a cooperative group."""
+    group.begin_rebalance()
+    computed = (
+        (inp := group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)),
+        group.compute_assignment(inp, ASSIGNORS),
+    )
+    for member_id, tps in group.revocations(computed[1]).items():
+        group.member_stopped(member_id, [], tps)
+    plan = group.plan_assignment(
+        now,
+        partitions=PARTITIONS,
+        available=ASSIGNORS,
+        log_offsets=lambda tp: (0, 0),
+        computed=computed,
+    )
+    group.replay(plan.record, now=now)
+    group.begin_starting()
+    for start in plan.starts:
+        group.member_starting(start.member_id)
+        group.member_started(start.member_id)
+    group.complete_rebalance()
+
+
+def test_a_cooperative_plan_revokes_only_what_moves_and_starts_incrementally():
+    group = Group("g", now=0.0)
+    join(group, "a")
+    stable(group, 0.0)
+    assert group.members["a"].may_own == set(t(0, 1, 2, 3, 4, 5))
+    join(group, "b", 1.0)
+    assert group.cooperative
+    group.begin_rebalance()
+    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    assert inp.spec.members["a"].owned == frozenset(t(0, 1, 2, 3, 4, 5))  # what it fetches
+    assignment = group.compute_assignment(inp, ASSIGNORS)
+    revoke = group.revocations(assignment)
+    assert list(revoke) == ["a"] and revoke["a"] == assignment["b"]
+    assert len(revoke["a"]) == 3
+    group.member_stopped("a", [PartitionOffset("t", revoke["a"][0].partition, 7)], revoke["a"])
+    assert group.members["a"].may_own == set(assignment["a"])  # still fetching the rest
+    assert group.positions[revoke["a"][0]].offset == 7
+    plan = group.plan_assignment(
+        2.0,
+        partitions=PARTITIONS,
+        available=ASSIGNORS,
+        log_offsets=lambda tp: (0, 0),
+        computed=(inp, assignment),
+    )
+    assert all(s.incremental for s in plan.starts)
+    assert {s.member_id: [p.tp for p in s.partitions] for s in plan.starts} == assignment
+
+
+def test_only_new_partitions_wait_for_a_departed_owners_lease():
+    group = Group("g", now=0.0)
+    for m in "abc":
+        join(group, m)
+    stable(group, 0.0)
+    victim = sorted(group.members["c"].may_own)
+    group.remove_member(3.0, "c", stopped=False)  # crashed: fenced until 0 + 10
+    group.begin_rebalance()
+    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    assignment = group.compute_assignment(inp, ASSIGNORS)
+    assert group.revocations(assignment) == {}  # nobody gives anything up
+    plan = group.plan_assignment(
+        3.0,
+        partitions=PARTITIONS,
+        available=ASSIGNORS,
+        log_offsets=lambda tp: (0, 0),
+        computed=(inp, assignment),
+    )
+    for start in plan.starts:
+        gets_victims = not set(victim).isdisjoint(p.tp for p in start.partitions)
+        assert start.not_before == (10.0 if gets_victims else 3.0)
+
+
+def test_positions_and_commits_of_kept_partitions_count_through_the_rebalance():
+    group = Group("g", now=0.0)
+    join(group, "a")
+    stable(group, 0.0)
+    generation = group.generation
+    join(group, "b", 1.0)
+    group.begin_rebalance()
+    a = group.members["a"]
+    group.heartbeat(1.5, a, [PartitionOffset("t", 0, 11)])
+    assert group.positions[TP("t", 0)].offset == 11
+    check_commit(
+        group,
+        "a",
+        generation,
+        [PartitionOffset("t", 0, 12)],
+        allow_regression=False,
+        partitions=PARTITIONS,
+    )
+    a.may_own.discard(TP("t", 0))  # given up (its stop was acknowledged)
+    with pytest.raises(IllegalGenerationError):
+        check_commit(
+            group,
+            "a",
+            generation - 1,
+            [PartitionOffset("t", 1, 12)],
+            allow_regression=False,
+            partitions=PARTITIONS,
+        )
+    assert group.state is GroupState.STOPPING
+
+
+def test_an_eager_member_makes_the_group_eager():
+    group = Group("g", now=0.0)
+    join(group, "a")
+    join(group, "b", protocol="eager")
+    assert not group.cooperative
+    with pytest.raises(InvalidRequestError, match="rebalance protocol 'lazy'"):
+        join(group, "c", protocol="lazy")
+
+
+def test_an_assignor_only_a_member_has_makes_it_the_leader():
+    group = Group("g", now=0.0)
+    join(group, "b", assignors=("mine", "uniform"), client_assignors=("mine",))
+    join(group, "a", assignors=("mine", "uniform"))
+    join(group, "c", assignors=("mine", "uniform"), client_assignors=("mine",))
+    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    assert (inp.assignor, inp.leader) == ("mine", "b")  # the first that can compute it
+    with pytest.raises(InconsistentAssignorError):
+        join(group, "d", assignors=("theirs",))
+    with pytest.raises(ValueError, match=r"assignor 'mine' \(computed by leader b\)"):
+        group.check_assignment(inp, {"a": t(0, 1, 2, 3, 4)})  # t-5 assigned to no one
+
+
+def test_a_static_member_is_found_by_its_instance_id():
+    group = Group("g", now=0.0)
+    join(group, "a", instance_id="host-1")
+    join(group, "b")
+    assert group.member_by_instance("host-1") is group.members["a"]
+    assert group.member_by_instance("host-2") is None
+    assert group.member_by_instance("") is None
+
+
+def test_user_data_is_bounded():
+    group = Group("g", now=0.0)
+    with pytest.raises(InvalidRequestError, match="more than the 65536 a member may bring"):
+        group.validate_join(
+            member_id="",
+            topics=["t"],
+            session_timeout=10.0,
+            rebalance_timeout=5.0,
+            assignors=["uniform"],
+            offset_reset="earliest",
+            limits=LIMITS,
+            available=ASSIGNORS,
+            user_data=b"x" * (64 * 1024 + 1),
+        )

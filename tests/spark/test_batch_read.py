@@ -1,0 +1,162 @@
+"""Batch reads through the ``trio_coord`` format: exact records, offsets options, planning errors.
+
+A batch read returns exactly the records produced (every partition, offset,
+timestamp, key, value and header), in Spark types that match the declared
+schema; startingOffsets/endingOffsets select what they say; and each user
+mistake fails when the read is planned, with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from trio_coord.spark import SCHEMA
+
+from .helpers import make_topic, produce
+
+T0 = 1_700_000_000.0
+
+
+def fill(bootstrap: str, topic: str, partitions: int, count: int) -> list[dict]:
+    """Produce ``count`` records spread over the partitions; the expected rows."""
+    make_topic(bootstrap, topic, partitions)
+    records = []
+    for i in range(count):
+        record: dict = {
+            "value": f"v{i}".encode(),
+            "partition": i % partitions,
+            "timestamp": T0 + i + 0.5,
+        }
+        if i % 3:
+            record["key"] = f"k{i}".encode()
+        if i % 4 == 0:
+            record["headers"] = [("h", str(i).encode()), ("h", b"again")]
+        records.append(record)
+    placed = produce(bootstrap, topic, records)
+    return [
+        {
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            # PySpark hands timestamps back as naive datetimes in local time
+            "timestamp": datetime.fromtimestamp(r["timestamp"]),
+            "key": r.get("key"),
+            "value": r["value"],
+            "headers": [{"key": k, "value": v} for k, v in r.get("headers", [])],
+        }
+        for r, (partition, offset) in zip(records, placed, strict=True)
+    ]
+
+
+def rows(df) -> list[dict]:
+    out = []
+    for row in df.collect():
+        d = row.asDict(recursive=True)
+        d["key"] = None if d["key"] is None else bytes(d["key"])
+        d["value"] = bytes(d["value"])
+        d["headers"] = [{"key": h["key"], "value": bytes(h["value"])} for h in d["headers"]]
+        out.append(d)
+    return sorted(out, key=lambda d: (d["partition"], d["offset"]))
+
+
+def reader(spark, bootstrap: str, **options: str):
+    r = spark.read.format("trio_coord").option("bootstrap", bootstrap)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def test_a_batch_read_returns_exactly_the_records_produced(spark, bootstrap):
+    expected = fill(bootstrap, "batch-all", 3, 60)
+    df = reader(spark, bootstrap, topic="batch-all")
+    assert df.schema == SCHEMA
+    assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
+
+
+def test_large_ranges_are_split_over_tasks_and_still_read_once(spark, bootstrap):
+    expected = fill(bootstrap, "batch-split", 2, 50)
+    df = reader(spark, bootstrap, topic="batch-split", maxRecordsPerTask="7")
+    assert df.rdd.getNumPartitions() == 8  # 25 records per partition: 4 tasks of <= 7 each
+    assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
+    more = reader(spark, bootstrap, topic="batch-split", minPartitions="10")
+    assert more.rdd.getNumPartitions() == 10
+    assert more.count() == 50
+
+
+def test_starting_and_ending_offsets_select_a_slice(spark, bootstrap):
+    fill(bootstrap, "batch-slice", 2, 20)  # offsets 0..9 in each partition
+    df = reader(
+        spark,
+        bootstrap,
+        topic="batch-slice",
+        startingOffsets=json.dumps({"batch-slice": {"0": 3, "1": -2}}),
+        endingOffsets=json.dumps({"batch-slice": {"0": 5}}),
+    )
+    got = sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+    assert got == [(0, 3), (0, 4)] + [(1, o) for o in range(10)]
+    latest = reader(spark, bootstrap, topic="batch-slice", startingOffsets="latest")
+    assert latest.count() == 0
+
+
+def test_topics_and_pattern_choose_what_to_read(spark, bootstrap):
+    fill(bootstrap, "pick-a", 1, 3)
+    fill(bootstrap, "pick-b", 2, 4)
+    fill(bootstrap, "other-c", 1, 5)
+    both = reader(spark, bootstrap, topics="pick-a,pick-b")
+    assert sorted(r.topic for r in both.select("topic").distinct().collect()) == [
+        "pick-a",
+        "pick-b",
+    ]
+    assert both.count() == 7
+    assert reader(spark, bootstrap, pattern=r"pick-.*").count() == 7
+    assert reader(spark, bootstrap, pattern=r"nothing-matches-.*").count() == 0
+
+
+def test_a_batch_aggregation_matches_plain_python(spark, bootstrap):
+    expected = fill(bootstrap, "batch-agg", 3, 90)
+    df = reader(spark, bootstrap, topic="batch-agg")
+    counts = {r.partition: r["count"] for r in df.groupBy("partition").count().collect()}
+    plain: dict[int, int] = {}
+    for row in expected:
+        plain[row["partition"]] = plain.get(row["partition"], 0) + 1
+    assert counts == plain
+
+
+def planning_error(spark, bootstrap: str, **options: str) -> str:
+    with pytest.raises(Exception) as caught:
+        reader(spark, bootstrap, **options).count()
+    return str(caught.value)
+
+
+def test_mistakes_fail_at_planning_with_a_clear_message(spark, bootstrap):
+    fill(bootstrap, "batch-errors", 2, 4)
+    assert "topic 'no-such-topic' does not exist; create it first" in planning_error(
+        spark, bootstrap, topic="no-such-topic"
+    )
+    message = planning_error(spark, "127.0.0.1:1", topic="batch-errors", timeout="0.5")
+    assert "cannot reach a trio_coord broker at 127.0.0.1:1" in message
+    assert "is the bootstrap option right?" in message
+    message = planning_error(
+        spark, bootstrap, topic="batch-errors", startingOffsets='{"batch-errors": {"0": 1'
+    )
+    assert 'option "startingOffsets" is not valid JSON' in message
+    message = planning_error(spark, bootstrap, topic="batch-errors", startingOffsets="first")
+    assert "give one of earliest, latest, group, or JSON per partition" in message
+    message = planning_error(
+        spark, bootstrap, topic="batch-errors", startingOffsets='{"batch-errors": {"0": 99}}'
+    )
+    assert "offset 99 of batch-errors-0 is outside its log, which holds offsets 0 to 2" in message
+    message = planning_error(
+        spark, bootstrap, topic="batch-errors", endingOffsets='{"elsewhere": {"0": 1}}'
+    )
+    assert 'option "endingOffsets" names elsewhere-0, which the read does not cover' in message
+    assert "exactly one of the options" in planning_error(spark, bootstrap)
+    assert "bootstrap entry 'nowhere' is not host:port" in planning_error(
+        spark, "nowhere", topic="batch-errors"
+    )
+    assert "unknown option(s) startingoffset" in planning_error(
+        spark, bootstrap, topic="batch-errors", startingOffset="earliest"
+    )

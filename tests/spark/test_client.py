@@ -1,0 +1,141 @@
+"""The blocking client and the task-side reading, against a real broker process (no Spark).
+
+The client opens nothing until its first request and says clearly when no
+broker answers; produce, list offsets, fetch and commit speak the same wire
+protocol as the Trio clients; a task's range comes back as Arrow batches of
+exactly the schema Spark derives from the declared one, and the task's
+client is closed however the task ends; commits to a group never move back.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from trio_coord.protocol.errors import UnknownTopicError
+from trio_coord.protocol.messages import EARLIEST, LATEST, TopicPartition
+from trio_coord.protocol.records import WireRecord, encode_batch
+from trio_coord.spark import ARROW_SCHEMA, SCHEMA, BlockingClient, BrokerUnreachableError, _read
+from trio_coord.spark._options import read_options
+from trio_coord.spark._plan import OffsetRange
+from trio_coord.spark._read import commit_forward, read_range, read_task
+
+from .helpers import committed, make_topic, produce
+
+
+def test_the_arrow_schema_is_exactly_what_spark_expects():
+    assert ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
+
+
+def test_no_socket_before_the_first_request_and_a_clear_error_without_a_broker():
+    client = BlockingClient("127.0.0.1:1,127.0.0.1:2", timeout=0.3)
+    assert client._sockets == {}
+    with pytest.raises(BrokerUnreachableError) as caught:
+        client.metadata()
+    message = str(caught.value)
+    assert "no broker of the bootstrap list 127.0.0.1:1,127.0.0.1:2 can be reached" in message
+    assert "is the bootstrap option right?" in message
+
+
+def test_produce_list_offsets_and_fetch_round_trip(bootstrap):
+    make_topic(bootstrap, "client-a", 2)
+    tp = TopicPartition("client-a", 1)
+    records = [WireRecord(1_000 + i, b"k", f"v{i}".encode(), [("h", b"x")]) for i in range(5)]
+    with BlockingClient(bootstrap) as client:
+        assert client.produce(tp, encode_batch(records, "zlib"), 5, 1_004) == 0
+        assert client.produce(tp, encode_batch(records[:2]), 2, 1_001) == 5
+        assert client.partition_counts(["client-a"]) == {"client-a": 2}
+        assert client.list_offsets([tp], LATEST)[tp].log_end == 7
+        assert client.list_offsets([tp], EARLIEST)[tp].log_start == 0
+        batches = list(read_range(client, OffsetRange("client-a", 1, 3, 6), rows_per_batch=2))
+        with pytest.raises(UnknownTopicError, match="create it first"):
+            client.partition_counts(["client-missing"])
+    assert [b.num_rows for b in batches] == [2, 1]
+    assert all(b.schema.equals(ARROW_SCHEMA) for b in batches)
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert [r["offset"] for r in rows] == [3, 4, 5]
+    assert [r["value"] for r in rows] == [b"v3", b"v4", b"v0"]
+    assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
+    assert rows[0]["timestamp"].timestamp() == 1.003
+    assert client._sockets == {}
+
+
+def test_a_task_closes_its_client_even_when_abandoned(bootstrap, monkeypatch):
+    make_topic(bootstrap, "client-b", 1)
+    produce(bootstrap, "client-b", [{"value": b"x"} for _ in range(30)])
+    clients: list[BlockingClient] = []
+    real = _read._client
+
+    def tracked(options):
+        clients.append(real(options))
+        return clients[-1]
+
+    monkeypatch.setattr(_read, "_client", tracked)
+    options = read_options({"bootstrap": bootstrap, "topic": "client-b"}, streaming=False)
+    from pyspark.sql.datasource import InputPartition
+
+    task = read_task(options, InputPartition(OffsetRange("client-b", 0, 0, 30)))
+    first = next(task)
+    assert first.num_rows == 30 and clients[0]._sockets  # connected while it reads
+    task.close()  # Spark stops a task early (a limit, a failure elsewhere)
+    assert clients[0]._sockets == {}
+
+
+def test_commits_never_move_backwards(bootstrap):
+    make_topic(bootstrap, "client-c", 2)
+    produce(bootstrap, "client-c", [{"value": b"x", "partition": i % 2} for i in range(20)])
+    tp0, tp1 = TopicPartition("client-c", 0), TopicPartition("client-c", 1)
+    with BlockingClient(bootstrap) as client:
+        assert commit_forward(client, "client-g", {tp0: 8, tp1: 3}) == {tp0: 8, tp1: 3}
+        assert commit_forward(client, "client-g", {tp0: 5, tp1: 6}) == {tp1: 6}
+        assert commit_forward(client, "client-g", {tp0: 8, tp1: 6}) == {}
+    assert committed(bootstrap, "client-g") == {("client-c", 0): 8, ("client-c", 1): 6}
+
+
+class _TrimmedLog:
+    """A client whose partition lost offsets 0..4 to retention and holds 5..9."""
+
+    def __init__(self) -> None:
+        from trio_coord.protocol.messages import FetchedBatch, FetchedPartition, ListedOffset
+
+        payload = encode_batch([WireRecord(0, None, f"v{i}".encode()) for i in range(5, 10)])
+        self._answer = FetchedPartition("t", 0, 0, "", 5, 10, [FetchedBatch(5, 5, payload)])
+        self._listed = ListedOffset("t", 0, 5, 5, 10)
+
+    def fetch(self, tp, offset, *, max_bytes, max_wait_ms=0):
+        from trio_coord.protocol.errors import OffsetOutOfRangeError
+
+        if offset < 5:
+            raise OffsetOutOfRangeError(f"offset {offset} is out of range")
+        return self._answer
+
+    def list_offsets(self, partitions, timestamp_ms):
+        return {TopicPartition("t", 0): self._listed}
+
+
+def test_records_lost_to_retention_fail_the_read_unless_told_to_skip():
+    from trio_coord.spark import DataLossError
+
+    lost = OffsetRange("t", 0, 2, 8)
+    with pytest.raises(DataLossError) as caught:
+        list(read_range(_TrimmedLog(), lost))
+    assert "records 2 to 4 of t-0 were deleted before they could be read" in str(caught.value)
+    assert "set failOnDataLoss=false to skip what is lost" in str(caught.value)
+    batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))
+    assert [r["offset"] for b in batches for r in b.to_pylist()] == [5, 6, 7]
+
+
+def test_a_stream_reader_pickles_without_its_driver_side_client(bootstrap):
+    import pickle
+
+    from trio_coord.spark._read import StreamReader
+
+    make_topic(bootstrap, "client-d", 1)
+    options = read_options({"bootstrap": bootstrap, "topic": "client-d"}, streaming=True)
+    reader = StreamReader(options)
+    assert reader.initialOffset() == {"partitions": {"client-d": {"0": 0}}}
+    assert reader.client._sockets  # the driver side keeps its connection between calls
+    copy = pickle.loads(pickle.dumps(reader))  # what Spark ships to the tasks
+    assert copy._client is None and copy.options == reader.options
+    reader.stop()
+    assert reader._client is None

@@ -1,0 +1,158 @@
+"""The pure planning arithmetic and the options parser, without Spark or a broker.
+
+Stream offsets serialize canonically (equal offsets, equal JSON); admission
+control caps a micro-batch exactly at maxRecordsPerBatch and shares it by
+backlog; task splitting covers every offset once, contiguously, within the
+per-task cap; and each malformed option is refused with a message that says
+what to write instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_coord.protocol.messages import TopicPartition as TP
+from trio_coord.spark._options import OptionError, read_options, write_options
+from trio_coord.spark._plan import (
+    OffsetRange,
+    admit,
+    offsets_from_json,
+    offsets_to_json,
+    split_ranges,
+)
+
+
+def test_stream_offsets_are_sorted_json_whatever_the_insertion_order():
+    a = {TP("b", 10): 1, TP("a", 2): 5, TP("b", 2): 7}
+    b = dict(reversed(list(a.items())))
+    assert json.dumps(offsets_to_json(a)) == json.dumps(offsets_to_json(b))
+    assert json.dumps(offsets_to_json(a)) == (
+        '{"partitions": {"a": {"2": 5}, "b": {"2": 7, "10": 1}}}'
+    )
+    with_group = offsets_to_json(a, group="g", bootstrap="h:1")
+    assert list(with_group) == ["bootstrap", "group", "partitions"]
+    assert offsets_from_json(json.loads(json.dumps(with_group))) == a
+    with pytest.raises(ValueError, match="not a trio_coord stream offset"):
+        offsets_from_json({"i": 3})
+
+
+def test_admission_shares_the_cap_by_backlog():
+    start = {TP("t", 0): 0, TP("t", 1): 10, TP("t", 2): 5}
+    latest = {TP("t", 0): 90, TP("t", 1): 20, TP("t", 2): 5}
+    assert admit(start, latest, None) == latest
+    assert admit(start, latest, 1000) == latest
+    # backlogs 90 and 10 share 20 records: 18 and 2
+    assert admit(start, latest, 20) == {TP("t", 0): 18, TP("t", 1): 12, TP("t", 2): 5}
+    # a new partition (not in start) has nothing to read
+    assert admit(start, {**latest, TP("t", 3): 4}, 20)[TP("t", 3)] == 4
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 200)), min_size=1, max_size=6),
+    st.integers(1, 300),
+)
+def test_admission_takes_exactly_the_cap_and_never_goes_back(spans, cap):
+    start = {TP("t", p): s for p, (s, _) in enumerate(spans)}
+    latest = {TP("t", p): s + n for p, (s, n) in enumerate(spans)}
+    end = admit(start, latest, cap)
+    assert all(start[tp] <= end[tp] <= latest[tp] for tp in latest)
+    taken = sum(end[tp] - start[tp] for tp in latest)
+    assert taken == min(cap, sum(n for _, n in spans))
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 500)), max_size=5),
+    st.integers(1, 100),
+    st.one_of(st.none(), st.integers(1, 40)),
+)
+def test_tasks_cover_every_offset_once_within_the_cap(spans, per_task, min_tasks):
+    ranges = [OffsetRange("t", p, s, s + n) for p, (s, n) in enumerate(spans)]
+    tasks = split_ranges(ranges, per_task, min_tasks)
+    for r in ranges:
+        mine = sorted((t.start, t.end) for t in tasks if t.partition == r.partition)
+        if r.size == 0:
+            assert mine == []
+            continue
+        assert mine[0][0] == r.start and mine[-1][1] == r.end
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
+    assert all(0 < t.size <= per_task for t in tasks)
+    total = sum(r.size for r in ranges)
+    if min_tasks is not None:
+        assert len(tasks) >= min(min_tasks, total)
+
+
+def test_split_ranges_cuts_into_near_equal_pieces():
+    assert split_ranges([OffsetRange("t", 0, 0, 25)], 7) == [
+        OffsetRange("t", 0, 0, 7),
+        OffsetRange("t", 0, 7, 13),
+        OffsetRange("t", 0, 13, 19),
+        OffsetRange("t", 0, 19, 25),
+    ]
+
+
+BOOT = {"bootstrap": "127.0.0.1:9092"}
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"topic": "t"}, False, 'the "bootstrap" option is required'),
+        ({**BOOT}, False, 'exactly one of the options "topic"'),
+        ({**BOOT, "topic": "a", "pattern": "b"}, False, "got topic, pattern"),
+        ({**BOOT, "topic": "bad name"}, False, "may only contain letters"),
+        ({**BOOT, "pattern": "("}, False, 'option "pattern" is not a valid regular expression'),
+        ({**BOOT, "topic": "t", "startingOffsets": "{"}, False, "is not valid JSON"),
+        ({**BOOT, "topic": "t", "startingOffsets": "[1]"}, False, "must be a JSON object"),
+        (
+            {**BOOT, "topic": "t", "startingOffsets": '{"t": {"x": 1}}'},
+            False,
+            "'x' in topic 't' is not a partition number",
+        ),
+        (
+            {**BOOT, "topic": "t", "startingOffsets": '{"t": {"0": -3}}'},
+            False,
+            "must be a whole number >= 0, or -2 (earliest) or -1 (latest)",
+        ),
+        ({**BOOT, "topic": "t", "startingOffsets": "group"}, False, 'needs the "group" option'),
+        ({**BOOT, "topic": "t", "endingOffsets": "group"}, False, "give one of earliest, latest"),
+        ({**BOOT, "topic": "t", "maxRecordsPerBatch": "5"}, False, "stream reads only"),
+        ({**BOOT, "topic": "t", "maxRecordsPerBatch": "0"}, True, "positive whole number"),
+        ({**BOOT, "topic": "t", "endingOffsets": "latest"}, True, "batch reads only"),
+        ({**BOOT, "topic": "t", "failOnDataLoss": "yes"}, False, "must be true or false"),
+        ({**BOOT, "topic": "t", "timeout": "-1"}, False, "positive number of seconds"),
+        ({**BOOT, "topic": "t", "group": "g"}, False, "a batch read commits nothing"),
+        ({**BOOT, "topic": "t", "grup": "g"}, True, "unknown option(s) grup"),
+    ],
+)
+def test_each_read_option_mistake_says_what_to_do(options, streaming, message):
+    with pytest.raises(OptionError) as caught:
+        read_options(options, streaming=streaming)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("trio_coord data source: ")
+
+
+def test_defaults_of_batch_and_stream_reads():
+    batch = read_options({**BOOT, "TOPICS": "a, b,a"}, streaming=False)
+    assert batch.topics == ("a", "b")
+    assert (batch.starting.kind, batch.ending.kind) == ("earliest", "latest")
+    stream = read_options({**BOOT, "topic": "a", "checkpointLocation": "/x"}, streaming=True)
+    assert stream.starting.kind == "latest"
+    grouped = read_options({**BOOT, "topic": "a", "group": "g"}, streaming=True)
+    assert grouped.starting.kind == "group"
+    spec = read_options(
+        {**BOOT, "topic": "a", "startingOffsets": '{"a": {"1": 7, "0": -1}}'}, streaming=True
+    ).starting
+    assert spec.kind == "json" and spec.offsets == {TP("a", 1): 7, TP("a", 0): -1}
+
+
+def test_write_options():
+    assert write_options({**BOOT, "topic": "t", "path": "ignored"}).topic == "t"
+    with pytest.raises(OptionError, match="choose zlib or lzma"):
+        write_options({**BOOT, "compression": "snappy"})
+    with pytest.raises(OptionError, match="positive whole number"):
+        write_options({**BOOT, "batchSize": "-5"})

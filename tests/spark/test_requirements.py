@@ -1,0 +1,71 @@
+"""What Spark needs, checked up front: Java, pyspark 4.2+, and PYSPARK_PYTHON.
+
+Without Java, or with a pyspark too old for the read-limit API, the package
+says what to install instead of failing deep inside PySpark; importing it
+points Spark's Python workers at the running interpreter unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pyspark
+import pytest
+
+from trio_coord.spark import JavaNotFoundError, check_java, local_session
+
+
+def test_no_java_on_the_path_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(JavaNotFoundError) as caught:
+        local_session("no-java")
+    message = str(caught.value)
+    assert message.startswith("no java on PATH. Spark needs Java 17 or newer")
+    assert "apt-get install openjdk-17-jre-headless" in message
+    assert "set JAVA_HOME" in message
+
+
+def test_a_java_home_without_java_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(JavaNotFoundError, match=f"JAVA_HOME={tmp_path} has no bin/java"):
+        check_java()
+
+
+def test_a_java_that_does_not_run_is_reported(monkeypatch, tmp_path):
+    (tmp_path / "bin").mkdir()
+    broken = tmp_path / "bin" / "java"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(JavaNotFoundError, match="does not run"):
+        check_java()
+
+
+def test_the_machines_java_is_found():
+    assert check_java().endswith("java")
+
+
+def test_an_old_pyspark_is_refused_with_what_to_install(monkeypatch):
+    from trio_coord.spark import _requirements
+
+    monkeypatch.setattr(pyspark, "__version__", "4.0.1")
+    with pytest.raises(ImportError, match=r"needs pyspark 4\.2 or newer.*pyspark 4\.0\.1"):
+        importlib.reload(_requirements)
+    monkeypatch.undo()
+    importlib.reload(_requirements)
+
+
+@pytest.mark.parametrize("preset", [None, "/opt/other/python"])
+def test_importing_the_package_sets_pyspark_python_only_when_unset(preset):
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    if preset:
+        env["PYSPARK_PYTHON"] = preset
+    code = "import os, trio_coord.spark; print(os.environ['PYSPARK_PYTHON'])"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == (preset or sys.executable)

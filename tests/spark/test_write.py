@@ -1,0 +1,110 @@
+"""Writes through the ``trio_coord`` format: rows become records a Trio consumer reads back.
+
+A batch write stores every row (key, value, headers, timestamp; the key's
+partition by the producer's own hash, or the row's partition), a stream
+write does the same per micro-batch, and a DataFrame that cannot be written
+is refused at planning with a message naming the column.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from pyspark.sql import Row
+
+from trio_coord.client import partition_for_key
+
+from .helpers import consume, make_topic
+
+
+def test_rows_written_are_read_back_by_a_consumer(spark, bootstrap):
+    make_topic(bootstrap, "written", 3)
+    rows = [
+        Row(
+            key=f"k{i}",
+            value=f"value {i}".encode(),
+            headers=[Row(key="n", value=str(i).encode())],
+            timestamp=datetime.fromtimestamp(1_700_000_000 + i),
+        )
+        for i in range(40)
+    ]
+    spark.createDataFrame(rows).repartition(2).write.format("trio_coord").option(
+        "bootstrap", bootstrap
+    ).option("topic", "written").mode("append").save()
+    records = consume(bootstrap, "written", 40)
+    got = {r.key.decode(): r for r in records}
+    assert sorted(got) == sorted(f"k{i}" for i in range(40))
+    for i in range(40):
+        record = got[f"k{i}"]
+        assert record.value == f"value {i}".encode()
+        assert record.headers == (("n", str(i).encode()),)
+        assert record.timestamp == 1_700_000_000 + i
+        assert record.partition == partition_for_key(f"k{i}".encode(), 3)
+
+
+def test_partition_and_topic_columns_choose_where_rows_go(spark, bootstrap):
+    make_topic(bootstrap, "routed-a", 2)
+    make_topic(bootstrap, "routed-b", 2)
+    df = spark.createDataFrame(
+        [(("routed-a", "routed-b")[i % 2], 1, f"{i}") for i in range(10)],
+        "topic string, partition int, value string",
+    )
+    df.write.format("trio_coord").option("bootstrap", bootstrap).mode("append").save()
+    for topic in ("routed-a", "routed-b"):
+        records = consume(bootstrap, topic, 5)
+        assert {r.partition for r in records} == {1}
+
+
+def test_a_stream_write_produces_each_micro_batch(spark, bootstrap, tmp_path):
+    make_topic(bootstrap, "stream-in", 2)
+    make_topic(bootstrap, "stream-out", 1)
+    spark.createDataFrame([(f"{i}",) for i in range(15)], "value string").write.format(
+        "trio_coord"
+    ).option("bootstrap", bootstrap).option("topic", "stream-in").mode("append").save()
+    query = (
+        spark.readStream.format("trio_coord")
+        .option("bootstrap", bootstrap)
+        .option("topic", "stream-in")
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerBatch", "4")
+        .load()
+        .selectExpr("key", "concat(CAST(value AS STRING), '!') AS value")
+        .writeStream.format("trio_coord")
+        .option("bootstrap", bootstrap)
+        .option("topic", "stream-out")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    records = consume(bootstrap, "stream-out", 15)
+    assert sorted(r.value for r in records) == sorted(f"{i}!".encode() for i in range(15))
+
+
+def test_columns_that_cannot_be_written_are_refused_at_planning(spark, bootstrap):
+    make_topic(bootstrap, "refused", 1)
+    df = spark.createDataFrame([(1, "x")], "id int, value string")
+    with pytest.raises(Exception, match=r"cannot write column.*id.*select or rename"):
+        df.write.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "refused"
+        ).mode("append").save()
+    no_value = spark.createDataFrame([("x",)], "key string")
+    with pytest.raises(Exception, match="needs a value column"):
+        no_value.write.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "refused"
+        ).mode("append").save()
+    with pytest.raises(Exception, match='the "topic" option, or a topic column'):
+        spark.createDataFrame([("x",)], "value string").write.format("trio_coord").option(
+            "bootstrap", bootstrap
+        ).mode("append").save()
+
+
+def test_a_row_for_a_partition_the_topic_lacks_fails_the_write_clearly(spark, bootstrap):
+    make_topic(bootstrap, "too-few", 1)
+    df = spark.createDataFrame([(5, "x")], "partition int, value string")
+    with pytest.raises(Exception, match=r"topic 'too-few' has partitions 0\.\.0; partition 5 does"):
+        df.write.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "too-few"
+        ).mode("append").save()

@@ -1,0 +1,113 @@
+"""trio_coord on Spark: a PySpark data source for topics, with consumer-group progress.
+
+``register(spark)`` makes the format ``trio_coord`` known to a session (and
+adds the listener that commits a stream's progress to its group); then::
+
+    spark.read.format("trio_coord").option("bootstrap", "127.0.0.1:9092")
+        .option("topic", "events").load()
+
+reads a topic as a batch (``spark.readStream`` as a stream), and
+``df.write.format("trio_coord")`` produces rows as records. ``local_session``
+builds a local session with the source registered, after checking that Java
+is there; ``background_broker`` runs a broker in a thread, for programs that
+want one of their own. Importing this package sets ``PYSPARK_PYTHON`` to the running
+interpreter when it is unset, so that Spark's Python workers import the same
+trio_coord. ``docs/spark.md`` has the options and a cluster set-up.
+
+Needs ``pip install trio_coord[spark]`` (pyspark >= 4.2, pyarrow) and Java 17+.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _requirements as _requirements  # first: checks pyspark, sets PYSPARK_PYTHON
+from ._client import BlockingClient as BlockingClient
+from ._client import BrokerUnreachableError as BrokerUnreachableError
+from ._embedded import background_broker as background_broker
+from ._options import OptionError as OptionError
+from ._read import ARROW_SCHEMA as ARROW_SCHEMA
+from ._read import SCHEMA as SCHEMA
+from ._read import DataLossError as DataLossError
+from ._source import FORMAT as FORMAT
+from ._source import GroupCommitListener as GroupCommitListener
+from ._source import TrioCoordDataSource as TrioCoordDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "FORMAT",
+    "SCHEMA",
+    "BlockingClient",
+    "BrokerUnreachableError",
+    "DataLossError",
+    "GroupCommitListener",
+    "JavaNotFoundError",
+    "OptionError",
+    "TrioCoordDataSource",
+    "background_broker",
+    "check_java",
+    "local_session",
+    "register",
+]
+
+_registered: weakref.WeakKeyDictionary[Any, GroupCommitListener] = weakref.WeakKeyDictionary()
+
+
+class JavaNotFoundError(RuntimeError):
+    """Spark needs a Java runtime, and none was found."""
+
+
+def check_java() -> str:
+    """The ``java`` Spark will run (from JAVA_HOME, else PATH); JavaNotFoundError if none runs."""
+    home = os.environ.get("JAVA_HOME")
+    candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    advice = (
+        "Spark needs Java 17 or newer: install it (on Debian or Ubuntu: "
+        "sudo apt-get install openjdk-17-jre-headless) or set JAVA_HOME to a Java installation"
+    )
+    if not candidate or not Path(candidate).exists():
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
+        raise JavaNotFoundError(f"{where}. {advice}")
+    try:
+        subprocess.run([candidate, "-version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JavaNotFoundError(f"{candidate} does not run ({exc}). {advice}") from None
+    return candidate
+
+
+def register(spark: SparkSession) -> None:
+    """Make the ``trio_coord`` format known to ``spark``, with the group-commit listener
+    (once per session, however often it is called)."""
+    spark.dataSource.register(TrioCoordDataSource)
+    if spark not in _registered:
+        listener = GroupCommitListener()
+        spark.streams.addListener(listener)
+        _registered[spark] = listener
+
+
+def local_session(
+    app_name: str = "trio_coord", master: str = "local[*]", **conf: str
+) -> SparkSession:
+    """A Spark session on this machine with ``trio_coord`` registered.
+
+    ``conf`` adds Spark settings (dots as in Spark: pass them as
+    ``**{"spark.sql.shuffle.partitions": "4"}``). Raises JavaNotFoundError
+    with what to install when there is no Java.
+    """
+    check_java()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {"spark.ui.enabled": "false", **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark

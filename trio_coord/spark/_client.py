@@ -1,0 +1,358 @@
+"""A small blocking client for Spark's Python processes: one request at a time over plain sockets.
+
+Spark runs the data source's code in Python worker processes that have no
+Trio event loop (and must not start one per task), so this client speaks the
+same wire protocol as :mod:`trio_coord.client` with blocking sockets: the
+frames are encoded and decoded by the shared :class:`~trio_coord.protocol.
+framing.FrameCodec`, the records by :mod:`trio_coord.protocol.records`. It
+opens nothing in ``__init__`` (a client may be made, pickled or dropped
+without touching the network); the first request connects, to the broker the
+request belongs to (a partition's leader, a group's coordinator, otherwise
+any bootstrap broker), and :meth:`BlockingClient.close` closes every socket.
+Use it as a context manager, one per task, so that the sockets are closed in
+``finally`` whatever the task does.
+
+Retriable errors (a lost connection, a coordinator not known yet, a broker
+shutting down) are retried with backoff until ``timeout`` seconds have passed;
+anything else is raised at once as the typed :class:`CoordError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from ..client._bootstrap import parse_bootstrap
+from ..protocol.errors import (
+    ConnectionClosedError,
+    CoordError,
+    CoordinatorNotAvailableError,
+    CorruptMessageError,
+    FrameTooLargeError,
+    NotLeaderForPartitionError,
+    UnknownTopicError,
+    error_for,
+)
+from ..protocol.framing import HEADER_SIZE, FrameCodec
+from ..protocol.messages import (
+    NO_OFFSET,
+    BrokerInfo,
+    FetchedPartition,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    Goodbye,
+    ListedOffset,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionOffset,
+    ProduceRequest,
+    ProduceResponse,
+    Request,
+    RequestBody,
+    Response,
+    ResponseBody,
+    TopicInfo,
+    TopicPartition,
+)
+
+__all__ = ["BlockingClient", "BrokerUnreachableError"]
+
+log = logging.getLogger(__name__)
+
+RECEIVE_LIMIT = 64 * 1024 * 1024
+"""The largest answer this client accepts (a broker bounds its answers by its own
+maximum frame size, which is far smaller by default)."""
+
+Address = tuple[str, int]
+_R = TypeVar("_R", bound=ResponseBody)
+
+
+class BrokerUnreachableError(ConnectionClosedError):
+    """No broker of the bootstrap list could be reached (or one stopped answering)."""
+
+
+class _Socket:
+    """One blocking connection: send a request, read its answer."""
+
+    def __init__(self, sock: socket.socket, address: Address) -> None:
+        self.sock = sock
+        self.address = address
+        self.codec = FrameCodec(RECEIVE_LIMIT)
+        self.corr_ids = itertools.count(1)
+        self.broken = False
+
+    def call(self, body: RequestBody) -> ResponseBody:
+        """Send one request and return its answer's body (raising its error).
+
+        Anything but an error answer (a broken socket, a Goodbye, a frame
+        that does not decode) leaves the connection unusable: ``broken`` is
+        set and the caller closes it.
+        """
+        corr_id = next(self.corr_ids)
+        frame = self.codec.encode(Request(corr_id, body))
+        self.broken = True
+        self.sock.sendall(frame)
+        answer = self.codec.decode(self._read_frame())
+        if isinstance(answer, Goodbye):
+            raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
+        if not isinstance(answer, Response) or answer.corr_id != corr_id:
+            raise CorruptMessageError(f"expected the answer to request {corr_id}, got {answer!r}")
+        self.broken = False
+        if answer.error:
+            raise error_for(answer.error, answer.message)
+        if answer.body is None:
+            raise CorruptMessageError(f"the answer to request {corr_id} has no body")
+        return answer.body
+
+    def _read_exactly(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = self.sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionClosedError(
+                    f"the broker at {self.address[0]}:{self.address[1]} closed the connection"
+                )
+            got += n
+        return buf
+
+    def _read_frame(self) -> bytearray:
+        size = int.from_bytes(self._read_exactly(HEADER_SIZE), "big")
+        if size > RECEIVE_LIMIT:
+            raise FrameTooLargeError(f"an answer of {size} bytes exceeds {RECEIVE_LIMIT} bytes")
+        return self._read_exactly(size)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class BlockingClient:
+    """Metadata, offsets, fetch, produce and group commits, blocking; see the module docstring.
+
+    ``bootstrap`` is ``"host:port,host:port"``; ``timeout`` bounds each
+    request and the retries of retriable errors, in seconds.
+    """
+
+    def __init__(self, bootstrap: str | Sequence[str], *, timeout: float = 30.0) -> None:
+        self.addresses = parse_bootstrap(bootstrap)
+        self.timeout = timeout
+        self._sockets: dict[Address, _Socket] = {}
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._answered: Address | None = None  # the broker that last answered Metadata
+        self._topics: dict[str, TopicInfo] = {}
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection this client opened (it may be used again afterwards)."""
+        sockets, self._sockets = list(self._sockets.values()), {}
+        for sock in sockets:
+            sock.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _connect(self, address: Address) -> _Socket:
+        sock = self._sockets.get(address)
+        if sock is not None:
+            return sock
+        host, port = address
+        try:
+            raw = socket.create_connection(address, timeout=self.timeout)
+        except OSError as exc:
+            raise BrokerUnreachableError(
+                f"cannot reach a trio_coord broker at {host}:{port} ({exc.strerror or exc}); "
+                "is it running, and is the bootstrap option right?"
+            ) from None
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = self._sockets[address] = _Socket(raw, address)
+        return sock
+
+    def _call_once(self, address: Address, body: RequestBody) -> ResponseBody:
+        sock = self._connect(address)
+        try:
+            return sock.call(body)
+        except (OSError, CoordError) as exc:
+            if sock.broken:
+                self._sockets.pop(address, None)
+                sock.close()
+            if isinstance(exc, OSError):
+                raise ConnectionClosedError(
+                    f"lost the connection to the broker at {address[0]}:{address[1]} ({exc})"
+                ) from None
+            raise
+
+    def _call(self, address: Address | None, body: RequestBody, expected: type[_R]) -> _R:
+        """Send ``body`` (to ``address``, or to any bootstrap broker), retrying retriable errors."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        while True:
+            try:
+                if address is None:
+                    answer = self._call_any(body)
+                else:
+                    answer = self._call_once(address, body)
+            except CoordError as exc:
+                if not exc.retriable or time.monotonic() + delay > deadline:
+                    raise
+                log.debug("retrying %s after %s", type(body).__name__, exc)
+                if isinstance(exc, NotLeaderForPartitionError):
+                    self._topics.clear()
+                time.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 1.0)
+                continue
+            if not isinstance(answer, expected):
+                raise CorruptMessageError(
+                    f"expected {expected.__name__}, the broker answered {type(answer).__name__}"
+                )
+            return answer
+
+    def _call_any(self, body: RequestBody) -> ResponseBody:
+        error: CoordError | None = None
+        for address in self.addresses:
+            try:
+                answer = self._call_once(address, body)
+            except CoordError as exc:
+                if not exc.retriable:
+                    raise
+                error = exc
+                continue
+            self._answered = address
+            return answer
+        assert error is not None
+        if isinstance(error, BrokerUnreachableError) and len(self.addresses) > 1:
+            listed = ",".join(f"{h}:{p}" for h, p in self.addresses)
+            raise BrokerUnreachableError(
+                f"no broker of the bootstrap list {listed} can be reached ({error})"
+            )
+        raise error
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    def metadata(self, topics: Iterable[str] | None = None, group: str = "") -> MetadataResponse:
+        """Live brokers and the topics asked for (None: all); raises UnknownTopicError."""
+        request = MetadataRequest(None if topics is None else sorted(set(topics)), group)
+        response = self._call(None, request, MetadataResponse)
+        self._brokers = {b.broker_id: b for b in response.brokers}
+        for info in response.topics:
+            self._topics[info.name] = info
+        return response
+
+    def partition_counts(self, topics: Iterable[str] | None = None) -> dict[str, int]:
+        """Partition count per topic (None: every topic), from fresh metadata."""
+        return {t.name: t.partitions for t in self.metadata(topics).topics}
+
+    def _leader(self, tp: TopicPartition) -> Address:
+        info = self._topics.get(tp.topic)
+        if info is None:
+            self.metadata([tp.topic])
+            info = self._topics[tp.topic]
+        if not 0 <= tp.partition < info.partitions:
+            raise UnknownTopicError(
+                f"topic {tp.topic!r} has partitions 0..{info.partitions - 1}; "
+                f"partition {tp.partition} does not exist"
+            )
+        if info.leaders and tp.partition < len(info.leaders):
+            broker = self._brokers.get(info.leaders[tp.partition])
+            if broker is not None:
+                return (broker.host, broker.port)
+        # No leader named: the broker that answered holds every partition.
+        assert self._answered is not None
+        return self._answered
+
+    def _coordinator(self, group: str) -> Address:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            response = self.metadata([], group)
+            if response.coordinator is not None:
+                return (response.coordinator.host, response.coordinator.port)
+            if time.monotonic() > deadline:
+                raise CoordinatorNotAvailableError(
+                    f"no coordinator for group {group!r} is available; is a broker running?"
+                )
+            time.sleep(0.1)
+
+    def _by_leader(self, tps: Iterable[TopicPartition]) -> dict[Address, list[TopicPartition]]:
+        grouped: dict[Address, list[TopicPartition]] = {}
+        for tp in sorted(set(tps)):
+            grouped.setdefault(self._leader(tp), []).append(tp)
+        return grouped
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def list_offsets(
+        self, partitions: Iterable[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, ListedOffset]:
+        """Per partition: the offset for ``timestamp_ms`` (EARLIEST, LATEST or a time), with
+        the log's start and end."""
+        result: dict[TopicPartition, ListedOffset] = {}
+        for address, tps in self._by_leader(partitions).items():
+            request = ListOffsetsRequest(tps, timestamp_ms)
+            response = self._call(address, request, ListOffsetsResponse)
+            result.update((o.tp, o) for o in response.offsets)
+        return result
+
+    def committed(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets (partitions without one are left out)."""
+        request = OffsetFetchRequest(group, None)
+        response = self._call(self._coordinator(group), request, OffsetFetchResponse)
+        return {o.tp: o.offset for o in response.offsets if o.offset != NO_OFFSET}
+
+    def commit(self, group: str, offsets: dict[TopicPartition, int], metadata: str = "") -> None:
+        """Commit ``offsets`` to ``group`` as a standalone committer (not a member).
+
+        The broker refuses it while the group has live members
+        (UnknownMemberError) and refuses to move an offset backwards
+        (OffsetRegressionError).
+        """
+        if not offsets:
+            return
+        body = OffsetCommitRequest(
+            group,
+            "",
+            -1,
+            [
+                PartitionOffset(tp.topic, tp.partition, o, metadata)
+                for tp, o in sorted(offsets.items())
+            ],
+        )
+        self._call(self._coordinator(group), body, OffsetCommitResponse)
+
+    # -- records ------------------------------------------------------------------------------
+
+    def fetch(
+        self, tp: TopicPartition, offset: int, *, max_bytes: int, max_wait_ms: int = 0
+    ) -> FetchedPartition:
+        """Batches of ``tp`` from ``offset`` (the first may begin before it); raises the
+        partition's error (OffsetOutOfRangeError, UnknownTopicError, ...)."""
+        request = FetchRequest(
+            [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
+            max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes,
+        )
+        response = self._call(self._leader(tp), request, FetchResponse)
+        (part,) = response.partitions
+        if part.error:
+            raise error_for(part.error, part.message)
+        return part
+
+    def produce(self, tp: TopicPartition, payload: bytes, count: int, max_timestamp_ms: int) -> int:
+        """Append one encoded batch to ``tp``; the offset of its first record."""
+        request = ProduceRequest(tp.topic, tp.partition, payload, count, max_timestamp_ms)
+        return self._call(self._leader(tp), request, ProduceResponse).base_offset

@@ -1,0 +1,137 @@
+"""Offset arithmetic for planning reads: stream offsets as JSON, admission control, task ranges.
+
+Pure functions (no network, no Spark): the readers resolve offsets with the
+blocking client, then plan here.
+
+* A stream offset is the per-partition end of what has been read, as a JSON
+  object with sorted keys, so that two equal offsets are equal strings (Spark
+  compares them to decide whether there is anything new):
+  ``{"partitions": {"events": {"0": 17, "1": 12}}}``. When the stream commits
+  to a group, ``"bootstrap"`` and ``"group"`` say where, so that the query
+  listener on the driver can commit the last batch too.
+* :func:`admit` caps a micro-batch at ``max_records``, shared among the
+  partitions in proportion to their backlog (largest remainders first), and
+  never takes less than one record from a partition while it takes more than
+  one from another.
+* :func:`split_ranges` turns ranges of offsets into tasks of at most
+  ``max_per_task`` records each, and into at least ``min_tasks`` tasks where
+  the records allow, cutting each range into near-equal contiguous pieces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from ..protocol.messages import TopicPartition
+
+__all__ = [
+    "OffsetRange",
+    "admit",
+    "offsets_from_json",
+    "offsets_to_json",
+    "split_ranges",
+]
+
+
+class OffsetRange(NamedTuple):
+    """Records ``start`` (inclusive) to ``end`` (exclusive) of one partition: one task's work."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition the range belongs to."""
+        return TopicPartition(self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        """How many offsets the range covers."""
+        return self.end - self.start
+
+
+def offsets_to_json(
+    offsets: Mapping[TopicPartition, int],
+    *,
+    group: str | None = None,
+    bootstrap: str | None = None,
+) -> dict[str, Any]:
+    """The stream offset for ``offsets``: sorted, so that equal offsets serialize equally."""
+    partitions: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        partitions.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
+    result: dict[str, Any] = {}
+    if group is not None:
+        result["bootstrap"] = bootstrap
+        result["group"] = group
+    result["partitions"] = partitions
+    return result
+
+
+def offsets_from_json(offset: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    """The per-partition offsets of a stream offset made by :func:`offsets_to_json`."""
+    partitions = offset.get("partitions")
+    if not isinstance(partitions, dict):
+        raise ValueError(
+            f"{offset!r} is not a trio_coord stream offset; was the checkpoint written by "
+            "another source? Start the query with a new checkpointLocation"
+        )
+    return {
+        TopicPartition(topic, int(partition)): int(value)
+        for topic, by_partition in partitions.items()
+        for partition, value in by_partition.items()
+    }
+
+
+def admit(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    max_records: int | None,
+) -> dict[TopicPartition, int]:
+    """The end of the next micro-batch: ``latest``, capped at ``max_records`` in all.
+
+    ``start`` gives where each partition of ``latest`` resumes (a partition
+    missing from it resumes at its latest offset: nothing to read). The cap
+    is shared in proportion to each partition's backlog; the records the
+    rounding leaves go to the largest remainders (ties: partition order).
+    """
+    backlog = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}
+    total = sum(backlog.values())
+    if max_records is None or total <= max_records:
+        return dict(latest)
+    shares = {tp: max_records * lag / total for tp, lag in backlog.items()}
+    taken = {tp: math.floor(share) for tp, share in shares.items()}
+    left = max_records - sum(taken.values())
+    by_remainder = sorted(backlog, key=lambda tp: (-(shares[tp] - taken[tp]), tp))
+    for tp in by_remainder[:left]:
+        taken[tp] += 1
+    return {tp: start.get(tp, end) + taken[tp] for tp, end in latest.items()}
+
+
+def split_ranges(
+    ranges: Iterable[OffsetRange], max_per_task: int, min_tasks: int | None = None
+) -> list[OffsetRange]:
+    """Cut ``ranges`` into tasks: each at most ``max_per_task`` records, at least
+    ``min_tasks`` tasks in all where there are that many records; empty ranges go."""
+    if max_per_task <= 0:
+        raise ValueError("max_per_task must be positive")
+    work = [r for r in ranges if r.size > 0]
+    pieces = {r: math.ceil(r.size / max_per_task) for r in work}
+    total = sum(r.size for r in work)
+    if min_tasks is not None and total and sum(pieces.values()) < min_tasks:
+        for r in work:
+            pieces[r] = max(pieces[r], min(r.size, math.ceil(r.size * min_tasks / total)))
+    tasks: list[OffsetRange] = []
+    for r in work:
+        count = pieces[r]
+        step, extra = divmod(r.size, count)
+        at = r.start
+        for index in range(count):
+            size = step + (1 if index < extra else 0)
+            tasks.append(OffsetRange(r.topic, r.partition, at, at + size))
+            at += size
+    return tasks

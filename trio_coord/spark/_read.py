@@ -1,0 +1,457 @@
+"""Reading topics into Spark: the schema, offset resolution, and the batch and stream readers.
+
+Planning runs where Spark plans (the driver, in a Python worker of its own):
+it asks the brokers, through :class:`~._client.BlockingClient`, which
+partitions the topics have and where their logs start and end, resolves the
+``startingOffsets``/``endingOffsets`` options against that, and cuts the
+result into :class:`~._plan.OffsetRange` tasks. Bad options (an unknown
+topic, an unreachable broker, an offset outside the log) fail here, before
+any task runs. Each task then opens its own client, fetches its range, and
+yields Arrow record batches whose types are exactly :data:`ARROW_SCHEMA`
+(the Arrow form of :data:`SCHEMA`); the client is closed when the task ends,
+however it ends.
+
+The stream reader keeps the end of what has been read per partition as its
+offset (see :mod:`._plan`), discovers new partitions and, for a pattern, new
+topics as it goes (they start at their earliest offset), caps each
+micro-batch through Spark's read-limit API (``maxRecordsPerBatch``), supports
+``Trigger.AvailableNow`` (it reads up to the log ends as of the query's start
+and no further), and with a ``group`` commits the end of each finished batch
+to the group as a standalone committer: never backwards, and never failing
+the query over a commit, since Spark's checkpoint is the source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from ..protocol.errors import (
+    CoordError,
+    OffsetOutOfRangeError,
+    OffsetRegressionError,
+    UnknownMemberError,
+)
+from ..protocol.messages import EARLIEST, LATEST, TopicPartition
+from ..protocol.records import WireRecord, decode_batch
+from ._client import BlockingClient
+from ._options import OffsetSpec, OptionError, ReadOptions
+from ._plan import OffsetRange, admit, offsets_from_json, offsets_to_json, split_ranges
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "SCHEMA",
+    "BatchReader",
+    "DataLossError",
+    "StreamReader",
+    "commit_forward",
+    "read_range",
+]
+
+log = logging.getLogger(__name__)
+
+_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+SCHEMA = StructType(
+    [
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+"""The rows a read gives: one per record."""
+
+_HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+ARROW_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", _TIMESTAMP),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", _HEADERS),
+    ]
+)
+""":data:`SCHEMA` as Arrow types (what Spark expects of a batch, exactly)."""
+
+ROWS_PER_ARROW_BATCH = 8192
+
+
+class DataLossError(OffsetOutOfRangeError):
+    """Records a read was planned to cover are no longer in the log."""
+
+
+# -- planning ------------------------------------------------------------------------------
+
+
+def _client(options: ReadOptions) -> BlockingClient:
+    return BlockingClient(options.bootstrap, timeout=options.timeout)
+
+
+def topic_partitions(client: BlockingClient, options: ReadOptions) -> list[TopicPartition]:
+    """Every partition of the topics the read covers (raises UnknownTopicError for a
+    named topic that does not exist)."""
+    if options.pattern is None:
+        counts = client.partition_counts(options.topics)
+    else:
+        every = client.partition_counts(None)
+        counts = {t: every[t] for t in options.wanted(sorted(every))}
+    return [TopicPartition(t, p) for t in sorted(counts) for p in range(counts[t])]
+
+
+def resolve(
+    client: BlockingClient,
+    spec: OffsetSpec,
+    tps: list[TopicPartition],
+    options: ReadOptions,
+    name: str,
+) -> dict[TopicPartition, int]:
+    """The offset ``spec`` means for each of ``tps``, checked against the logs."""
+    if not tps:
+        return {}
+    logs = client.list_offsets(tps, LATEST)  # each answer has the log's start and end
+    if spec.kind == "earliest":
+        return {tp: logs[tp].log_start for tp in tps}
+    if spec.kind == "latest":
+        return {tp: logs[tp].log_end for tp in tps}
+    if spec.kind == "group":
+        assert options.group is not None
+        committed = client.committed(options.group)
+        return {tp: committed.get(tp, logs[tp].log_start) for tp in tps}
+    known = set(tps)
+    stray = sorted(tp for tp in spec.offsets if tp not in known)
+    if stray:
+        raise OptionError(
+            f'option "{name}" names {", ".join(map(str, stray))}, which the read does not '
+            f"cover (it reads {', '.join(sorted({tp.topic for tp in tps}))} with "
+            f"{len(tps)} partitions in all)"
+        )
+    result = {}
+    for tp in tps:
+        wanted = spec.offsets.get(tp, EARLIEST if spec.default == "earliest" else LATEST)
+        low, high = logs[tp].log_start, logs[tp].log_end
+        if wanted == EARLIEST:
+            result[tp] = low
+        elif wanted == LATEST:
+            result[tp] = high
+        elif not low <= wanted <= high:
+            raise OptionError(
+                f'option "{name}": offset {wanted} of {tp} is outside its log, which holds '
+                f"offsets {low} to {high} (exclusive)"
+            )
+        else:
+            result[tp] = wanted
+    return result
+
+
+def plan_batch(client: BlockingClient, options: ReadOptions) -> list[OffsetRange]:
+    """The ranges a batch read covers, from startingOffsets to endingOffsets."""
+    tps = topic_partitions(client, options)
+    start = resolve(client, options.starting, tps, options, "startingOffsets")
+    end = resolve(client, options.ending, tps, options, "endingOffsets")
+    ranges = []
+    for tp in tps:
+        if start[tp] > end[tp]:
+            raise OptionError(
+                f"for {tp}, startingOffsets ({start[tp]}) is after endingOffsets ({end[tp]})"
+            )
+        ranges.append(OffsetRange(tp.topic, tp.partition, start[tp], end[tp]))
+    return ranges
+
+
+# -- reading a range (in a task) -----------------------------------------------------------
+
+
+def _arrow_batch(r: OffsetRange, first: int, records: list[WireRecord]) -> pa.RecordBatch:
+    """``records``, whose offsets are ``first``, ``first + 1``, ..., as one Arrow batch."""
+    rows = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(r.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(r.partition, pa.int32()), rows),
+            pa.array(range(first, first + rows), pa.int64()),
+            pa.array([rec.timestamp_ms * 1000 for rec in records], _TIMESTAMP),
+            pa.array([rec.key for rec in records], pa.binary()),
+            pa.array([rec.value for rec in records], pa.binary()),
+            pa.array([rec.headers for rec in records], _HEADERS),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool) -> int:
+    start = client.list_offsets([r.tp], EARLIEST)[r.tp].log_start
+    if start <= position:
+        raise OffsetOutOfRangeError(
+            f"{r.tp} answered offset {position} out of range, yet its log starts at {start}"
+        )
+    if fail:
+        raise DataLossError(
+            f"records {position} to {min(start, r.end) - 1} of {r.tp} were deleted before "
+            "they could be read (the log now starts at "
+            f"{start}); set failOnDataLoss=false to skip what is lost"
+        )
+    log.warning("%s: records %d to %d are lost; skipping them", r.tp, position, start - 1)
+    return start
+
+
+def read_range(
+    client: BlockingClient,
+    r: OffsetRange,
+    *,
+    fetch_max_bytes: int = 4 * 1024 * 1024,
+    fail_on_data_loss: bool = True,
+    rows_per_batch: int = ROWS_PER_ARROW_BATCH,
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA`, in offset order.
+
+    Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
+    ...), so the records waiting for the next Arrow batch are a list and the
+    offset of its first one.
+    """
+    position = r.start
+    pending: list[WireRecord] = []
+    first = position
+    while position < r.end:
+        try:
+            part = client.fetch(r.tp, position, max_bytes=fetch_max_bytes)
+        except OffsetOutOfRangeError:
+            position = _skip_lost(client, r, position, fail_on_data_loss)
+            continue
+        if not part.batches:
+            if part.log_start > position:
+                position = _skip_lost(client, r, position, fail_on_data_loss)
+                continue
+            raise DataLossError(
+                f"{r.tp} ends at offset {part.log_end}, before the end of the range planned "
+                f"({r.end}): the broker lost records it had (was it restored from a backup?)"
+            )
+        for fetched in part.batches:
+            if fetched.base_offset > position:  # the log's start moved past us meanwhile
+                if pending:
+                    yield _arrow_batch(r, first, pending)
+                    pending = []
+                position = _skip_lost(client, r, position, fail_on_data_loss)
+                break
+            low = position - fetched.base_offset
+            high = r.end - fetched.base_offset
+            if low >= fetched.count or high <= 0:
+                continue
+            records = decode_batch(fetched.records)[max(0, low) : high]
+            if not pending:
+                first = position
+            pending.extend(records)
+            position += len(records)
+            while len(pending) >= rows_per_batch:
+                yield _arrow_batch(r, first, pending[:rows_per_batch])
+                del pending[:rows_per_batch]
+                first += rows_per_batch
+            if position >= r.end:
+                break
+    if pending:
+        yield _arrow_batch(r, first, pending)
+
+
+def read_task(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """One task: read the partition's range with a client of its own, closed at the end."""
+    r = partition.value
+    if not isinstance(r, OffsetRange):  # Spark's placeholder when a read has no ranges
+        return
+    with _client(options) as client:
+        yield from read_range(
+            client,
+            r,
+            fetch_max_bytes=options.fetch_max_bytes,
+            fail_on_data_loss=options.fail_on_data_loss,
+        )
+
+
+def _tasks(ranges: list[OffsetRange], options: ReadOptions) -> list[InputPartition]:
+    tasks = split_ranges(ranges, options.max_records_per_task, options.min_partitions)
+    return [InputPartition(task) for task in tasks]
+
+
+class BatchReader(DataSourceReader):
+    """``spark.read.format("trio_coord")``: one task per range of a partition."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        """Resolve the offsets and cut them into tasks (at planning, on the driver)."""
+        with _client(self.options) as client:
+            return _tasks(plan_batch(client, self.options), self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one task's range (on an executor)."""
+        return read_task(self.options, partition)
+
+
+# -- committing a stream's progress to a group ----------------------------------------------
+
+
+def commit_forward(
+    client: BlockingClient, group: str, offsets: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """Commit to ``group`` the offsets that move its committed ones forward; return them.
+
+    A commit never moves an offset backwards: partitions already committed as
+    far (by a newer run, or the other committer of the same stream) are left
+    alone, and a race lost to a commit further ahead is not an error.
+    """
+    committed = client.committed(group)
+    ahead = {tp: o for tp, o in offsets.items() if o > committed.get(tp, -1)}
+    try:
+        client.commit(group, ahead, "spark")
+    except OffsetRegressionError:
+        log.debug("group %s: a concurrent commit went further; keeping it", group)
+        return {}
+    return ahead
+
+
+def commit_quietly(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+    """:func:`commit_forward` with a client of its own; a failure is logged, not raised."""
+    try:
+        with BlockingClient(bootstrap, timeout=10.0) as client:
+            commit_forward(client, group, offsets)
+    except UnknownMemberError as exc:
+        log.warning(
+            "not committing the stream's progress to group %s: %s (a group that Spark "
+            "commits to should have no other consumers)",
+            group,
+            exc,
+        )
+    except (CoordError, OSError) as exc:
+        log.warning("could not commit the stream's progress to group %s: %s", group, exc)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("trio_coord")``; see the module docstring."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._client: BlockingClient | None = None
+        self._target: dict[TopicPartition, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None  # tasks get the options, never a socket
+        return state
+
+    @property
+    def client(self) -> BlockingClient:
+        """The driver-side client (opened on first use, closed by :meth:`stop`)."""
+        if self._client is None:
+            self._client = _client(self.options)
+        return self._client
+
+    def _offset(self, offsets: Mapping[TopicPartition, int]) -> dict[str, Any]:
+        group = self.options.group
+        return offsets_to_json(
+            offsets, group=group, bootstrap=self.options.bootstrap if group else None
+        )
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts: startingOffsets, resolved now."""
+        tps = topic_partitions(self.client, self.options)
+        start = resolve(self.client, self.options.starting, tps, self.options, "startingOffsets")
+        return self._offset(start)
+
+    def _log_ends(self) -> dict[TopicPartition, int]:
+        tps = topic_partitions(self.client, self.options)
+        return {tp: o.log_end for tp, o in self.client.list_offsets(tps, LATEST).items()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to the log ends as they are now, and stop there."""
+        self._target = self._log_ends()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxRecordsPerBatch`` as a read limit (or no limit)."""
+        cap = self.options.max_records_per_batch
+        return ReadAllAvailable() if cap is None else ReadMaxRows(cap)
+
+    def _earliest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        return {tp: o.log_start for tp, o in self.client.list_offsets(tps, EARLIEST).items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch: the log ends (or the AvailableNow target),
+        capped by ``limit``; ``start`` unchanged when there is nothing new."""
+        begin = offsets_from_json(start)
+        latest = self._target if self._target is not None else self._log_ends()
+        fresh = [tp for tp in latest if tp not in begin]
+        resume = {**begin, **self._earliest(fresh)}
+        for tp, end in latest.items():
+            if end < resume[tp]:
+                log.warning(
+                    "%s ends at %d, before offset %d the stream has read to; "
+                    "waiting for it to catch up",
+                    tp,
+                    end,
+                    resume[tp],
+                )
+        ends = {tp: max(end, resume[tp]) for tp, end in latest.items()}
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        admitted = admit(resume, ends, cap)
+        return self._offset({**begin, **admitted})
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The log ends, for the query's progress report."""
+        return self._offset(self._log_ends())
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        """The tasks of one micro-batch: the ranges from ``start`` to ``end``."""
+        begin = offsets_from_json(start)
+        stop = offsets_from_json(end)
+        fresh = self._earliest([tp for tp in stop if tp not in begin])
+        ranges = [
+            OffsetRange(tp.topic, tp.partition, begin.get(tp, fresh.get(tp, 0)), stop[tp])
+            for tp in sorted(stop)
+        ]
+        return _tasks(ranges, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one task's range (on an executor)."""
+        return read_task(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark has processed everything before ``end``: commit it to the group, if any."""
+        if self.options.group is not None:
+            commit_quietly(self.options.bootstrap, self.options.group, offsets_from_json(end))
+
+    def stop(self) -> None:
+        """The query ended: close the driver-side client."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
