@@ -4,8 +4,9 @@ The brokers are ``trio-coord broker --store zk://...`` processes; the
 clients (producer, consumers, admin) run in the test. What the issue asks of
 a cluster is checked as it would be by an operator with ``kill``:
 
-- SIGKILL the coordinator of a group with live members: the group is stable
-  again (a new generation, every partition owned once) on another broker
+- SIGKILL the coordinator of a group with live members (eager, and
+  cooperative): the group is stable again (a new generation, every
+  partition owned once) on another broker
   within the ZooKeeper session timeout plus two seconds, every acknowledged
   commit is still there, and the members' ownership timelines (recorded
   from their assignment callbacks, in one process, so in one order) never
@@ -23,6 +24,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 
+import pytest
 import trio
 
 from trio_coord import ConsumerState, open_admin, open_consumer, open_producer
@@ -113,8 +115,9 @@ async def three_brokers(url: str, base) -> AsyncIterator[tuple[list[BrokerProces
                     await proc.stop()
 
 
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
 async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_2s(
-    zookeeper_server, zk_chroot, tmp_path
+    zookeeper_server, zk_chroot, tmp_path, protocol
 ):
     url = zookeeper_server.url(zk_chroot)
     async with three_brokers(url, tmp_path) as (procs, zk):
@@ -159,6 +162,7 @@ async def test_sigkill_of_a_coordinator_moves_its_group_within_the_session_plus_
                         client_id=name,
                         session_timeout=1.0,
                         offset_reset="earliest",
+                        rebalance_protocol=protocol,
                         **ownership.callbacks(name),
                     )
                 )
