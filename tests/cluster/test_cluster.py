@@ -22,7 +22,12 @@ import trio
 
 from trio_coord import open_admin, open_broker, open_consumer, open_producer
 from trio_coord.broker import Broker
-from trio_coord.broker.cluster import ClusterConfigError, epoch_path
+from trio_coord.broker.cluster import (
+    COORDINATORS,
+    ClusterConfigError,
+    coordinator_path,
+    epoch_path,
+)
 from trio_coord.broker.coordinator import PATTERN_PREFIX
 from trio_coord.cli import main
 from trio_coord.core.records import OffsetRecord, TopicRecord, encode_record
@@ -43,7 +48,14 @@ from trio_coord.protocol.messages import (
     ProduceRequest,
     TopicPartition,
 )
-from trio_coord.store import BadVersionError, SessionState, open_zookeeper_store
+from trio_coord.store import (
+    BadVersionError,
+    Create,
+    Delete,
+    SessionState,
+    SetData,
+    open_zookeeper_store,
+)
 
 SLOTS = 6
 SETTINGS = dict(
@@ -446,3 +458,30 @@ async def test_sixteen_slots_spread_over_three_brokers_joining_one_by_one(
             )
             await settled(brokers)  # each joiner takes a share: 16, then 8/8, then 6/5/5
         assert sorted(len(b.coordinator.services) for b in brokers) == [5, 5, 6]
+
+
+async def test_a_handover_that_leaves_the_same_node_names_is_seen_by_every_broker(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    """A slot given up and won again between two reads leaves /coordinators' names as
+    they were; the claim's touch of /coordinators is what makes every broker look."""
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        second = brokers[1]
+        assert second.member is not None
+        slot = next(iter(second.member.held))
+        async with open_zookeeper_store(url) as other:
+            # Given up and won by "broker 1" in one transaction, as a claim does it.
+            await other.multi(
+                [
+                    Delete(coordinator_path(slot)),
+                    Create(coordinator_path(slot), b"1", ephemeral=True),
+                    SetData(epoch_path(slot), b"1"),
+                    SetData(COORDINATORS, b""),
+                ]
+            )
+            with trio.fail_after(10):
+                while slot in second.coordinator.services:
+                    await trio.sleep(0.02)
+            assert all(b.member is not None and b.member.holders[slot] == 1 for b in brokers)
+        await settled(brokers)  # (the slot is elected again once that session closed)

@@ -11,11 +11,13 @@ serves and gives up slots. The store layout (under the cluster's chroot)::
     /slots/<slot>         persistent; its data version is the slot's epoch
 
 Winning slot *s* is one atomic multi: create ``/coordinators/s`` (fails if
-held) and bump ``/slots/s`` (its new version is the epoch won). Every later
-write for the slot's groups opens with ``Check(/slots/s, epoch)``, so once
-another broker has won the slot (which bumps the epoch) a deposed holder's
-write fails whole and it steps down. The winner loads the slot's groups and
-offsets after bumping, so it sees every write the old holder made.
+held), bump ``/slots/s`` (its new version is the epoch won) and touch
+``/coordinators`` (so that every broker's data watch sees the handover).
+Every later write for the slot's groups opens with ``Check(/slots/s,
+epoch)``, so once another broker has won the slot (which bumps the epoch) a
+deposed holder's write fails whole and it steps down. The winner loads the
+slot's groups and offsets after bumping, so it sees every write the old
+holder made.
 
 Slots are spread evenly: a vacant slot is claimed by the live broker holding
 the fewest (ties: the lowest id), which every broker computes from the same
@@ -35,7 +37,8 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -245,7 +248,8 @@ class ClusterMember:
         warned = False
         while True:
             try:
-                await store.create(path, data, ephemeral=True)
+                # (touching /brokers: see _changes)
+                await store.multi([Create(path, data, ephemeral=True), SetData(BROKERS, b"")])
                 log.info("broker %d registered at %s", self.broker_id, self._broker.bootstrap)
                 return
             except NodeExistsError:
@@ -294,8 +298,10 @@ class ClusterMember:
     async def _follow_brokers(
         self, store: MetadataStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with store.watch_children(BROKERS) as snapshots:
-            async for names in snapshots:
+        """Reread the live brokers whenever ``/brokers`` changes."""
+        async with _changes(store, BROKERS) as next_children:
+            while True:
+                names = await next_children()
                 live: dict[int, BrokerInfo] = {}
                 for name in names:
                     with contextlib.suppress(NoNodeError):
@@ -314,8 +320,10 @@ class ClusterMember:
     async def _follow_holders(
         self, store: MetadataStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with store.watch_children(COORDINATORS) as snapshots:
-            async for names in snapshots:
+        """Reread who holds each slot whenever ``/coordinators`` changes."""
+        async with _changes(store, COORDINATORS) as next_children:
+            while True:
+                names = await next_children()
                 holders: dict[int, int] = {}
                 for name in names:
                     with contextlib.suppress(NoNodeError, ValueError):  # (not ours: ignored)
@@ -447,7 +455,11 @@ class ClusterMember:
         me = str(self.broker_id).encode()
         try:
             results = await store.multi(
-                [Create(coordinator_path(slot), me, ephemeral=True), SetData(epoch_path(slot), me)]
+                [
+                    Create(coordinator_path(slot), me, ephemeral=True),
+                    SetData(epoch_path(slot), me),
+                    SetData(COORDINATORS, b""),  # (see _changes)
+                ]
             )
         except NodeExistsError:
             return  # another broker was quicker
@@ -550,6 +562,39 @@ class ClusterMember:
             coordinators.loading.discard(holder.slot)
             self._view_changed()  # (the balancer gives the slot up if its node is still ours)
         holder.scope.cancel()
+
+
+@asynccontextmanager
+async def _changes(
+    store: MetadataStore, path: str
+) -> AsyncIterator[Callable[[], Awaitable[list[str]]]]:
+    """``next_children()``: the children of ``path``, at once and after each change since.
+
+    A watch of the children alone can miss a handover: a node deleted and
+    created again (a slot given up and won by another broker, a broker
+    restarted with its id at another address) between two reads leaves the
+    same names. Whoever creates a node here therefore also touches the
+    parent's data in the same transaction, and this follows both watches.
+    Changes coalesce; each call reads the children afresh.
+    """
+    changed = trio.Event()
+
+    async def follow(watch: AbstractAsyncContextManager[AsyncIterator[object]]) -> None:
+        async with watch as snapshots:
+            async for _ in snapshots:
+                changed.set()
+
+    async def next_children() -> list[str]:
+        nonlocal changed
+        await changed.wait()
+        changed = trio.Event()
+        return await _children(store, path)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follow, store.watch_children(path))
+        nursery.start_soon(follow, store.watch_data(path))
+        yield next_children
+        nursery.cancel_scope.cancel()
 
 
 async def _until_connected(store: MetadataStore) -> None:
