@@ -225,6 +225,10 @@ class GroupRunner:
             member_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
             if not request.instance_id:
                 return self._member_id_required(member_id, request)
+        if static is not None and request.member_id != static.member_id:
+            # A new process (it does not know the member id): the old one may be cut off
+            # rather than dead, and its partitions stay fenced until its lease ends.
+            group.replace_process(trio.current_time(), static.member_id)
         old_conn = self._conns.get(member_id)
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
@@ -275,7 +279,9 @@ class GroupRunner:
         assignors, protocol): anything else needs a rebalance. Returns False
         then, and the join proceeds as any other. If its former process did
         not step out cleanly it may still be fetching, cut off rather than
-        dead: the partitions then start once that process's lease has ended.
+        dead: the partitions then start once that process's lease has ended
+        (the fence :meth:`Group.replace_process` left), and a rebalance that
+        supersedes this start keeps that fence for whoever gets them.
         """
         group = self.group
         if (
@@ -286,9 +292,6 @@ class GroupRunner:
             or member.client_assignors != tuple(request.client_assignors)
         ):
             return False
-        # Its former process may still be fetching (cut off, not dead) until its lease
-        # ends, unless it stepped out cleanly: then it has stopped already.
-        start_at = member.lease_end if member.may_own else 0.0
         now = trio.current_time()
         member.last_heartbeat = now
         member.session_timeout = request.session_timeout_ms / 1000
@@ -297,7 +300,7 @@ class GroupRunner:
         self._conns[member.member_id] = conn
         self._bind(conn, member.member_id, self.group_id)
         self._watch_liveness(member.member_id, member.session_timeout)
-        plan = group.resume_plan(member.member_id, self._log_offsets)
+        plan = group.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
         self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
 
@@ -308,7 +311,7 @@ class GroupRunner:
                 await self._start_member(m, plan, generation)
 
         assert self._nursery is not None
-        self._nursery.start_soon(self._answer_in_time, member, resume, start_at)
+        self._nursery.start_soon(self._answer_in_time, member, resume, plan.not_before)
         return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
