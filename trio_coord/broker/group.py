@@ -40,7 +40,6 @@ from ..protocol.errors import (
     CoordError,
     CoordinatorNotAvailableError,
     FencedInstanceIdError,
-    GroupMaxSizeReachedError,
     GroupSubscribedToTopicError,
     InvalidRequestError,
     UnknownMemberError,
@@ -67,9 +66,12 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["EventCallback", "GroupRunner"]
+__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner"]
 
 log = logging.getLogger(__name__)
+
+PENDING_JOIN_TIMEOUT = 30.0
+"""The longest a member id handed out by a first-step join waits for its second step."""
 
 LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
@@ -173,8 +175,8 @@ class GroupRunner:
 
         A join without a member id (and without an instance id) is not
         admitted: it is given a member id to join again with, which is
-        remembered for one session timeout, so that a client retrying joins
-        fills no group. A static member (``instance_id``) coming back while
+        remembered briefly (:meth:`_member_id_required`), so that a client
+        retrying joins fills no group. A static member (``instance_id``) coming back while
         its former self is still in the group, disconnected, takes its place
         and partitions without a rebalance; while its former self is
         connected, it is refused (fenced) and the former one keeps running.
@@ -258,16 +260,26 @@ class GroupRunner:
         return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
 
     def _member_id_required(self, member_id: str, request: JoinGroupRequest) -> JoinGroupResponse:
-        """Hand out a member id to join again with; remembered for one session timeout."""
+        """Hand out a member id to join again with, remembered for a short while.
+
+        A client joins again with it at once, so it is kept no longer than
+        :data:`PENDING_JOIN_TIMEOUT` (or the client's session or rebalance
+        timeout, if shorter). The ids waiting for their second step are at
+        most ``max_group_size``: past that the oldest is forgotten (its
+        client, if it ever comes back, is told to start over), so a client
+        that retries first steps can neither fill memory nor lock anyone out.
+        """
         now = trio.current_time()
         for stale in [m for m, until in self._pending_ids.items() if until <= now]:
             del self._pending_ids[stale]
-        if len(self._pending_ids) >= self._limits.max_group_size:
-            raise GroupMaxSizeReachedError(
-                f"group {self.group_id} has {len(self._pending_ids)} joins waiting for their "
-                "second step; join again with the member id you were given"
-            )
-        self._pending_ids[member_id] = now + request.session_timeout_ms / 1000
+        while len(self._pending_ids) >= self._limits.max_group_size:
+            del self._pending_ids[next(iter(self._pending_ids))]  # the oldest (insertion order)
+        keep = min(
+            request.session_timeout_ms / 1000,
+            request.rebalance_timeout_ms / 1000,
+            PENDING_JOIN_TIMEOUT,
+        )
+        self._pending_ids[member_id] = now + keep
         return JoinGroupResponse(
             member_id, self.group.generation, request.session_timeout_ms, rejoin=True
         )
