@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner"]
+__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner", "LeaderAssignmentError"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,16 @@ revoking (a cooperative plan: what each member gives up), compute_requested (a
 leader is asked for the assignment), disconnected, stepped_out and resumed (a
 static member);
 ``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
+
+
+class LeaderAssignmentError(Exception):
+    """The group's leader could not compute the assignment (its assignor raised).
+
+    It fails the rebalance, as a store outage does: the leader is not
+    expelled (it is alive, and a consumer whose assignor raised leaves by
+    itself), and the group task retries after a backoff, or at once when
+    the membership changes.
+    """
 
 
 class _Reset:
@@ -572,7 +582,9 @@ class GroupRunner:
                 # cancelled arrives here as a plain exception (group), not mixed with
                 # Cancelled. A store outage or a bug stays within this group, which
                 # retries; the broker and every other group carry on.
-                if isinstance(exc, StoreError | trio.TooSlowError):
+                if isinstance(exc, LeaderAssignmentError):
+                    log.error("group %s: rebalance failed: %s", self.group_id, exc)
+                elif isinstance(exc, StoreError | trio.TooSlowError):
                     log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
                 else:
                     log.exception("group %s: rebalance failed (a bug)", self.group_id)
@@ -691,7 +703,9 @@ class GroupRunner:
 
         The leader answers within its rebalance timeout or is expelled, and
         its death (by any means) restarts the rebalance with the next leader
-        at once, like any membership change.
+        at once, like any membership change. A leader that answers with an
+        error (its assignor raised) fails this rebalance with
+        :class:`LeaderAssignmentError`, naming it and the error.
         """
         group = self.group
         input = group.assignment_input(
@@ -703,38 +717,53 @@ class GroupRunner:
             return input, group.compute_assignment(input, self._assignors)
         leader = group.members[input.leader]
         answers: list[ComputeAssignmentResponse] = []
+        refusals: list[CoordError] = []
 
         async def ask(member: Member) -> None:
-            response = await self._conn_of(member).request(
-                ComputeAssignmentRequest(
-                    self.group_id,
-                    member.member_id,
-                    group.generation,
-                    input.assignor,
-                    [
-                        MemberSubscription(
-                            m.member_id, sorted(m.topics), sorted(m.owned), m.user_data
-                        )
-                        for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
-                    ],
-                    dict(input.spec.partitions),
-                )
-            )
-            if not isinstance(response, ComputeAssignmentResponse):
-                raise InvalidRequestError(
-                    f"answered ComputeAssignment with {type(response).__name__}"
-                )
+            try:
+                response = await self._ask_leader(member, input)
+            except (ConnectionClosedError, UnknownMemberError):
+                raise  # gone, or not that member any more: expelled
+            except CoordError as exc:
+                refusals.append(exc)
+                return
             answers.append(response)
 
         self._emit("compute_requested", leader=leader.member_id, assignor=input.assignor)
         await self._answer_in_time(leader, ask, 0.0)
         await trio.lowlevel.checkpoint_if_cancelled()  # the leader went away: restarted
+        if refusals:
+            raise LeaderAssignmentError(
+                f"leader {leader.member_id} of group {self.group_id} could not compute "
+                f"assignor {input.assignor!r}: {refusals[0]}"
+            )
         if not answers:
             raise trio.TooSlowError(f"leader {leader.member_id} gave no assignment")
         given: dict[str, list[TopicPartition]] = {}
         for entry in answers[0].assignment:
             given.setdefault(entry.member_id, []).extend(entry.partitions)
         return input, group.check_assignment(input, given)
+
+    async def _ask_leader(
+        self, leader: Member, input: AssignmentInput
+    ) -> ComputeAssignmentResponse:
+        group = self.group
+        response = await self._conn_of(leader).request(
+            ComputeAssignmentRequest(
+                self.group_id,
+                leader.member_id,
+                group.generation,
+                input.assignor,
+                [
+                    MemberSubscription(m.member_id, sorted(m.topics), sorted(m.owned), m.user_data)
+                    for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
+                ],
+                dict(input.spec.partitions),
+            )
+        )
+        if not isinstance(response, ComputeAssignmentResponse):
+            raise InvalidRequestError(f"answered ComputeAssignment with {type(response).__name__}")
+        return response
 
     def _subscribed_partitions(self) -> dict[str, int]:
         topics: set[str] = set()
