@@ -186,10 +186,12 @@ class GroupRunner:
         A join without a member id (and without an instance id) is not
         admitted: it is given a member id to join again with, which is
         remembered briefly (:meth:`_member_id_required`), so that a client
-        retrying joins fills no group. A static member (``instance_id``) coming back while
-        its former self is still in the group, disconnected, takes its place
-        and partitions without a rebalance; while its former self is
-        connected, it is refused (fenced) and the former one keeps running.
+        retrying joins fills no group. A static member (``instance_id``)
+        coming back while its former self is still in the group,
+        disconnected, takes its place and partitions without a rebalance
+        (what the former process may still fetch stays fenced until its
+        lease ends); while its former self is connected, it is refused
+        (fenced) and the former one keeps running.
         """
         group = self.group
         member_id = request.member_id

@@ -23,11 +23,12 @@ partitions that move away and the rest keep flowing, and an incremental
 StartFetchers adds partitions (``on_assigned`` hears only of those). A
 consumer may bring assignors of its own: it computes the group's
 assignment with them when the coordinator asks it as the leader
-(ComputeAssignment). A static consumer (``instance_id``) closes without
-leaving, so that its successor takes its partitions back without a
-rebalance. Leaving the ``async with`` block (or being cancelled) revokes
-the partitions, hands the final positions to the coordinator with
-LeaveGroup, and closes.
+(ComputeAssignment); if such an assignor raises, the consumer leaves the
+group and raises that exception from its ``async with``. A static
+consumer (``instance_id``) closes without leaving, so that its successor
+takes its partitions back without a rebalance. Leaving the
+``async with`` block (or being cancelled) revokes the partitions, hands
+the final positions to the coordinator with LeaveGroup, and closes.
 
 With ``partitions=[...]`` instead of topics the consumer joins no group: it
 fetches exactly those partitions, from the group's committed offsets if a
