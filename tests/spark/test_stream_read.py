@@ -10,6 +10,8 @@ more records arrive, it reads only the new ones. Records are collected with
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -198,3 +200,56 @@ def test_a_pattern_stream_reads_new_topics_and_partitions_from_their_start(
     assert sorted(row[:2] for row in rows if row[2] == b"b") == sorted(later)
     assert sorted(row[:2] for row in rows if row[2] == b"c") == sorted(more)
     assert len(rows) == 9
+
+
+DRIVER = """
+import sys
+
+from trio_coord.spark import local_session
+
+bootstrap, topic, group, checkpoint, out = sys.argv[1:]
+spark = local_session("exits-at-once", "local[1]", **{"spark.ui.showConsoleProgress": "false"})
+spark.sparkContext.setLogLevel("ERROR")
+query = (
+    spark.readStream.format("trio_coord")
+    .option("bootstrap", bootstrap)
+    .option("topic", topic)
+    .option("group", group)
+    .option("startingOffsets", "earliest")
+    .option("maxRecordsPerBatch", "40")
+    .load()
+    .writeStream.format("parquet")
+    .option("path", out)
+    .option("checkpointLocation", checkpoint)
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination()
+# The driver ends here, as docs/spark.md's snippet does: no spark.stop(), no waiting.
+"""
+
+
+def test_a_driver_that_exits_right_after_available_now_has_committed_the_last_batch(
+    bootstrap, tmp_path
+):
+    """The last micro-batch reaches the group before ``awaitTermination`` returns: nothing
+    is left to an asynchronous listener that a driver exiting at once would never run."""
+    make_topic(bootstrap, "stream-exit", 2)
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    args = [
+        sys.executable,
+        str(script),
+        bootstrap,
+        "stream-exit",
+        "spark-exit",
+        str(tmp_path / "checkpoint"),
+        str(tmp_path / "out"),
+    ]
+    for run in range(2):
+        produce(bootstrap, "stream-exit", [{"value": f"{run}-{i}".encode()} for i in range(100)])
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ends = log_ends(bootstrap, "stream-exit", 2)
+        assert sum(ends.values()) == 100 * (run + 1)
+        assert committed(bootstrap, "spark-exit") == ends  # lag 0, at once

@@ -331,6 +331,8 @@ def commit_forward(
     """
     committed = client.committed(group)
     ahead = {tp: o for tp, o in offsets.items() if o > committed.get(tp, -1)}
+    if not ahead:
+        return {}
     try:
         client.commit(group, ahead, "spark")
     except OffsetRegressionError:
@@ -362,6 +364,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._client: BlockingClient | None = None
         self._target: dict[TopicPartition, int] | None = None
+        self._initial: dict[TopicPartition, int] | None = None
+        self._committed: dict[TopicPartition, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -385,6 +389,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a new query starts: startingOffsets, resolved now."""
         tps = topic_partitions(self.client, self.options)
         start = resolve(self.client, self.options.starting, tps, self.options, "startingOffsets")
+        self._initial = start
         return self._offset(start)
 
     def _log_ends(self) -> dict[TopicPartition, int]:
@@ -407,8 +412,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next micro-batch: the log ends (or the AvailableNow target),
-        capped by ``limit``; ``start`` unchanged when there is nothing new."""
+        capped by ``limit``; ``start`` unchanged when there is nothing new.
+
+        Spark asks this only once the batch that ended at ``start`` is in its
+        commit log (one batch at a time; a batch left unfinished by a crash is
+        run again before anything new is planned), so ``start``, unless it is
+        the query's initial offset, is the end of a finished batch: it is
+        committed to the group here, synchronously. This is how the last batch
+        of a query reaches the group before ``awaitTermination`` returns (an
+        AvailableNow query, or a processing-time one, asks once more to find
+        that there is nothing new); Spark's ``commit`` comes one batch later.
+        """
         begin = offsets_from_json(start)
+        if begin != self._initial:  # the end of a batch Spark has finished: commit it now
+            self._commit_through(begin)
         latest = self._target if self._target is not None else self._log_ends()
         fresh = [tp for tp in latest if tp not in begin]
         resume = {**begin, **self._earliest(fresh)}
@@ -445,10 +462,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Read one task's range (on an executor)."""
         return read_task(self.options, partition)
 
+    def _commit_through(self, done: dict[TopicPartition, int]) -> None:
+        """Commit ``done`` (the end of a finished batch) to the group, once."""
+        if self.options.group is not None and done != self._committed:
+            commit_quietly(self.options.bootstrap, self.options.group, done)
+            self._committed = done
+
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has processed everything before ``end``: commit it to the group, if any."""
-        if self.options.group is not None:
-            commit_quietly(self.options.bootstrap, self.options.group, offsets_from_json(end))
+        self._commit_through(offsets_from_json(end))
 
     def stop(self) -> None:
         """The query ended: close the driver-side client."""
