@@ -20,6 +20,7 @@ Needs ``pip install trio_coord[spark]`` (pyspark >= 4.2, pyarrow) and Java 17+.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import weakref
@@ -54,6 +55,7 @@ __all__ = [
     "TrioCoordDataSource",
     "background_broker",
     "check_java",
+    "java_major",
     "local_session",
     "register",
 ]
@@ -65,8 +67,23 @@ class JavaNotFoundError(RuntimeError):
     """Spark needs a Java runtime, and none was found."""
 
 
+_JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
+MIN_JAVA = 17
+"""The oldest Java that Spark 4 runs on."""
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in ``java -version``'s output (``1.8.0`` is 8), None if it has none."""
+    found = _JAVA_VERSION.search(version_output)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
 def check_java() -> str:
-    """The ``java`` Spark will run (from JAVA_HOME, else PATH); JavaNotFoundError if none runs."""
+    """The ``java`` Spark will run (from JAVA_HOME, else PATH); JavaNotFoundError if none
+    runs, or if it is older than Java 17."""
     home = os.environ.get("JAVA_HOME")
     candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     advice = (
@@ -77,9 +94,14 @@ def check_java() -> str:
         where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
         raise JavaNotFoundError(f"{where}. {advice}")
     try:
-        subprocess.run([candidate, "-version"], capture_output=True, check=True, timeout=30)
+        done = subprocess.run(
+            [candidate, "-version"], capture_output=True, text=True, check=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise JavaNotFoundError(f"{candidate} does not run ({exc}). {advice}") from None
+    major = java_major(done.stderr + done.stdout)
+    if major is not None and major < MIN_JAVA:
+        raise JavaNotFoundError(f"{candidate} is Java {major}, too old. {advice}")
     return candidate
 
 
