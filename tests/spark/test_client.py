@@ -189,3 +189,13 @@ def test_a_stream_allowed_to_lose_data_skips_to_the_log_start_in_one_batch(caplo
     assert [task.value for task in reader.partitions(start, end)] == [
         OffsetRange("t", 0, 1000, 1004)
     ]
+
+
+def test_a_batch_pattern_matching_no_topic_reads_nothing_with_a_warning(bootstrap, caplog):
+    make_topic(bootstrap, "client-pattern", 1)
+    options = read_options({"bootstrap": bootstrap, "pattern": r"clint-.*"}, streaming=False)
+    with BlockingClient(bootstrap) as client, caplog.at_level(logging.WARNING):
+        assert _read.plan_batch(client, options) == []
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("pattern 'clint-.*' matches no topic (the brokers have ")
+    assert warning.endswith("): the read is empty")

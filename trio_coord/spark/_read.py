@@ -178,8 +178,20 @@ def resolve(
 
 
 def plan_batch(client: BlockingClient, options: ReadOptions) -> list[OffsetRange]:
-    """The ranges a batch read covers, from startingOffsets to endingOffsets."""
+    """The ranges a batch read covers, from startingOffsets to endingOffsets.
+
+    A ``pattern`` that matches no topic makes an empty read, with a warning
+    (a job over topics that come and go may well find none on some runs).
+    """
     tps = topic_partitions(client, options)
+    if options.pattern is not None and not tps:
+        names = sorted(client.partition_counts(None))
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        log.warning(
+            "pattern %r matches no topic (the brokers have %s): the read is empty",
+            options.pattern,
+            shown or "no topics",
+        )
     start = resolve(client, options.starting, tps, options, "startingOffsets")
     end = resolve(client, options.ending, tps, options, "endingOffsets")
     ranges = []
