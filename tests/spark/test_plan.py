@@ -191,3 +191,10 @@ def test_write_options():
         write_options({**BOOT, "compression": "snappy"})
     with pytest.raises(OptionError, match="positive whole number"):
         write_options({**BOOT, "batchSize": "-5"})
+
+
+def test_options_checked_for_either_kind_of_read_leave_out_what_only_one_refuses():
+    for one_kind_only in ({"endingOffsets": "latest"}, {"maxRecordsPerBatch": "5"}):
+        read_options({**BOOT, "topic": "t", **one_kind_only}, streaming=None)
+    with pytest.raises(OptionError, match=r"unknown option\(s\) grup for a read;"):
+        read_options({**BOOT, "topic": "t", "grup": "g"}, streaming=None)

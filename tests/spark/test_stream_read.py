@@ -124,12 +124,26 @@ def test_a_stream_starts_from_the_groups_committed_offsets(spark, bootstrap, tmp
     assert sorted((p, o) for batch in batches for p, o, _ in batch) == sorted(later)
 
 
-def test_a_stream_with_batch_only_options_fails_at_start(spark, bootstrap, tmp_path):
+def test_a_stream_with_batch_only_options_fails_at_start_with_our_message_last(
+    spark, bootstrap, tmp_path
+):
     make_topic(bootstrap, "stream-c", 1)
-    with pytest.raises(Exception, match=r"endingOffsets.*applies to batch reads only"):
+    with pytest.raises(Exception, match=r"endingOffsets.*applies to batch reads only") as caught:
         run_available_now(
             spark, bootstrap, str(tmp_path / "c"), topic="stream-c", endingOffsets="latest"
         )
+    assert "UnboundLocalError" not in str(caught.value)
+
+
+def test_a_streams_malformed_options_fail_at_load(spark, bootstrap):
+    with pytest.raises(Exception, match=r'option "startingOffsets" is not valid JSON'):
+        spark.readStream.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "stream-c"
+        ).option("startingOffsets", "{").load()
+    with pytest.raises(Exception, match=r"unknown option\(s\) grup for a read"):
+        spark.readStream.format("trio_coord").option("bootstrap", bootstrap).option(
+            "topic", "stream-c"
+        ).option("grup", "g").load()
 
 
 def test_stopped_and_restarted_while_producing_nothing_is_lost_or_doubled(
