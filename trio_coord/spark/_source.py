@@ -3,11 +3,12 @@
 :class:`TrioCoordDataSource` is what ``spark.dataSource.register`` takes: it
 checks the options and hands Spark the reader or writer for what was asked
 (batch or stream, read or write). :class:`GroupCommitListener` runs in the
-driver's Python process: Spark calls a stream reader's ``commit`` only when
-it plans the batch after, so the last batch of a query (all of an
-``AvailableNow`` run, say) would otherwise never reach the group; the
-listener commits each finished batch's end offset as the query reports its
-progress, never backwards.
+driver's Python process and commits each finished batch's end offset as the
+query reports its progress, never backwards. The stream reader commits the
+same offsets synchronously (see ``StreamReader.latestOffset``), which is
+what a driver that exits at once relies on: Spark runs listeners
+asynchronously, so the listener is for promptness, and for the one batch of
+a ``Trigger.Once`` query, whose driver should call ``spark.stop()``.
 """
 
 from __future__ import annotations
@@ -152,4 +153,4 @@ class GroupCommitListener(StreamingQueryListener):
         """Nothing to do while a query waits for data."""
 
     def onQueryTerminated(self, event: Any) -> None:
-        """Nothing to do when a query ends (its last progress was committed)."""
+        """Nothing to do when a query ends (the reader committed its last batch)."""
