@@ -1,7 +1,8 @@
 """trio_coord on Spark: a PySpark data source for topics, with consumer-group progress.
 
 ``register(spark)`` makes the format ``trio_coord`` known to a session (and
-adds the listener that commits a stream's progress to its group); then::
+adds the listener that commits a stream's progress to its group, with an exit
+hook that lets Spark deliver its last events to it); then::
 
     spark.read.format("trio_coord").option("bootstrap", "127.0.0.1:9092")
         .option("topic", "events").load()
@@ -19,6 +20,8 @@ Needs ``pip install trio_coord[spark]`` (pyspark >= 4.2, pyarrow) and Java 17+.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import re
 import shutil
@@ -59,6 +62,8 @@ __all__ = [
     "local_session",
     "register",
 ]
+
+log = logging.getLogger(__name__)
 
 _registered: weakref.WeakKeyDictionary[Any, GroupCommitListener] = weakref.WeakKeyDictionary()
 
@@ -113,6 +118,25 @@ def register(spark: SparkSession) -> None:
         listener = GroupCommitListener()
         spark.streams.addListener(listener)
         _registered[spark] = listener
+        atexit.register(_remove_listener, weakref.ref(spark), listener)
+
+
+def _remove_listener(spark: weakref.ref[SparkSession], listener: GroupCommitListener) -> None:
+    """At exit, before pyspark stops the JVM: let Spark's listener bus deliver what it has
+    queued (up to 10 s), then take the listener off it, so that no event reaches a Python
+    process that is going away (Spark would log each as a listener error). Nothing depends
+    on it: the stream readers have committed every finished batch already."""
+    session = spark()
+    if session is None or session.sparkContext._jsc is None:  # stopped: nothing is queued
+        return
+    try:
+        session.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+    except Exception:  # stopped, gone, or a Spark without this (internal) method
+        log.debug("could not drain Spark's listener bus at exit", exc_info=True)
+    try:
+        session.streams.removeListener(listener)
+    except Exception:  # the session was stopped, or the JVM is gone: nothing to remove
+        log.debug("could not remove the group-commit listener at exit", exc_info=True)
 
 
 def local_session(

@@ -8,7 +8,8 @@ query reports its progress, never backwards. The stream reader commits the
 same offsets synchronously (see ``StreamReader.latestOffset``), which is
 what a driver that exits at once relies on: Spark runs listeners
 asynchronously, so the listener is for promptness, and for the one batch of
-a ``Trigger.Once`` query, whose driver should call ``spark.stop()``.
+a ``Trigger.Once`` query (``register`` lets the listener bus drain when the
+driver exits, so that batch is committed even without ``spark.stop()``).
 """
 
 from __future__ import annotations
