@@ -26,6 +26,7 @@ from trio_coord import (
     NoOffsetForPartitionError,
     OffsetRegressionError,
     RecordTooLargeError,
+    RequestTimedOutError,
     TopicPartition,
     UnknownTopicError,
     open_admin,
@@ -103,6 +104,25 @@ async def test_send_waits_for_the_broker_and_returns_the_offset(broker):
         keyless = [await producer.send("t", b"x") for _ in range(4)]
     assert (first.partition, first.offset, second.offset) == (1, 0, 1)
     assert all(m.topic == "t" and m.partition in (0, 1) for m in keyless)
+
+
+async def test_a_cancelled_block_closes_the_producer_at_once_failing_what_was_unsent(broker):
+    # Cancelling the block cancels the producer's senders with it: waiting for a
+    # flush then would only wait out close_timeout (it did, with a lingering batch).
+    await make_topic(broker.bootstrap, "t", 1)
+    with trio.fail_after(60):  # a hang guard: close_timeout is an hour
+        with trio.CancelScope() as outer:
+            async with open_producer(broker.bootstrap, linger=3600, close_timeout=3600) as p:
+                first = await p.enqueue("t", b"stored")
+                await p.flush()
+                stored = await first
+                lingering = await p.enqueue("t", b"lingering")
+                outer.cancel()
+                await trio.sleep_forever()
+    assert outer.cancelled_caught
+    assert stored.offset == 0
+    with pytest.raises(RequestTimedOutError, match="closed before the record was stored"):
+        await lingering
 
 
 def test_key_partitioning_is_stable_across_processes():

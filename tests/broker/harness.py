@@ -106,6 +106,7 @@ class FakeMember(RequestHandler):
         assignors: list[str] | None = None,
         instance_id: str = "",
         compute: Any = None,
+        process: str = "",
     ) -> None:
         self.broker = broker
         self.group = group
@@ -127,6 +128,9 @@ class FakeMember(RequestHandler):
         self.instance_id = instance_id
         self.compute = compute  # an assignor this member runs as the group's leader
         self.stops: list[tuple[float, list[TopicPartition] | None]] = []
+        # The timeline's name for this member: its member id, unless it is one of
+        # several processes of one static member (which share their member id).
+        self.process = process
 
         self.conn: Connection | None = None
         self.dead = False
@@ -139,10 +143,10 @@ class FakeMember(RequestHandler):
             if self.hold_stop:
                 await trio.sleep_forever()
             if body.partitions is None:
-                self.timeline.stop(self.member_id)
+                self.timeline.stop(self.who)
                 self.owned = []
             else:
-                self.timeline.stop(self.member_id, body.partitions)
+                self.timeline.stop(self.who, body.partitions)
                 self.owned = [tp for tp in self.owned if tp not in body.partitions]
             return StopFetchersResponse()
         if isinstance(body, StartFetchersRequest):
@@ -153,13 +157,13 @@ class FakeMember(RequestHandler):
             wanted = [p.tp for p in body.partitions]
             if body.incremental:
                 added = [tp for tp in wanted if tp not in self.owned]
-                self.timeline.stop(self.member_id, [tp for tp in self.owned if tp not in wanted])
+                self.timeline.stop(self.who, [tp for tp in self.owned if tp not in wanted])
             else:
-                self.timeline.stop(self.member_id)
+                self.timeline.stop(self.who)
                 added = wanted
             self.owned = wanted
             self.start_offsets = {p.tp: p.offset for p in body.partitions}
-            self.timeline.start(self.member_id, added)
+            self.timeline.start(self.who, added)
             return StartFetchersResponse()
         if isinstance(body, ComputeAssignmentRequest):
             self.pushes.append((now, "compute"))
@@ -179,6 +183,11 @@ class FakeMember(RequestHandler):
                 [MemberAssignment(m, sorted(tps)) for m, tps in sorted(result.items())]
             )
         return await super().handle(body)
+
+    @property
+    def who(self) -> str:
+        """The name this member's ownership goes by in the timeline."""
+        return self.process or self.member_id
 
     async def join(self) -> JoinGroupResponse:
         """Join (both steps: a new member is given its id, then joins with it)."""
@@ -206,7 +215,7 @@ class FakeMember(RequestHandler):
         )
         assert isinstance(response, JoinGroupResponse)
         self.member_id = response.member_id
-        if self.generation < 0:
+        if self.generation < 0 and not response.rejoin:  # (a first step is no join)
             self.generation = response.generation
         return response
 
@@ -217,7 +226,7 @@ class FakeMember(RequestHandler):
     async def leave(self, *, stay: bool = False) -> None:
         """LeaveGroup after stopping; ``stay``: a static member stepping out for a restart."""
         assert self.conn is not None
-        self.timeline.stop(self.member_id)
+        self.timeline.stop(self.who)
         self.owned = []
         await self.conn.request(LeaveGroupRequest(self.group, self.member_id, stay=stay))
 

@@ -5,8 +5,10 @@ On Trio's virtual clock with fake members: a group coming to life rebalances
 once for a burst of joins (each join re-arms ``initial_rebalance_delay``, up
 to the members' rebalance timeout), while a living group rebalances at once;
 a join past ``max_group_size`` is refused with a message saying so; a join
-without a member id gets one and must join again with it, and an id never
-used expires with the session timeout, so retries cannot fill the group.
+without a member id gets one and must join again with it; an id never used
+expires soon (at most ``PENDING_JOIN_TIMEOUT``), and the ids waiting are at
+most the group's maximum size (the oldest is forgotten past it), so retried
+first steps neither fill memory nor lock real members out.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import trio
 
 from trio_coord import GroupMaxSizeReachedError, UnknownMemberError
+from trio_coord.broker.group import PENDING_JOIN_TIMEOUT
 
 from .harness import FakeMember, Recorder, connected, ephemeral_broker
 
@@ -106,12 +109,41 @@ async def test_a_new_member_gets_an_id_and_must_join_again_with_it(autojump_cloc
             second = await a.join_once()
             assert (second.member_id, second.rejoin) == (first.member_id, False)
             await rec.wait_for("stable", generation=1)
-            # An id handed out and never used expires with the session timeout.
+            # An id handed out and never used expires (here with the rebalance timeout).
             given = await b.join_once()
             assert given.rejoin
-            await trio.sleep(S)
+            await trio.sleep(R)
             with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
                 await b.join_once()
+
+
+async def test_unfinished_first_steps_lock_no_one_out_of_a_group(autojump_clock):
+    """A client that retries the first step of a join and never comes back: its ids
+    expire within PENDING_JOIN_TIMEOUT, whatever session it asked for, and meanwhile
+    a real member's first step evicts the oldest of them rather than being refused."""
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, max_group_size=3) as broker:
+        await broker.topics.create_topic("t", 2)
+        retrier = FakeMember(
+            broker, "g", ["t"], session_timeout=1800.0, rebalance_timeout=1800.0, name="r"
+        )
+        (real,) = fakes(broker, "real")
+        async with connected(retrier), connected(real):
+            given = []
+            for _ in range(3):
+                retrier.member_id = ""
+                given.append((await retrier.join_once()).member_id)
+            response = await real.join()  # the group is full of pending ids, and empty
+            assert not response.rejoin
+            await rec.wait_for("stable", generation=1)
+            retrier.member_id = given[0]  # the oldest made room
+            with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
+                await retrier.join_once()
+            await trio.sleep(PENDING_JOIN_TIMEOUT)  # the others expired, long before 1800s
+            for member_id in given[1:]:
+                retrier.member_id = member_id
+                with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
+                    await retrier.join_once()
 
 
 def test_a_negative_initial_delay_is_refused():

@@ -198,3 +198,84 @@ async def test_a_cooperative_group_asks_its_leader_first_and_stops_only_what_mov
             assert b.stops == []
             assert a.owned == [TopicPartition("t", p) for p in (0, 2, 4)]
         assert timeline.overlaps() == []
+
+
+class Failing(Weighted):
+    """Raises once the group has two members: an application's bug."""
+
+    def assign(self, spec: GroupSpec) -> Assignment:
+        if len(spec.members) >= 2:
+            raise ValueError("boom")
+        return super().assign(spec)
+
+
+async def test_a_leader_whose_assignor_raises_fails_the_rebalance_and_is_not_expelled(
+    autojump_clock,
+):
+    """The error fails the rebalance, naming the leader and the exception; the leader
+    stays a member (no expel-and-rejoin loop); the retry comes after the backoff, or
+    at once when the membership changes (a real consumer leaves: see below)."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b = leaders(broker, timeline, "a", "b")
+        a.compute = b.compute = Failing()
+        async with connected(a), connected(b):
+            await a.join()
+            await rec.wait_for("stable", generation=1)
+            await trio.sleep_until(1.0)
+            mark = rec.mark()
+            await b.join()
+            leader = min(a, b, key=lambda m: m.member_id)
+            failed = await rec.wait_for("rebalance_failed", since=mark)
+            assert failed["time"] == 1.0
+            assert f"leader {leader.member_id} of group g" in failed["error"]
+            assert "'weighted'" in failed["error"] and "ValueError: boom" in failed["error"]
+            again = await rec.wait_for("rebalance_failed", since=mark, time=2.0)
+            assert again["error"] == failed["error"]
+            assert rec.all("removed", since=mark) == []  # nobody expelled, no rejoins
+            assert rec.all("joined", since=mark) == [
+                {"group": "g", "time": 1.0, "member_id": b.member_id}
+            ]
+            await trio.sleep_until(2.5)
+            await leader.leave()  # what a consumer does when its assignor raised
+            stable = await rec.wait_for("stable", since=mark)
+            assert stable["time"] == 2.5
+            other = b if leader is a else a
+            assert other.owned == [TopicPartition("t", p) for p in range(4)]
+        assert timeline.overlaps() == []
+
+
+async def test_a_consumer_whose_assignor_raises_leaves_and_raises_it(tmp_path):
+    """Real consumers: the leader's assignor raises; that consumer leaves the group and
+    raises the assignor's exception from its ``async with``; the other carries on."""
+    events: list[tuple[str, dict]] = []
+    async with open_broker(
+        tmp_path, min_session_timeout=0.05, on_event=lambda w, d: events.append((w, d))
+    ) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 4)
+        # Only the second consumer can compute "weighted"; alone, the first uses range.
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=1.0, assignors=["weighted", "range"]
+        ) as first:
+            with trio.fail_after(10):
+                await first.wait_assigned()
+            with trio.fail_after(10), pytest.raises(ValueError, match="boom") as raised:
+                async with open_consumer(
+                    broker.bootstrap, "g", ["t"], session_timeout=1.0, assignors=[Failing()]
+                ) as second:
+                    await trio.sleep_forever()
+            assert "raised by assignor 'weighted'" in "".join(raised.value.__notes__)
+            with trio.fail_after(10):
+                while len(first.assignment) != 4:
+                    await trio.sleep(0.01)
+            async with open_admin(broker.bootstrap) as admin:
+                described = await admin.describe_group("g")
+            assert [m.member_id for m in described.members] == [first.member_id]
+            assert described.assignor == "range"
+        # It left (no expulsion), once: whether its LeaveGroup overtook its error answer
+        # or not, the group went on without it.
+        removed = [(d["member_id"], d["reason"]) for w, d in events if w == "removed"]
+        assert removed[0] == (second.member_id, "left the group: its assignor failed")
+        assert [m for m, _ in removed].count(second.member_id) == 1

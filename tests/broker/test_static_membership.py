@@ -214,3 +214,79 @@ async def test_a_twin_consumer_is_refused_after_a_session_timeout_and_the_first_
                     pass
             assert first.assignment == owned
             await first.commit()  # still a member in good standing
+
+
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
+@pytest.mark.parametrize("arrives", ["resumed", "rejoined"])
+async def test_a_successor_and_its_cut_off_predecessor_never_fetch_at_once(
+    autojump_clock, protocol, arrives
+):
+    """A static member's process is cut off from its coordinator but keeps fetching until
+    its lease ends; its successor (same instance id) joins, and so does a new member. The
+    old process's partitions are fenced until its lease ends, whoever gets them next: the
+    successor's stop acknowledgement (it holds nothing) does not lift that fence."""
+    rec, timeline = Recorder(), Timeline()
+    session = 6.0
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+
+        def make(name, instance_id=""):
+            return FakeMember(
+                broker,
+                "g",
+                ["t"],
+                session_timeout=session,
+                rebalance_timeout=5.0,
+                timeline=timeline,
+                name=name,
+                instance_id=instance_id,
+                protocol=protocol,
+                process=name,
+            )
+
+        a, b = make("A", "w1"), make("B")
+        successor, c = make("A'", "w1"), make("C")
+        async with connected(b), connected(successor), connected(c):
+            async with trio.open_nursery() as nursery:
+                async with connected(a):
+                    await a.join()
+                    await rec.wait_for("stable", generation=1)
+                    await b.join()
+                    await rec.wait_for("stable", generation=2)
+                    nursery.start_soon(heartbeat_forever, b, 1.0)
+                    had = list(a.owned)
+                    assert len(had) == 2
+                    await trio.sleep_until(2.0)
+                    await a.heartbeat()  # its last: its lease ends at 2 + 6
+                    mark = rec.mark()
+                    await a.crash()
+                lease_end = 2.0 + session
+                timeline.stop_at("A", lease_end)  # type: ignore[attr-defined]
+                await trio.sleep_until(2.5)
+                if arrives == "resumed":
+                    await successor.join()  # resumed (a start at its lease end, pending)
+                    await trio.sleep_until(3.0)
+                    await c.join()  # a rebalance supersedes that start
+                else:
+                    # Asking for something else, it is not resumed but joins as any member
+                    # would, into a rebalance, and a new member comes along.
+                    successor.assignors = ["roundrobin", "range"]
+                    await successor.join()
+                    await c.join()
+                    assert rec.all("resumed", since=mark) == []
+                assert successor.member_id == a.member_id
+                nursery.start_soon(heartbeat_forever, successor, 1.0)
+                nursery.start_soon(heartbeat_forever, c, 1.0)
+                stable = await rec.wait_for("stable", since=mark)
+                # Whoever got the old process's partitions started them after its lease.
+                starts = [
+                    e
+                    for e in rec.all("started", since=mark)
+                    if set(e["partitions"]) & {str(tp) for tp in had}
+                ]
+                assert starts and all(e["time"] >= lease_end for e in starts)
+                assert stable["time"] >= lease_end
+                owners = {tp: m for m in (b, successor, c) for tp in m.owned}
+                assert sorted(owners) == [TopicPartition("t", p) for p in range(4)]
+                nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []

@@ -12,6 +12,7 @@ import pytest
 
 from trio_coord.core.assignors import ASSIGNORS
 from trio_coord.core.group import (
+    PREDECESSOR_SUFFIX,
     TRANSITIONS,
     Fence,
     Group,
@@ -706,3 +707,57 @@ def test_replaying_an_older_generation_changes_nothing() -> None:
     group.replay(GroupRecord("g", 3, "range", []), now=0.0)
     group.replay(GroupRecord("g", 0, "", []), now=1.0)  # a CreateGroup racing the first join
     assert (group.generation, group.assignor) == (3, "range")
+
+
+def test_a_static_members_new_process_leaves_the_old_ones_partitions_fenced() -> None:
+    # The old process of static member "a" is cut off, not dead: it may fetch what it
+    # may own until its lease ends (last heartbeat 4 + session 10). Its successor holds
+    # nothing; acknowledging a stop, it must not lift that fence, which also survives
+    # in the generation record, and a failover.
+    group = Group("g", now=0.0)
+    a = join(group, "a", 0.0, session_timeout=10.0)
+    join(group, "b", 0.0, session_timeout=10.0)
+    rebalance(group, 1.0, {"t": 2})
+    group.heartbeat(4.0, a, [])
+    group.replace_process(6.0, "a")
+    key = "a" + PREDECESSOR_SUFFIX
+    assert group.fences == {key: Fence(frozenset({TP("t", 0)}), 14.0)}
+    assert a.may_own == set()
+    assert not group.knows_former_member(key)  # not a member id anyone may join with
+    resumed = group.resume_plan(6.0, "a", log_offsets)
+    assert resumed.not_before == 14.0  # the successor itself waits for the old lease
+    join(group, "c", 7.0)
+    stop_all(group)  # "a" (the new process) acknowledges: it had nothing
+    assert key in group.fences
+    plan = group.plan_assignment(
+        8.0, partitions={"t": 2}, available=ASSIGNORS, log_offsets=log_offsets
+    )
+    owner_of_t0 = next(s for s in plan.starts if TP("t", 0) in [p.tp for p in s.partitions])
+    assert owner_of_t0.not_before == 14.0
+    assert [(d.member_id, d.partitions) for d in plan.record.departed] == [(key, [TP("t", 0)])]
+    # A new coordinator replays the record: the fence is there again, for a session.
+    successor = Group("g", now=100.0)
+    successor.replay(plan.record, now=100.0, loading=True)
+    assert successor.fences[key] == Fence(frozenset({TP("t", 0)}), 110.0)
+
+
+def test_successive_takeovers_merge_their_fences_to_the_longest_lease() -> None:
+    group = Group("g", now=0.0)
+    a = join(group, "a", 0.0, session_timeout=10.0)
+    rebalance(group, 0.0, {"t": 2})
+    group.replace_process(2.0, "a")  # old process's lease: 0 + 10
+    group.heartbeat(3.0, a, [])
+    group.member_starting("a")  # the second process is started, and cut off in turn
+    group.replace_process(5.0, "a")  # its lease: 3 + 10
+    assert group.fences == {
+        "a" + PREDECESSOR_SUFFIX: Fence(frozenset({TP("t", 0), TP("t", 1)}), 13.0)
+    }
+
+
+def test_the_same_process_reconnecting_keeps_what_it_fetches() -> None:
+    # Rejoining with its member id, it is the process that fetches: no fence, no wait.
+    group = Group("g", now=0.0)
+    join(group, "a", 0.0, session_timeout=10.0)
+    rebalance(group, 0.0, {"t": 2})
+    assert group.resume_plan(3.0, "a", log_offsets).not_before == 3.0
+    assert group.fences == {}

@@ -20,7 +20,11 @@ without acknowledging (lost connection, session expiry) may go on fetching
 until its lease ends (last accepted heartbeat + session timeout), which is
 what the real client's watchdog guarantees and no more. A consumer that lost
 its connection may come back with its member id while it still fetches; it
-renews its lease by rejoining.
+renews its lease by rejoining. A static member's process may be cut off from
+the coordinator (it fetches on until its lease ends) and a new process with
+the same instance id take its place: resumed without a rebalance (a start of
+its own, once the old process's lease allows) in a stable group with the same
+subscription, or else joining into a rebalance.
 
 Checked after every step:
 
@@ -47,6 +51,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from trio_coord.core.assignors import ASSIGNORS, Assignment, choose_assignor
 from trio_coord.core.fencing import check_heartbeat
 from trio_coord.core.group import (
+    PREDECESSOR_SUFFIX,
     AssignmentInput,
     AssignmentPlan,
     Group,
@@ -110,6 +115,10 @@ class GroupProtocol(RuleBasedStateMachine):
         self.topics: dict[str, int] = {"t0": 3, "t1": 1}
         self.consumers: dict[str, Consumer] = {}
         self.departed: dict[str, Departed] = {}
+        # Static members' former processes, cut off but fetching: (fence key, process).
+        self.ghosts: list[tuple[str, Departed]] = []
+        # Static members resumed without a rebalance: their start, in which generation.
+        self.resumes: dict[str, tuple[StartPlan, int]] = {}
         # The group task's progress through the current rebalance.
         self.to_stop: set[str] = set()
         self.computed: tuple[AssignmentInput, Assignment] | None = None  # cooperative plan
@@ -139,6 +148,7 @@ class GroupProtocol(RuleBasedStateMachine):
         self.now = t
         for member_id in [m for m, d in self.departed.items() if d.until <= t]:
             del self.departed[member_id]  # its lease is over: it has certainly stopped
+        self.ghosts = [(key, g) for key, g in self.ghosts if g.until > t]
         self.heartbeat_all()
 
     def heartbeat_all(self) -> None:
@@ -179,6 +189,7 @@ class GroupProtocol(RuleBasedStateMachine):
             self.unpersisted = None
         self.to_start.clear()
         self.unacked.clear()
+        self.resumes.clear()  # the broker's resume task finds the group rebalancing: void
         self.computed, self.revoke = None, {}
         if self.group.members:
             self.to_stop = {m.member_id for m in self.group.begin_rebalance()}
@@ -285,9 +296,54 @@ class GroupProtocol(RuleBasedStateMachine):
 
     # -- one step of the rebalance ------------------------------------------------------------
 
+    def take_over(self, member_id: str, consumer: Consumer) -> None:
+        """A new process of static member ``member_id`` joins (GroupRunner.join): the old
+        one, cut off, fetches on until its lease ends."""
+        group = self.group
+        old = self.consumers[member_id]
+        member = group.members[member_id]
+        if old.fetching and member.lease_end > self.now:
+            self.ghosts.append((member_id + PREDECESSOR_SUFFIX, Departed(old, member.lease_end)))
+        group.replace_process(self.now, member_id)
+        if (
+            group.state is S.STABLE
+            and member.topics == consumer.topics
+            and member.assignors == consumer.assignors
+            and member.protocol == consumer.protocol
+        ):
+            member.last_heartbeat = self.now  # (GroupRunner._resume_static)
+            member.session_timeout = consumer.session_timeout
+            consumer.generation = group.generation
+            self.consumers[member_id] = consumer
+            plan = group.resume_plan(self.now, member_id, log_offsets)
+            self.resumes[member_id] = (plan, group.generation)
+        else:
+            del self.consumers[member_id]
+            assert self.admit(member_id, consumer)
+
+    def resume(self) -> bool:
+        """The broker's start of a resumed static member, once its not_before has come."""
+        member_id = sorted(self.resumes)[0]
+        plan, generation = self.resumes[member_id]
+        if plan.not_before > self.now:
+            self.advance_to(plan.not_before)
+            if member_id not in self.resumes:
+                return True  # a rebalance came first: the start is void
+        del self.resumes[member_id]
+        consumer = self.consumers[member_id]
+        assert self.group.state is S.STABLE and self.group.generation == generation
+        self.group.member_starting(member_id)
+        consumer.fetching = {po.tp: max(po.offset, 0) for po in plan.partitions} | (
+            consumer.fetching
+        )
+        self.group.member_started(member_id)
+        return True
+
     def step(self, choice: int) -> bool:
         """Advance the rebalance by one event; False if nothing can happen now."""
         group = self.group
+        if group.state is S.STABLE and self.resumes:
+            return self.resume()
         if group.state is S.STOPPING:
             answering = sorted(m for m in self.to_stop if not self.consumers[m].frozen)
             if answering:
@@ -464,6 +520,28 @@ class GroupProtocol(RuleBasedStateMachine):
             self.reconnect_of(candidates[index % len(candidates)])
         self.progress(then, index)
 
+    @rule(
+        index=index,
+        topics=st.none() | st.frozensets(st.sampled_from(TOPICS), min_size=1),
+        then=steps,
+    )
+    def restart_static(self, index, topics, then) -> None:
+        """A member's process is cut off (it fetches on until its lease ends), and a new
+        process with its instance id takes its place, maybe with another subscription."""
+        if self.consumers:
+            member_id = sorted(self.consumers)[index % len(self.consumers)]
+            old = self.consumers[member_id]
+            new = Consumer(
+                topics or old.topics,
+                old.session_timeout,
+                old.assignors,
+                old.offset_reset,
+                generation=-1,
+                protocol=old.protocol,
+            )
+            self.take_over(member_id, new)
+        self.progress(then, index)
+
     @rule(index=index, then=steps)
     def freeze(self, index, then) -> None:
         """The consumer stops (SIGSTOP): no more heartbeats, no more answers."""
@@ -508,7 +586,7 @@ class GroupProtocol(RuleBasedStateMachine):
         fetchers: Counter[TP] = Counter()
         for consumer in self.consumers.values():
             fetchers.update(consumer.fetching.keys())
-        for departed in self.departed.values():
+        for departed in [*self.departed.values(), *(g for _, g in self.ghosts)]:
             assert departed.until > self.now
             fetchers.update(departed.consumer.fetching.keys())
         doubled = sorted(tp for tp, n in fetchers.items() if n > 1)
@@ -521,7 +599,7 @@ class GroupProtocol(RuleBasedStateMachine):
         for member_id, consumer in self.consumers.items():
             missing = set(consumer.fetching) - group.members[member_id].may_own
             assert not missing, f"{member_id} fetches {sorted(missing)} outside may_own"
-        for member_id, departed in self.departed.items():
+        for member_id, departed in [*self.departed.items(), *self.ghosts]:
             if departed.consumer.fetching:
                 fence = group.fences.get(member_id)
                 assert fence is not None, f"departed {member_id} is fetching without a fence"
@@ -544,7 +622,8 @@ class GroupProtocol(RuleBasedStateMachine):
             assert tp.topic in group.members[owner].topics
         for member_id, member in group.members.items():
             assert member.generation == group.generation
-            assert set(self.consumers[member_id].fetching) == member.assignment
+            if member_id not in self.resumes:  # (a resumed one waits for its start)
+                assert set(self.consumers[member_id].fetching) == member.assignment
 
     @invariant()
     def monotonic(self) -> None:
@@ -661,3 +740,22 @@ def test_cooperative_join_stops_only_the_owners_of_what_moves() -> None:
     assert machine.to_stop == {"m0", "m1", "m2", "m3"}
     run.settle(0)
     assert machine.group.state is S.STABLE
+
+
+def test_static_takeover_then_a_join_waits_for_the_old_process() -> None:
+    """The acceptance scenario: a static member's process is cut off, its successor is
+    resumed, and a member joins before the old lease ends. Whoever gets the old
+    process's partitions starts them after that lease, not at the successor's ack."""
+    machine = GroupProtocol()
+    run = Checked(machine)
+    run.settled_group([consumer("t0", session_timeout=5.0), consumer("t0")])
+    had = set(machine.consumers["m0"].fetching)
+    assert had
+    run.advance(1.0)  # m0's last heartbeat: its lease ends at 6
+    run.restart_static(0, topics=None, then=0)
+    assert machine.ghosts and machine.resumes
+    run.join(2, consumer("t0"), then=0)  # the resume is void; a rebalance runs
+    assert not machine.resumes
+    run.settle(0)
+    assert machine.now >= 6.0  # the new owners waited for the old process's lease
+    assert machine.group.state is GroupState.STABLE and not machine.ghosts

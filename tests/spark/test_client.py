@@ -9,11 +9,13 @@ client is closed however the task ends; commits to a group never move back.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from trio_coord.protocol.errors import UnknownTopicError
-from trio_coord.protocol.messages import EARLIEST, LATEST, TopicPartition
+from trio_coord.protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from trio_coord.protocol.records import WireRecord, encode_batch
 from trio_coord.spark import ARROW_SCHEMA, SCHEMA, BlockingClient, BrokerUnreachableError, _read
 from trio_coord.spark._options import read_options
@@ -139,3 +141,61 @@ def test_a_stream_reader_pickles_without_its_driver_side_client(bootstrap):
     assert copy._client is None and copy.options == reader.options
     reader.stop()
     assert reader._client is None
+
+
+def test_a_lost_task_range_is_warned_about_as_far_as_the_task_reaches(caplog):
+    with caplog.at_level(logging.WARNING, logger="trio_coord.spark._read"):
+        assert (
+            list(read_range(_TrimmedLog(), OffsetRange("t", 0, 1, 3), fail_on_data_loss=False))
+            == []
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        "t-0: records 1 to 2 were deleted before they could be read; skipping them"
+    ]
+
+
+class _TrimmedStream:
+    """The driver-side client of a stream over topic t, one partition, whose records 0 to 999
+    retention deleted: its log holds 1000 to 1009."""
+
+    def partition_counts(self, topics):
+        return {"t": 1}
+
+    def list_offsets(self, partitions, timestamp_ms):
+        return {TopicPartition("t", 0): ListedOffset("t", 0, 1000, 1000, 1010)}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stream_allowed_to_lose_data_skips_to_the_log_start_in_one_batch(caplog):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from trio_coord.spark._read import StreamReader
+
+    options = read_options(
+        {"bootstrap": "127.0.0.1:1", "topic": "t", "failOnDataLoss": "false"}, streaming=True
+    )
+    reader = StreamReader(options)
+    reader._client = _TrimmedStream()
+    start = {"partitions": {"t": {"0": 0}}}
+    with caplog.at_level(logging.WARNING, logger="trio_coord.spark._read"):
+        end = reader.latestOffset(start, ReadMaxRows(4))
+    assert end == {"partitions": {"t": {"0": 1004}}}  # not 4: no empty batches through the gap
+    assert [r.getMessage() for r in caplog.records] == [
+        "t-0: records 0 to 999 were deleted before the stream read them; "
+        "skipping them (failOnDataLoss=false)"
+    ]
+    assert [task.value for task in reader.partitions(start, end)] == [
+        OffsetRange("t", 0, 1000, 1004)
+    ]
+
+
+def test_a_batch_pattern_matching_no_topic_reads_nothing_with_a_warning(bootstrap, caplog):
+    make_topic(bootstrap, "client-pattern", 1)
+    options = read_options({"bootstrap": bootstrap, "pattern": r"clint-.*"}, streaming=False)
+    with BlockingClient(bootstrap) as client, caplog.at_level(logging.WARNING):
+        assert _read.plan_batch(client, options) == []
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("pattern 'clint-.*' matches no topic (the brokers have ")
+    assert warning.endswith("): the read is empty")

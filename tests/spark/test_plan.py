@@ -1,10 +1,10 @@
 """The pure planning arithmetic and the options parser, without Spark or a broker.
 
 Stream offsets serialize canonically (equal offsets, equal JSON); admission
-control caps a micro-batch exactly at maxRecordsPerBatch and shares it by
-backlog; task splitting covers every offset once, contiguously, within the
-per-task cap; and each malformed option is refused with a message that says
-what to write instead.
+control caps a micro-batch exactly at maxRecordsPerBatch, shares it by
+backlog and serves every partition with a backlog in turn; task splitting
+covers every offset once, contiguously, within the per-task cap; and each
+malformed option is refused with a message that says what to write instead.
 """
 
 from __future__ import annotations
@@ -63,6 +63,41 @@ def test_admission_takes_exactly_the_cap_and_never_goes_back(spans, cap):
     assert all(start[tp] <= end[tp] <= latest[tp] for tp in latest)
     taken = sum(end[tp] - start[tp] for tp in latest)
     assert taken == min(cap, sum(n for _, n in spans))
+
+
+def test_a_quiet_partition_next_to_a_busy_one_is_not_starved():
+    busy, quiet = TP("t", 0), TP("t", 1)
+    assert admit({busy: 0, quiet: 0}, {busy: 1000, quiet: 1}, 10) == {busy: 9, quiet: 1}
+    at = {busy: 0, quiet: 0}
+    for _ in range(3):  # the busy partition's backlog stays at 1000; the cap is 1
+        at = admit(at, {busy: at[busy] + 1000, quiet: 1}, 1)
+    assert at[quiet] == 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 2000)), min_size=1, max_size=8),
+    st.integers(1, 20),
+)
+def test_admission_serves_every_partition_with_a_backlog_in_turn(spans, cap):
+    """With backlogs that never shrink (producers keep up with the stream), each batch
+    takes the cap and no more, nothing beyond a backlog, one record or more from every
+    waiting partition when the cap allows, and every waiting partition within
+    ceil(waiting / cap) batches."""
+    start = {TP("t", p): s for p, (s, _) in enumerate(spans)}
+    lags = {TP("t", p): n for p, (_, n) in enumerate(spans)}
+    waiting = [tp for tp, lag in lags.items() if lag]
+    served: set[TP] = set()
+    for _ in range(max(1, -(-len(waiting) // cap))):
+        latest = {tp: start[tp] + lags[tp] for tp in start}
+        end = admit(start, latest, cap)
+        taken = {tp: end[tp] - start[tp] for tp in start}
+        assert all(0 <= taken[tp] <= lags[tp] for tp in start)
+        assert sum(taken.values()) == min(cap, sum(lags.values()))
+        if cap >= len(waiting):
+            assert all(taken[tp] >= 1 for tp in waiting)
+        served |= {tp for tp in waiting if taken[tp]}
+        start = end
+    assert served == set(waiting)
 
 
 @given(
@@ -156,3 +191,10 @@ def test_write_options():
         write_options({**BOOT, "compression": "snappy"})
     with pytest.raises(OptionError, match="positive whole number"):
         write_options({**BOOT, "batchSize": "-5"})
+
+
+def test_options_checked_for_either_kind_of_read_leave_out_what_only_one_refuses():
+    for one_kind_only in ({"endingOffsets": "latest"}, {"maxRecordsPerBatch": "5"}):
+        read_options({**BOOT, "topic": "t", **one_kind_only}, streaming=None)
+    with pytest.raises(OptionError, match=r"unknown option\(s\) grup for a read;"):
+        read_options({**BOOT, "topic": "t", "grup": "g"}, streaming=None)

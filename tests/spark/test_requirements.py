@@ -15,7 +15,7 @@ import sys
 import pyspark
 import pytest
 
-from trio_coord.spark import JavaNotFoundError, check_java, local_session
+from trio_coord.spark import JavaNotFoundError, check_java, java_major, local_session
 
 
 def test_no_java_on_the_path_says_what_to_install(monkeypatch, tmp_path):
@@ -69,3 +69,28 @@ def test_importing_the_package_sets_pyspark_python_only_when_unset(preset):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == (preset or sys.executable)
+
+
+@pytest.mark.parametrize(
+    ("banner", "major"),
+    [
+        ('openjdk version "11.0.22" 2024-01-16\nOpenJDK Runtime Environment', 11),
+        ('java version "1.8.0_392"\nJava(TM) SE Runtime Environment', 8),
+    ],
+)
+def test_a_java_older_than_17_is_refused_with_its_version(monkeypatch, tmp_path, banner, major):
+    (tmp_path / "bin").mkdir()
+    old = tmp_path / "bin" / "java"
+    old.write_text(f"#!/bin/sh\ncat >&2 <<'END'\n{banner}\nEND\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(JavaNotFoundError) as caught:
+        check_java()
+    assert str(caught.value).startswith(f"{old} is Java {major}, too old. Spark needs Java 17")
+
+
+def test_java_versions_are_read_from_the_banner():
+    assert java_major('openjdk version "21" 2023-09-19') == 21
+    assert java_major('openjdk version "17.0.9" 2023-10-17 LTS') == 17
+    assert java_major('java version "1.8.0_392"') == 8
+    assert java_major("something else") is None

@@ -40,7 +40,6 @@ from ..protocol.errors import (
     CoordError,
     CoordinatorNotAvailableError,
     FencedInstanceIdError,
-    GroupMaxSizeReachedError,
     GroupSubscribedToTopicError,
     InvalidRequestError,
     UnknownMemberError,
@@ -67,9 +66,12 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["EventCallback", "GroupRunner"]
+__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner", "LeaderAssignmentError"]
 
 log = logging.getLogger(__name__)
+
+PENDING_JOIN_TIMEOUT = 30.0
+"""The longest a member id handed out by a first-step join waits for its second step."""
 
 LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
@@ -88,6 +90,16 @@ revoking (a cooperative plan: what each member gives up), compute_requested (a
 leader is asked for the assignment), disconnected, stepped_out and resumed (a
 static member);
 ``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
+
+
+class LeaderAssignmentError(Exception):
+    """The group's leader could not compute the assignment (its assignor raised).
+
+    It fails the rebalance, as a store outage does: the leader is not
+    expelled (it is alive, and a consumer whose assignor raised leaves by
+    itself), and the group task retries after a backoff, or at once when
+    the membership changes.
+    """
 
 
 class _Reset:
@@ -173,11 +185,13 @@ class GroupRunner:
 
         A join without a member id (and without an instance id) is not
         admitted: it is given a member id to join again with, which is
-        remembered for one session timeout, so that a client retrying joins
-        fills no group. A static member (``instance_id``) coming back while
-        its former self is still in the group, disconnected, takes its place
-        and partitions without a rebalance; while its former self is
-        connected, it is refused (fenced) and the former one keeps running.
+        remembered briefly (:meth:`_member_id_required`), so that a client
+        retrying joins fills no group. A static member (``instance_id``)
+        coming back while its former self is still in the group,
+        disconnected, takes its place and partitions without a rebalance
+        (what the former process may still fetch stays fenced until its
+        lease ends); while its former self is connected, it is refused
+        (fenced) and the former one keeps running.
         """
         group = self.group
         member_id = request.member_id
@@ -225,6 +239,10 @@ class GroupRunner:
             member_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
             if not request.instance_id:
                 return self._member_id_required(member_id, request)
+        if static is not None and request.member_id != static.member_id:
+            # A new process (it does not know the member id): the old one may be cut off
+            # rather than dead, and its partitions stay fenced until its lease ends.
+            group.replace_process(trio.current_time(), static.member_id)
         old_conn = self._conns.get(member_id)
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
@@ -254,16 +272,26 @@ class GroupRunner:
         return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
 
     def _member_id_required(self, member_id: str, request: JoinGroupRequest) -> JoinGroupResponse:
-        """Hand out a member id to join again with; remembered for one session timeout."""
+        """Hand out a member id to join again with, remembered for a short while.
+
+        A client joins again with it at once, so it is kept no longer than
+        :data:`PENDING_JOIN_TIMEOUT` (or the client's session or rebalance
+        timeout, if shorter). The ids waiting for their second step are at
+        most ``max_group_size``: past that the oldest is forgotten (its
+        client, if it ever comes back, is told to start over), so a client
+        that retries first steps can neither fill memory nor lock anyone out.
+        """
         now = trio.current_time()
         for stale in [m for m, until in self._pending_ids.items() if until <= now]:
             del self._pending_ids[stale]
-        if len(self._pending_ids) >= self._limits.max_group_size:
-            raise GroupMaxSizeReachedError(
-                f"group {self.group_id} has {len(self._pending_ids)} joins waiting for their "
-                "second step; join again with the member id you were given"
-            )
-        self._pending_ids[member_id] = now + request.session_timeout_ms / 1000
+        while len(self._pending_ids) >= self._limits.max_group_size:
+            del self._pending_ids[next(iter(self._pending_ids))]  # the oldest (insertion order)
+        keep = min(
+            request.session_timeout_ms / 1000,
+            request.rebalance_timeout_ms / 1000,
+            PENDING_JOIN_TIMEOUT,
+        )
+        self._pending_ids[member_id] = now + keep
         return JoinGroupResponse(
             member_id, self.group.generation, request.session_timeout_ms, rejoin=True
         )
@@ -275,7 +303,9 @@ class GroupRunner:
         assignors, protocol): anything else needs a rebalance. Returns False
         then, and the join proceeds as any other. If its former process did
         not step out cleanly it may still be fetching, cut off rather than
-        dead: the partitions then start once that process's lease has ended.
+        dead: the partitions then start once that process's lease has ended
+        (the fence :meth:`Group.replace_process` left), and a rebalance that
+        supersedes this start keeps that fence for whoever gets them.
         """
         group = self.group
         if (
@@ -286,9 +316,6 @@ class GroupRunner:
             or member.client_assignors != tuple(request.client_assignors)
         ):
             return False
-        # Its former process may still be fetching (cut off, not dead) until its lease
-        # ends, unless it stepped out cleanly: then it has stopped already.
-        start_at = member.lease_end if member.may_own else 0.0
         now = trio.current_time()
         member.last_heartbeat = now
         member.session_timeout = request.session_timeout_ms / 1000
@@ -297,7 +324,7 @@ class GroupRunner:
         self._conns[member.member_id] = conn
         self._bind(conn, member.member_id, self.group_id)
         self._watch_liveness(member.member_id, member.session_timeout)
-        plan = group.resume_plan(member.member_id, self._log_offsets)
+        plan = group.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
         self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
 
@@ -308,7 +335,7 @@ class GroupRunner:
                 await self._start_member(m, plan, generation)
 
         assert self._nursery is not None
-        self._nursery.start_soon(self._answer_in_time, member, resume, start_at)
+        self._nursery.start_soon(self._answer_in_time, member, resume, plan.not_before)
         return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
@@ -557,7 +584,9 @@ class GroupRunner:
                 # cancelled arrives here as a plain exception (group), not mixed with
                 # Cancelled. A store outage or a bug stays within this group, which
                 # retries; the broker and every other group carry on.
-                if isinstance(exc, StoreError | trio.TooSlowError):
+                if isinstance(exc, LeaderAssignmentError):
+                    log.error("group %s: rebalance failed: %s", self.group_id, exc)
+                elif isinstance(exc, StoreError | trio.TooSlowError):
                     log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
                 else:
                     log.exception("group %s: rebalance failed (a bug)", self.group_id)
@@ -676,7 +705,9 @@ class GroupRunner:
 
         The leader answers within its rebalance timeout or is expelled, and
         its death (by any means) restarts the rebalance with the next leader
-        at once, like any membership change.
+        at once, like any membership change. A leader that answers with an
+        error (its assignor raised) fails this rebalance with
+        :class:`LeaderAssignmentError`, naming it and the error.
         """
         group = self.group
         input = group.assignment_input(
@@ -688,38 +719,53 @@ class GroupRunner:
             return input, group.compute_assignment(input, self._assignors)
         leader = group.members[input.leader]
         answers: list[ComputeAssignmentResponse] = []
+        refusals: list[CoordError] = []
 
         async def ask(member: Member) -> None:
-            response = await self._conn_of(member).request(
-                ComputeAssignmentRequest(
-                    self.group_id,
-                    member.member_id,
-                    group.generation,
-                    input.assignor,
-                    [
-                        MemberSubscription(
-                            m.member_id, sorted(m.topics), sorted(m.owned), m.user_data
-                        )
-                        for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
-                    ],
-                    dict(input.spec.partitions),
-                )
-            )
-            if not isinstance(response, ComputeAssignmentResponse):
-                raise InvalidRequestError(
-                    f"answered ComputeAssignment with {type(response).__name__}"
-                )
+            try:
+                response = await self._ask_leader(member, input)
+            except (ConnectionClosedError, UnknownMemberError):
+                raise  # gone, or not that member any more: expelled
+            except CoordError as exc:
+                refusals.append(exc)
+                return
             answers.append(response)
 
         self._emit("compute_requested", leader=leader.member_id, assignor=input.assignor)
         await self._answer_in_time(leader, ask, 0.0)
         await trio.lowlevel.checkpoint_if_cancelled()  # the leader went away: restarted
+        if refusals:
+            raise LeaderAssignmentError(
+                f"leader {leader.member_id} of group {self.group_id} could not compute "
+                f"assignor {input.assignor!r}: {refusals[0]}"
+            )
         if not answers:
             raise trio.TooSlowError(f"leader {leader.member_id} gave no assignment")
         given: dict[str, list[TopicPartition]] = {}
         for entry in answers[0].assignment:
             given.setdefault(entry.member_id, []).extend(entry.partitions)
         return input, group.check_assignment(input, given)
+
+    async def _ask_leader(
+        self, leader: Member, input: AssignmentInput
+    ) -> ComputeAssignmentResponse:
+        group = self.group
+        response = await self._conn_of(leader).request(
+            ComputeAssignmentRequest(
+                self.group_id,
+                leader.member_id,
+                group.generation,
+                input.assignor,
+                [
+                    MemberSubscription(m.member_id, sorted(m.topics), sorted(m.owned), m.user_data)
+                    for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
+                ],
+                dict(input.spec.partitions),
+            )
+        )
+        if not isinstance(response, ComputeAssignmentResponse):
+            raise InvalidRequestError(f"answered ComputeAssignment with {type(response).__name__}")
+        return response
 
     def _subscribed_partitions(self) -> dict[str, int]:
         topics: set[str] = set()

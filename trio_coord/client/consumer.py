@@ -23,11 +23,12 @@ partitions that move away and the rest keep flowing, and an incremental
 StartFetchers adds partitions (``on_assigned`` hears only of those). A
 consumer may bring assignors of its own: it computes the group's
 assignment with them when the coordinator asks it as the leader
-(ComputeAssignment). A static consumer (``instance_id``) closes without
-leaving, so that its successor takes its partitions back without a
-rebalance. Leaving the ``async with`` block (or being cancelled) revokes
-the partitions, hands the final positions to the coordinator with
-LeaveGroup, and closes.
+(ComputeAssignment); if such an assignor raises, the consumer leaves the
+group and raises that exception from its ``async with``. A static
+consumer (``instance_id``) closes without leaving, so that its successor
+takes its partitions back without a rebalance. Leaving the
+``async with`` block (or being cancelled) revokes the partitions, hands
+the final positions to the coordinator with LeaveGroup, and closes.
 
 With ``partitions=[...]`` instead of topics the consumer joins no group: it
 fetches exactly those partitions, from the group's committed offsets if a
@@ -62,6 +63,7 @@ from ..protocol.errors import (
     OffsetRegressionError,
     RequestTimedOutError,
     UnknownMemberError,
+    UnknownServerError,
 )
 from ..protocol.messages import (
     EARLIEST,
@@ -122,6 +124,14 @@ class _Reconnect(Exception):
     def __init__(self, reason: str, *, forget_member: bool = False) -> None:
         super().__init__(reason)
         self.forget_member = forget_member
+
+
+class _AssignorFailed(Exception):
+    """Internal: this consumer's assignor raised as the group's leader; ``error`` is what."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _PushHandler(RequestHandler):
@@ -259,6 +269,8 @@ class Consumer(EnterOnce):
         self._push_lock = trio.Lock()
         self._left = False
         self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
+        self._assignor_failure: Exception | None = None  # what our assignor raised as leader
+        self._assignor_failed = trio.Event()
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
@@ -581,7 +593,15 @@ class Consumer(EnterOnce):
             await self._call(self._on_assigned, sorted(added))
 
     def _compute_assignment(self, request: ComputeAssignmentRequest) -> ComputeAssignmentResponse:
-        """As the group's leader: run the application's assignor on the group's subscriptions."""
+        """As the group's leader: run the application's assignor on the group's subscriptions.
+
+        It runs right here, on the consumer's event loop (an assignor is a
+        pure function, usually quick; see docs/assignment.md). If it raises,
+        the coordinator is told so (the rebalance fails, naming this member
+        and the error), and the consumer leaves the group and raises that
+        exception from its ``async with``: an assignor that fails on this
+        group fails the same way every time it is asked.
+        """
         if request.member_id != self.member_id or request.group != self.group_id:
             raise UnknownMemberError(
                 f"this consumer is member {self.member_id!r} of {self.group_id!r}, "
@@ -601,10 +621,24 @@ class Consumer(EnterOnce):
             },
             partitions=dict(request.partitions),
         )
-        assignment = assignor.assign(spec)
-        return ComputeAssignmentResponse(
-            [MemberAssignment(m, sorted(tps)) for m, tps in sorted(assignment.items())]
-        )
+        try:
+            assignment = assignor.assign(spec)
+            return ComputeAssignmentResponse(
+                [MemberAssignment(m, sorted(tps)) for m, tps in sorted(assignment.items())]
+            )
+        except Exception as exc:
+            exc.add_note(
+                f"raised by assignor {request.assignor!r} computing the assignment of group "
+                f"{self.group_id!r} on its leader, member {self.member_id!r} (which leaves "
+                "the group)"
+            )
+            if self._assignor_failure is None:
+                self._assignor_failure = exc
+                self._assignor_failed.set()
+            raise UnknownServerError(
+                f"assignor {request.assignor!r} raised {type(exc).__name__}: {exc}; "
+                f"member {self.member_id!r} leaves the group"
+            ) from exc
 
     def _drop(self) -> list[TopicPartition]:
         """Forget every partition, its position and unsent progress; return what was owned."""
@@ -667,9 +701,13 @@ class Consumer(EnterOnce):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watchdog)
                 while True:
+                    if self._assignor_failure is not None:  # (left, or lost the connection)
+                        raise self._assignor_failure
                     with trio.CancelScope() as self._session_scope:
                         try:
                             await self._session(task_status)
+                        except _AssignorFailed as exc:
+                            raise exc.error from None
                         except _Reconnect as exc:
                             log.info("consumer %s: %s; rejoining", self.member_id or "?", exc)
                             if exc.forget_member:
@@ -703,7 +741,17 @@ class Consumer(EnterOnce):
                     self._started = True
                     self._tasks.shield = True
                     task_status.started()
-                await self._heartbeat(conn)
+                with unwrap_lone_exception():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._heartbeat, conn)
+                        await self._assignor_failed.wait()
+                        nursery.cancel_scope.cancel()
+                # Our assignor raised as the leader: leave (for good, even a static
+                # member: the group must go on without this assignor), then tell the app.
+                with trio.move_on_after(_LEAVE_TIMEOUT):
+                    await self._leave(reason="its assignor failed")
+                assert self._assignor_failure is not None
+                raise _AssignorFailed(self._assignor_failure)
 
     async def _join(self, conn: Connection) -> None:
         while True:
@@ -781,7 +829,9 @@ class Consumer(EnterOnce):
                     self._session_scope.cancel()
             await self._lease_moved.wait()
 
-    async def _leave(self) -> None:
+    async def _leave(self, *, reason: str = "") -> None:
+        """Revoke, hand the positions back and leave the group (a static member, closing,
+        steps out instead; with a ``reason`` it leaves for good)."""
         if self.static_partitions is not None:
             if self.group_id and self.auto_commit and self._assignment:
                 try:
@@ -796,14 +846,16 @@ class Consumer(EnterOnce):
         # Like a push: a StopFetchers arriving meanwhile would revoke these partitions
         # again, and a StartFetchers would hand new ones to a consumer that is leaving.
         async with self._push_lock:
-            if self.instance_id:
+            if self.instance_id and not reason:
                 await self._step_out(conn)
                 return
             positions = await self._revoke()
             self._left = True  # (after on_revoked, which may still commit)
             try:
                 await conn.request(
-                    LeaveGroupRequest(self.group_id, self.member_id, positions, "consumer closed")
+                    LeaveGroupRequest(
+                        self.group_id, self.member_id, positions, reason or "consumer closed"
+                    )
                 )
             except CoordError as exc:
                 log.info("consumer %s: leave not acknowledged: %s", self.member_id, exc)

@@ -23,6 +23,7 @@ is sent again, so a broker may store it twice.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from collections import deque
@@ -216,28 +217,44 @@ class Producer(EnterOnce):
 
     @asynccontextmanager
     async def _run_for_block(self) -> AsyncIterator[Producer]:
-        with unwrap_lone_exception():
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self._cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
-                try:
-                    yield self
-                finally:
-                    with trio.move_on_after(self.close_timeout) as grace:
-                        grace.shield = True
-                        await self.flush()
-                    if grace.cancelled_caught:
-                        log.warning(
-                            "producer closed with %d record(s) undelivered after %gs",
-                            self._pending,
-                            self.close_timeout,
-                        )
-                    self._closed = True
-                    nursery.cancel_scope.cancel()
-                    with trio.CancelScope(shield=True):
-                        await self._cluster.aclose()
+        try:
+            with unwrap_lone_exception():
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    self._cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                    try:
+                        yield self
+                    finally:
+                        await self._drain_before_close()
+                        self._closed = True
+                        nursery.cancel_scope.cancel()
+                        with trio.CancelScope(shield=True):
+                            await self._cluster.aclose()
+        finally:  # however the block ended, no Delivery is left waiting forever
             self._fail_everything(
                 RequestTimedOutError("the producer closed before the record was stored")
+            )
+
+    async def _drain_before_close(self) -> None:
+        """Wait up to ``close_timeout`` for what is queued, unless the block was cancelled.
+
+        A cancelled block has cancelled the senders too (they run in the
+        producer's nursery, inside it): nothing more would be sent, and a
+        flush would only wait out ``close_timeout``. Then what is unsent fails
+        at once (:meth:`_fail_everything`), as the cancellation asks.
+        """
+        if trio.current_effective_deadline() == -math.inf:
+            if self._pending:
+                log.info("producer cancelled with %d record(s) not yet stored", self._pending)
+            return
+        with trio.move_on_after(self.close_timeout) as grace:
+            grace.shield = True
+            await self.flush()
+        if grace.cancelled_caught:
+            log.warning(
+                "producer closed with %d record(s) undelivered after %gs",
+                self._pending,
+                self.close_timeout,
             )
 
     # -- sending -------------------------------------------------------------------------

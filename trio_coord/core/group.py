@@ -63,6 +63,7 @@ from .records import (
 __all__ = [
     "MAX_USER_DATA",
     "OFFSET_RESET_POLICIES",
+    "PREDECESSOR_SUFFIX",
     "REBALANCE_PROTOCOLS",
     "TRANSITIONS",
     "AssignmentInput",
@@ -81,6 +82,9 @@ REBALANCE_PROTOCOLS = ("eager", "cooperative")
 """How a member wants rebalances run: stop everything, or only what moves."""
 MAX_USER_DATA = 64 * 1024
 """The most opaque ``user_data`` a member may bring (a group holds every member's)."""
+PREDECESSOR_SUFFIX = "~previous-process"
+"""Appended to a static member's id to key the fence over what its former process may
+fetch (:meth:`Group.replace_process`); no member id the coordinator hands out ends so."""
 
 
 class GroupState(enum.StrEnum):
@@ -385,7 +389,34 @@ class Group:
 
     def knows_former_member(self, member_id: str) -> bool:
         """True if ``member_id`` held partitions before a restart or failover and may rejoin."""
-        return member_id in self.fences
+        return member_id in self.fences and not member_id.endswith(PREDECESSOR_SUFFIX)
+
+    def replace_process(self, now: float, member_id: str) -> None:
+        """A new process of static member ``member_id`` takes the place of the old one.
+
+        The old process did not step out (then it would own nothing), so it
+        may be cut off rather than dead, and fetch what it may own until its
+        lease ends. That becomes a fence of its own, under the key
+        ``member_id + PREDECESSOR_SUFFIX``: the new process starts with
+        nothing, and its stop acknowledgements (it holds nothing to stop)
+        cannot lift what only the old process's lease ends. Whoever is
+        started on those partitions next, the new process included, waits
+        for the fence. Successive takeovers merge into one fence, as long as
+        the longest lease.
+        """
+        member = self.members[member_id]
+        partitions = set(member.may_own)
+        until = member.lease_end
+        session = member.session_timeout
+        key = member_id + PREDECESSOR_SUFFIX
+        for former in (self.fences.pop(member_id, None), self.fences.pop(key, None)):
+            if former is not None and former.until > now:  # an older process's fence
+                partitions |= former.partitions
+                until = max(until, former.until)
+                session = max(session, former.session_timeout)
+        if partitions and until > now:
+            self.fences[key] = Fence(frozenset(partitions), until, session)
+        member.may_own = set()
 
     def remove_member(self, now: float, member_id: str, *, stopped: bool) -> Member:
         """Remove a member; without a stop acknowledgement its partitions are fenced.
@@ -660,12 +691,14 @@ class Group:
         return until
 
     def resume_plan(
-        self, member_id: str, log_offsets: Callable[[TopicPartition], tuple[int, int]]
+        self, now: float, member_id: str, log_offsets: Callable[[TopicPartition], tuple[int, int]]
     ) -> StartPlan:
         """A static member came back: its own partitions again, in the current generation.
 
         Incremental, from the committed offsets: if it is the same process
-        that merely reconnected, it keeps fetching what it still has.
+        that merely reconnected, it keeps fetching what it still has. Not
+        before the fences over them end (a former process's lease, after
+        :meth:`replace_process`).
         """
         member = self.members[member_id]
         return StartPlan(
@@ -674,7 +707,7 @@ class Group:
                 self._start_offset(tp, member.offset_reset, log_offsets)
                 for tp in sorted(member.assignment)
             ],
-            0.0,
+            self._fenced_until(member.assignment - member.may_own, now),
             True,
         )
 

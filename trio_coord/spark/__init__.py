@@ -1,7 +1,8 @@
 """trio_coord on Spark: a PySpark data source for topics, with consumer-group progress.
 
 ``register(spark)`` makes the format ``trio_coord`` known to a session (and
-adds the listener that commits a stream's progress to its group); then::
+adds the listener that commits a stream's progress to its group, with an exit
+hook that lets Spark deliver its last events to it); then::
 
     spark.read.format("trio_coord").option("bootstrap", "127.0.0.1:9092")
         .option("topic", "events").load()
@@ -19,7 +20,10 @@ Needs ``pip install trio_coord[spark]`` (pyspark >= 4.2, pyarrow) and Java 17+.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import re
 import shutil
 import subprocess
 import weakref
@@ -54,9 +58,12 @@ __all__ = [
     "TrioCoordDataSource",
     "background_broker",
     "check_java",
+    "java_major",
     "local_session",
     "register",
 ]
+
+log = logging.getLogger(__name__)
 
 _registered: weakref.WeakKeyDictionary[Any, GroupCommitListener] = weakref.WeakKeyDictionary()
 
@@ -65,8 +72,23 @@ class JavaNotFoundError(RuntimeError):
     """Spark needs a Java runtime, and none was found."""
 
 
+_JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
+MIN_JAVA = 17
+"""The oldest Java that Spark 4 runs on."""
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in ``java -version``'s output (``1.8.0`` is 8), None if it has none."""
+    found = _JAVA_VERSION.search(version_output)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
 def check_java() -> str:
-    """The ``java`` Spark will run (from JAVA_HOME, else PATH); JavaNotFoundError if none runs."""
+    """The ``java`` Spark will run (from JAVA_HOME, else PATH); JavaNotFoundError if none
+    runs, or if it is older than Java 17."""
     home = os.environ.get("JAVA_HOME")
     candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     advice = (
@@ -77,9 +99,14 @@ def check_java() -> str:
         where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
         raise JavaNotFoundError(f"{where}. {advice}")
     try:
-        subprocess.run([candidate, "-version"], capture_output=True, check=True, timeout=30)
+        done = subprocess.run(
+            [candidate, "-version"], capture_output=True, text=True, check=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise JavaNotFoundError(f"{candidate} does not run ({exc}). {advice}") from None
+    major = java_major(done.stderr + done.stdout)
+    if major is not None and major < MIN_JAVA:
+        raise JavaNotFoundError(f"{candidate} is Java {major}, too old. {advice}")
     return candidate
 
 
@@ -91,6 +118,25 @@ def register(spark: SparkSession) -> None:
         listener = GroupCommitListener()
         spark.streams.addListener(listener)
         _registered[spark] = listener
+        atexit.register(_remove_listener, weakref.ref(spark), listener)
+
+
+def _remove_listener(spark: weakref.ref[SparkSession], listener: GroupCommitListener) -> None:
+    """At exit, before pyspark stops the JVM: let Spark's listener bus deliver what it has
+    queued (up to 10 s), then take the listener off it, so that no event reaches a Python
+    process that is going away (Spark would log each as a listener error). Nothing depends
+    on it: the stream readers have committed every finished batch already."""
+    session = spark()
+    if session is None or session.sparkContext._jsc is None:  # stopped: nothing is queued
+        return
+    try:
+        session.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+    except Exception:  # stopped, gone, or a Spark without this (internal) method
+        log.debug("could not drain Spark's listener bus at exit", exc_info=True)
+    try:
+        session.streams.removeListener(listener)
+    except Exception:  # the session was stopped, or the JVM is gone: nothing to remove
+        log.debug("could not remove the group-commit listener at exit", exc_info=True)
 
 
 def local_session(

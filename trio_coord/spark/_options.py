@@ -222,10 +222,16 @@ def parse_offsets(raw: str, name: str, *, allowed: tuple[str, ...], default: str
     return OffsetSpec("json", offsets, default)
 
 
-def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
-    """Check a read's options; raise :class:`OptionError` for the first mistake."""
+def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
+    """Check a read's options; raise :class:`OptionError` for the first mistake.
+
+    ``streaming`` None checks only what applies to batch and stream reads alike
+    (for :meth:`~._source.TrioCoordDataSource.schema`, which does not know
+    which of the two the options are for).
+    """
     opts = _lower(options)
-    _check_known(opts, _READ_OPTIONS, "stream read" if streaming else "batch read")
+    what = {True: "stream read", False: "batch read", None: "read"}[streaming]
+    _check_known(opts, _READ_OPTIONS, what)
     given = [key for key in ("topic", "topics", "pattern") if opts.get(key, "").strip()]
     if len(given) != 1:
         raise OptionError(
@@ -267,7 +273,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
             'startingOffsets "group" needs the "group" option: the group whose committed '
             "offsets to start from"
         )
-    if streaming and "endingoffsets" in opts:
+    if streaming is True and "endingoffsets" in opts:
         raise OptionError(
             'option "endingOffsets" applies to batch reads only; a stream reads on '
             "(use Trigger.AvailableNow to stop at the offsets of its start)"
@@ -279,9 +285,9 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         default="latest",
     )
     per_batch = _positive_int(opts, "maxrecordsperbatch", "maxRecordsPerBatch")
-    if per_batch is not None and not streaming:
+    if per_batch is not None and streaming is False:
         raise OptionError('option "maxRecordsPerBatch" applies to stream reads only')
-    if group is not None and not streaming:
+    if group is not None and streaming is False:
         if starting.kind != "group":
             raise OptionError(
                 'option "group" in a batch read only chooses where to start '

@@ -10,9 +10,9 @@ blocking client, then plan here.
   to a group, ``"bootstrap"`` and ``"group"`` say where, so that the query
   listener on the driver can commit the last batch too.
 * :func:`admit` caps a micro-batch at ``max_records``, shared among the
-  partitions in proportion to their backlog (largest remainders first), and
-  never takes less than one record from a partition while it takes more than
-  one from another.
+  partitions in proportion to their backlog (largest remainders first), with
+  at least one record for every partition that has a backlog (in turns, when
+  the cap is smaller than their number): no partition waits forever.
 * :func:`split_ranges` turns ranges of offsets into tasks of at most
   ``max_per_task`` records each, and into at least ``min_tasks`` tasks where
   the records allow, cutting each range into near-equal contiguous pieces.
@@ -98,17 +98,35 @@ def admit(
     missing from it resumes at its latest offset: nothing to read). The cap
     is shared in proportion to each partition's backlog; the records the
     rounding leaves go to the largest remainders (ties: partition order).
+    Every partition with a backlog then takes at least one record, from the
+    largest shares, so a quiet partition next to a busy one is never starved.
+    When the cap is smaller than the number of partitions with a backlog,
+    each of ``max_records`` of them takes one record, in turn: the turn comes
+    from how far the stream has read in all, which grows by the cap each
+    batch, so consecutive batches serve consecutive partitions.
     """
     backlog = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}
     total = sum(backlog.values())
     if max_records is None or total <= max_records:
         return dict(latest)
-    shares = {tp: max_records * lag / total for tp, lag in backlog.items()}
-    taken = {tp: math.floor(share) for tp, share in shares.items()}
-    left = max_records - sum(taken.values())
-    by_remainder = sorted(backlog, key=lambda tp: (-(shares[tp] - taken[tp]), tp))
-    for tp in by_remainder[:left]:
-        taken[tp] += 1
+    waiting = sorted(tp for tp, lag in backlog.items() if lag)
+    taken = dict.fromkeys(backlog, 0)
+    if max_records < len(waiting):
+        turn = sum(start.get(tp, end) for tp, end in latest.items()) % len(waiting)
+        for index in range(turn, turn + max_records):
+            taken[waiting[index % len(waiting)]] = 1
+    else:
+        shares = {tp: max_records * lag / total for tp, lag in backlog.items()}
+        taken = {tp: math.floor(share) for tp, share in shares.items()}
+        left = max_records - sum(taken.values())
+        by_remainder = sorted(backlog, key=lambda tp: (-(shares[tp] - taken[tp]), tp))
+        for tp in by_remainder[:left]:
+            taken[tp] += 1
+        for tp in waiting:
+            if not taken[tp]:  # a share under one record: one from the largest share
+                donor = max(waiting, key=lambda other: (taken[other], other))
+                taken[donor] -= 1
+                taken[tp] = 1
     return {tp: start.get(tp, end) + taken[tp] for tp, end in latest.items()}
 
 

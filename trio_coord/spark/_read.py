@@ -19,6 +19,9 @@ micro-batch through Spark's read-limit API (``maxRecordsPerBatch``), supports
 and no further), and with a ``group`` commits the end of each finished batch
 to the group as a standalone committer: never backwards, and never failing
 the query over a commit, since Spark's checkpoint is the source of truth.
+With ``failOnDataLoss=false``, a partition whose unread records retention
+deleted resumes at its log start in the next batch (one warning naming the
+lost offsets) rather than crawling through the gap in empty batches.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from ..protocol.errors import (
     OffsetRegressionError,
     UnknownMemberError,
 )
-from ..protocol.messages import EARLIEST, LATEST, TopicPartition
+from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from ..protocol.records import WireRecord, decode_batch
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions
@@ -175,8 +178,20 @@ def resolve(
 
 
 def plan_batch(client: BlockingClient, options: ReadOptions) -> list[OffsetRange]:
-    """The ranges a batch read covers, from startingOffsets to endingOffsets."""
+    """The ranges a batch read covers, from startingOffsets to endingOffsets.
+
+    A ``pattern`` that matches no topic makes an empty read, with a warning
+    (a job over topics that come and go may well find none on some runs).
+    """
     tps = topic_partitions(client, options)
+    if options.pattern is not None and not tps:
+        names = sorted(client.partition_counts(None))
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        log.warning(
+            "pattern %r matches no topic (the brokers have %s): the read is empty",
+            options.pattern,
+            shown or "no topics",
+        )
     start = resolve(client, options.starting, tps, options, "startingOffsets")
     end = resolve(client, options.ending, tps, options, "endingOffsets")
     ranges = []
@@ -221,7 +236,12 @@ def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool
             "they could be read (the log now starts at "
             f"{start}); set failOnDataLoss=false to skip what is lost"
         )
-    log.warning("%s: records %d to %d are lost; skipping them", r.tp, position, start - 1)
+    log.warning(
+        "%s: records %d to %d were deleted before they could be read; skipping them",
+        r.tp,
+        position,
+        min(start, r.end) - 1,
+    )
     return start
 
 
@@ -331,6 +351,8 @@ def commit_forward(
     """
     committed = client.committed(group)
     ahead = {tp: o for tp, o in offsets.items() if o > committed.get(tp, -1)}
+    if not ahead:
+        return {}
     try:
         client.commit(group, ahead, "spark")
     except OffsetRegressionError:
@@ -362,6 +384,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._client: BlockingClient | None = None
         self._target: dict[TopicPartition, int] | None = None
+        self._initial: dict[TopicPartition, int] | None = None
+        self._committed: dict[TopicPartition, int] | None = None
+        self._skipped: dict[TopicPartition, int] = {}  # log starts latestOffset skipped to
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -385,11 +410,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a new query starts: startingOffsets, resolved now."""
         tps = topic_partitions(self.client, self.options)
         start = resolve(self.client, self.options.starting, tps, self.options, "startingOffsets")
+        self._initial = start
         return self._offset(start)
 
-    def _log_ends(self) -> dict[TopicPartition, int]:
+    def _logs(self) -> dict[TopicPartition, ListedOffset]:
+        """Each partition's log start and end offsets, now."""
         tps = topic_partitions(self.client, self.options)
-        return {tp: o.log_end for tp, o in self.client.list_offsets(tps, LATEST).items()}
+        return self.client.list_offsets(tps, LATEST) if tps else {}
+
+    def _log_ends(self) -> dict[TopicPartition, int]:
+        return {tp: o.log_end for tp, o in self._logs().items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read up to the log ends as they are now, and stop there."""
@@ -407,11 +437,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next micro-batch: the log ends (or the AvailableNow target),
-        capped by ``limit``; ``start`` unchanged when there is nothing new."""
+        capped by ``limit``; ``start`` unchanged when there is nothing new.
+
+        Spark asks this only once the batch that ended at ``start`` is in its
+        commit log (one batch at a time; a batch left unfinished by a crash is
+        run again before anything new is planned), so ``start``, unless it is
+        the query's initial offset, is the end of a finished batch: it is
+        committed to the group here, synchronously. This is how the last batch
+        of a query reaches the group before ``awaitTermination`` returns (an
+        AvailableNow query, or a processing-time one, asks once more to find
+        that there is nothing new); Spark's ``commit`` comes one batch later.
+        """
         begin = offsets_from_json(start)
-        latest = self._target if self._target is not None else self._log_ends()
+        if begin != self._initial:  # the end of a batch Spark has finished: commit it now
+            self._commit_through(begin)
+        logs = self._logs()
+        latest = (
+            self._target if self._target is not None else {t: o.log_end for t, o in logs.items()}
+        )
         fresh = [tp for tp in latest if tp not in begin]
         resume = {**begin, **self._earliest(fresh)}
+        if not self.options.fail_on_data_loss:
+            resume = self._skip_deleted(resume, logs)
         for tp, end in latest.items():
             if end < resume[tp]:
                 log.warning(
@@ -426,6 +473,26 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         admitted = admit(resume, ends, cap)
         return self._offset({**begin, **admitted})
 
+    def _skip_deleted(
+        self, resume: dict[TopicPartition, int], logs: Mapping[TopicPartition, ListedOffset]
+    ) -> dict[TopicPartition, int]:
+        """``resume``, moved up to the log start where retention deleted records the stream
+        had not read yet (failOnDataLoss=false), each loss warned about once, here."""
+        moved = dict(resume)
+        for tp, at in resume.items():
+            listed = logs.get(tp)
+            if listed is not None and at < listed.log_start:
+                log.warning(
+                    "%s: records %d to %d were deleted before the stream read them; "
+                    "skipping them (failOnDataLoss=false)",
+                    tp,
+                    at,
+                    listed.log_start - 1,
+                )
+                moved[tp] = listed.log_start
+                self._skipped[tp] = listed.log_start
+        return moved
+
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The log ends, for the query's progress report."""
         return self._offset(self._log_ends())
@@ -435,20 +502,27 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = offsets_from_json(start)
         stop = offsets_from_json(end)
         fresh = self._earliest([tp for tp in stop if tp not in begin])
-        ranges = [
-            OffsetRange(tp.topic, tp.partition, begin.get(tp, fresh.get(tp, 0)), stop[tp])
-            for tp in sorted(stop)
-        ]
+        ranges = []
+        for tp in sorted(stop):
+            first = begin.get(tp, fresh.get(tp, 0))
+            if first < self._skipped.get(tp, first) <= stop[tp]:  # lost, and warned about
+                first = self._skipped[tp]
+            ranges.append(OffsetRange(tp.topic, tp.partition, first, stop[tp]))
         return _tasks(ranges, self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one task's range (on an executor)."""
         return read_task(self.options, partition)
 
+    def _commit_through(self, done: dict[TopicPartition, int]) -> None:
+        """Commit ``done`` (the end of a finished batch) to the group, once."""
+        if self.options.group is not None and done != self._committed:
+            commit_quietly(self.options.bootstrap, self.options.group, done)
+            self._committed = done
+
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has processed everything before ``end``: commit it to the group, if any."""
-        if self.options.group is not None:
-            commit_quietly(self.options.bootstrap, self.options.group, offsets_from_json(end))
+        self._commit_through(offsets_from_json(end))
 
     def stop(self) -> None:
         """The query ended: close the driver-side client."""

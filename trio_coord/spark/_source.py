@@ -3,11 +3,13 @@
 :class:`TrioCoordDataSource` is what ``spark.dataSource.register`` takes: it
 checks the options and hands Spark the reader or writer for what was asked
 (batch or stream, read or write). :class:`GroupCommitListener` runs in the
-driver's Python process: Spark calls a stream reader's ``commit`` only when
-it plans the batch after, so the last batch of a query (all of an
-``AvailableNow`` run, say) would otherwise never reach the group; the
-listener commits each finished batch's end offset as the query reports its
-progress, never backwards.
+driver's Python process and commits each finished batch's end offset as the
+query reports its progress, never backwards. The stream reader commits the
+same offsets synchronously (see ``StreamReader.latestOffset``), which is
+what a driver that exits at once relies on: Spark runs listeners
+asynchronously, so the listener is for promptness, and for the one batch of
+a ``Trigger.Once`` query (``register`` lets the listener bus drain when the
+driver exits, so that batch is committed even without ``spark.stop()``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.types import StructType
 
-from ._options import read_options, write_options
+from ._options import OptionError, read_options, write_options
 from ._plan import offsets_from_json
 from ._read import SCHEMA, BatchReader, StreamReader, commit_quietly
 from ._write import BatchWriter, StreamWriter
@@ -48,7 +50,18 @@ class TrioCoordDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        """One row per record: topic, partition, offset, timestamp, key, value, headers."""
+        """One row per record: topic, partition, offset, timestamp, key, value, headers.
+
+        Spark asks for the schema at ``load()`` (never for a write), so the
+        options are checked here already, as far as a read of either kind
+        goes: a stream's mistakes fail at ``load()`` rather than when the
+        query starts. Options that make a valid write are left to the writer.
+        """
+        try:
+            read_options(self.options, streaming=None)
+        except OptionError:
+            if not _make_a_write(self.options):
+                raise
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -56,8 +69,12 @@ class TrioCoordDataSource(DataSource):
         return BatchReader(read_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        """A stream read of the options' topics."""
-        return StreamReader(read_options(self.options, streaming=True))
+        """A stream read of the options' topics (a stream-only mistake is raised by the
+        reader's first call: see :class:`_RefusedStreamReader`)."""
+        try:
+            return StreamReader(read_options(self.options, streaming=True))
+        except OptionError as exc:
+            return _RefusedStreamReader(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch write of the DataFrame's rows as records."""
@@ -66,6 +83,50 @@ class TrioCoordDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """A stream write of each micro-batch's rows as records."""
         return StreamWriter(write_options(self.options), schema)
+
+
+def _make_a_write(options: Any) -> bool:
+    try:
+        write_options(options)
+    except OptionError:
+        return False
+    return True
+
+
+class _RefusedStreamReader(DataSourceStreamReader):
+    """A stream read whose options are wrong: each call Spark makes raises the error.
+
+    Raised from ``streamReader`` itself, the error would reach the user
+    behind an ``UnboundLocalError`` of pyspark's own stream runner (its
+    ``finally`` stops a reader that was never made); raised from the first
+    call instead, it is the last word of the query's exception.
+    """
+
+    def __init__(self, error: OptionError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Refuse: the options are wrong."""
+        raise self.error
+
+    def latestOffset(self, *args: Any) -> dict[str, Any]:
+        """Refuse: the options are wrong."""
+        raise self.error
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Any:
+        """Refuse: the options are wrong."""
+        raise self.error
+
+    def read(self, partition: Any) -> Any:
+        """Refuse: the options are wrong."""
+        raise self.error
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Refuse: the options are wrong."""
+        raise self.error
+
+    def stop(self) -> None:
+        """Nothing to stop."""
 
 
 class GroupCommitListener(StreamingQueryListener):
@@ -93,4 +154,4 @@ class GroupCommitListener(StreamingQueryListener):
         """Nothing to do while a query waits for data."""
 
     def onQueryTerminated(self, event: Any) -> None:
-        """Nothing to do when a query ends (its last progress was committed)."""
+        """Nothing to do when a query ends (the reader committed its last batch)."""
