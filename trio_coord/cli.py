@@ -19,17 +19,19 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 import trio
 
 from . import __version__
 from .broker import BrokerConfig, open_broker
+from .broker.cluster import read_status
 from .client import Admin, Consumer, Delivery, PartitionLag, open_admin, open_producer
 from .log import LogConfig, LogError
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .protocol.records import ConsumerRecord
+from .store import open_zookeeper_store
 from .store.base import StoreError
 
 __all__ = ["main"]
@@ -143,6 +145,8 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
         group_retention=args.group_retention,
+        coordinator_slots=args.coordinator_slots,
+        zk_session_timeout=args.zk_session_timeout,
         initial_rebalance_delay=args.initial_rebalance_delay,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
@@ -151,13 +155,22 @@ async def cmd_broker(args: argparse.Namespace) -> None:
             retention_bytes=None if args.retention_bytes <= 0 else args.retention_bytes,
         ),
     )
-    async with open_broker(args.data_dir, args.host, args.port, config=config) as broker:
+    async with open_broker(
+        args.data_dir, args.host, args.port, config=config, store=args.store
+    ) as broker:
         data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
+        where = f"cluster: {args.store}" if args.store else f"data dir: {data_dir}"
         _say(
             args,
-            {"event": "listening", "address": broker.bootstrap, "data_dir": data_dir},
+            {
+                "event": "listening",
+                "address": broker.bootstrap,
+                "data_dir": data_dir,
+                "broker_id": args.broker_id,
+                "store": args.store,
+            },
             f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}\n"
-            f"data dir: {data_dir}  (Ctrl-C to stop)",
+            f"{where}  (Ctrl-C to stop)",
         )
         await _until_signalled()
 
@@ -483,7 +496,7 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         emit("joined", pid=os.getpid())
         async with open_admin(args.bootstrap) as admin:
             existing = {t.name for t in await admin.list_topics()}
-        for topic in sorted(set(args.topics) - existing):
+        for topic in sorted(t for t in set(args.topics) - existing if not t.startswith("re:")):
             print(
                 f"warning: topic {topic!r} does not exist yet; its partitions will be "
                 f"assigned once it is created (trio-coord topics create {topic} --partitions N)",
@@ -614,6 +627,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker-id", type=int, default=0, help="this broker's id (default: %(default)s)"
     )
     p.add_argument(
+        "--store",
+        default=None,
+        metavar="zk://HOST:PORT[,...]/CHROOT",
+        help="join the cluster of brokers on this ZooKeeper chroot (metadata lives there; "
+        "records stay in --data-dir/partitions); default: the embedded store in --data-dir",
+    )
+    p.add_argument(
+        "--coordinator-slots",
+        type=int,
+        default=16,
+        metavar="N",
+        help="cluster: coordinator slots groups hash onto, fixed per cluster "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--zk-session-timeout",
+        type=float,
+        default=6.0,
+        metavar="SECONDS",
+        help="cluster: ZooKeeper session timeout; a dead broker's groups move this long "
+        "after it died (default: %(default)s)",
+    )
+    p.add_argument(
         "--min-session-timeout",
         type=float,
         default=1.0,
@@ -702,6 +738,26 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("names", nargs="*", metavar="NAME")
         _add_client_options(p)
         p.set_defaults(func=func)
+
+    cluster = sub.add_parser(
+        "cluster", help="inspect a cluster of brokers on ZooKeeper"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = cluster.add_parser(
+        "status",
+        help="brokers, coordinator slots and their holders, groups per coordinator",
+        description="Read a cluster's state from its ZooKeeper chroot: the live brokers, "
+        "which broker holds each coordinator slot, and the groups each coordinates.",
+    )
+    p.add_argument("--store", required=True, metavar="zk://HOST:PORT[,...]/CHROOT")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up if ZooKeeper does not answer within this long (default: %(default)s)",
+    )
+    p.set_defaults(func=cmd_cluster_status)
 
     groups = sub.add_parser(
         "groups", help="list, describe, create and delete consumer groups"
@@ -877,6 +933,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+async def cmd_cluster_status(args: argparse.Namespace) -> None:
+    """Show a cluster's brokers, who holds each coordinator slot, and the groups of each."""
+    with trio.fail_after(args.timeout):
+        async with open_zookeeper_store(args.store, connect_timeout=args.timeout) as store:
+            status = await read_status(store)
+    brokers = cast(list[dict[str, Any]], status["brokers"])
+    holders = cast(dict[int, int], status["holders"])
+    groups = cast(dict[str, list[str]], status["groups"])
+    lines = [f"{len(brokers)} live broker(s), {status['slots']} coordinator slot(s)"]
+    for broker in brokers:
+        bid = broker["broker_id"]
+        held = [s for s, b in holders.items() if b == bid]
+        lines.append(
+            f"  broker {bid} at {broker['address']}: slots {held or '-'}, "
+            f"{len(groups.get(str(bid), []))} group(s) {' '.join(groups.get(str(bid), []))}"
+        )
+    vacant = [s for s in range(cast(int, status["slots"])) if s not in holders]
+    if vacant:
+        lines.append(f"  vacant slots (being elected): {vacant}; groups: {groups.get('none', [])}")
+    _say(args, status, "\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

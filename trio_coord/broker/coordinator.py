@@ -6,14 +6,24 @@ keeps track of which members live on which connection (so that a lost
 connection removes exactly its members), rebalances the groups subscribed to
 a topic that appears or grows, replays durable records into group state, and
 sweeps away groups that stayed empty, with no offsets, for the retention
-period.
+period. A subscription entry ``re:PATTERN`` is a regular expression over
+topic names: the member is subscribed to every matching topic, including
+topics created later. A broker of a cluster runs one service per coordinator slot it
+holds; :class:`Coordinators` routes each group's requests to its slot's
+service (a single broker has one slot).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import re
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 import trio
 
 from ..core.assignors import ASSIGNORS, Assignor
@@ -21,7 +31,14 @@ from ..core.group import Group, GroupLimits, GroupState
 from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, OffsetTombstone, Record
 from ..core.validation import validate_group_id
 from ..protocol.connection import Connection
-from ..protocol.errors import GroupAlreadyExistsError, GroupNotFoundError, NonEmptyGroupError
+from ..protocol.errors import (
+    CoordinatorNotAvailableError,
+    GroupAlreadyExistsError,
+    GroupNotFoundError,
+    InvalidRequestError,
+    NonEmptyGroupError,
+    NotCoordinatorError,
+)
 from ..protocol.messages import (
     DeleteOffsetsRequest,
     GroupDescription,
@@ -35,12 +52,18 @@ from ..protocol.messages import (
     ResetOffsetsRequest,
     TopicPartition,
 )
-from ..store.base import StoreError
+from ..store.base import BadVersionError, StoreError
 from .group import EventCallback, GroupRunner, LogOffsets
 from .persistence import RecordWriter
 from .topics import TopicManager
 
-__all__ = ["CoordinatorConfig", "CoordinatorService"]
+__all__ = [
+    "PATTERN_PREFIX",
+    "CoordinatorConfig",
+    "CoordinatorService",
+    "Coordinators",
+    "slot_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +111,10 @@ class CoordinatorService:
                 await nursery.start(runner.run)
             nursery.start_soon(self._sweep_empty_groups)
             task_status.started()
+
+    def detach(self) -> None:
+        """Stop following topic changes (the broker gave up this service's slot)."""
+        self._topics.remove_listener(self._topic_changed)
 
     def _new_runner(self, group: Group) -> GroupRunner:
         runner = GroupRunner(
@@ -174,7 +201,17 @@ class CoordinatorService:
     # -- requests ----------------------------------------------------------------------
 
     async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
-        """Admit a member to a group, creating the group on first join."""
+        """Admit a member to a group, creating the group on first join.
+
+        A subscription entry ``re:PATTERN`` subscribes to every topic whose
+        whole name matches the regular expression, now and as topics appear
+        (``:`` never occurs in topic names): the member's topics are its
+        entries plus the existing topics they match.
+        """
+        patterns = _patterns(request.topics)
+        if patterns:
+            matched = {t for t in self._topics.partitions if any(p.fullmatch(t) for p in patterns)}
+            request = msgspec.structs.replace(request, topics=sorted(set(request.topics) | matched))
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
 
@@ -274,9 +311,18 @@ class CoordinatorService:
         count = self._topics.partitions.get(topic)
         for runner in self._runners.values():
             group = runner.group
-            if group.state is not GroupState.EMPTY and any(
-                topic in m.topics for m in group.members.values()
-            ):
+            if group.state is GroupState.EMPTY:
+                continue
+            interested = False
+            for member in group.members.values():
+                if topic in member.topics:
+                    interested = True
+                elif any(p.fullmatch(topic) for p in _patterns(member.topics)):
+                    # A new topic matching the member's pattern: it is subscribed now (the
+                    # next generation's record persists it; a rejoin matches it again).
+                    member.topics = member.topics | {topic}
+                    interested = True
+            if interested:
                 runner.request_rebalance(f"topic {topic} now has {count} partitions")
 
     async def _sweep_empty_groups(self) -> None:
@@ -298,3 +344,182 @@ class CoordinatorService:
                     await self._delete(runner)
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)
+
+
+PATTERN_PREFIX = "re:"
+"""A subscription entry starting with this is a regular expression over topic names."""
+
+
+def _patterns(topics: Iterable[str]) -> list[re.Pattern[str]]:
+    """The compiled ``re:`` entries of a subscription; INVALID_REQUEST for a bad one."""
+    patterns = []
+    for entry in topics:
+        if entry.startswith(PATTERN_PREFIX):
+            try:
+                patterns.append(_compile(entry[len(PATTERN_PREFIX) :]))
+            except re.error as exc:
+                raise InvalidRequestError(
+                    f"subscription {entry!r} is not a valid regular expression ({exc}); "
+                    "write re:PATTERN with a Python regular expression matching whole topic names"
+                ) from None
+    return patterns
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def slot_of(group_id: str, slots: int) -> int:
+    """The coordinator slot a group hashes onto (stable across processes and versions)."""
+    return zlib.crc32(group_id.encode()) % slots
+
+
+class Coordinators:
+    """Routes group requests to the coordinator service of the group's slot.
+
+    A single broker has one slot, always held. A broker of a cluster holds
+    the slots it won; a request about a group of a slot it does not hold is
+    answered NOT_COORDINATOR (the client asks Metadata again), and one about
+    a slot it is still loading COORDINATOR_NOT_AVAILABLE (retry shortly).
+    """
+
+    def __init__(self, slots: int = 1, *, elected: bool = False) -> None:
+        self.slots = slots
+        self.elected = elected
+        """Whether slots are won by election (a cluster): store failures then mean "moved"."""
+        self.services: dict[int, CoordinatorService] = {}
+        self.loading: set[int] = set()
+        self.suspended = False
+        """A cluster broker cut off from ZooKeeper: it may have lost its slots already."""
+
+    @contextlib.contextmanager
+    def _writing(self, group_id: str) -> Iterator[None]:
+        """In a cluster, say what a failed store write means to the client: the group moves.
+
+        A fenced write (BadVersionError from the slot's epoch check) is
+        NOT_COORDINATOR: another broker holds the slot now. Any other store
+        failure (a lost connection, an expired session) is
+        COORDINATOR_NOT_AVAILABLE: this broker is about to lose the slot or
+        get it back. Both are retriable; the client finds the coordinator again.
+        """
+        try:
+            yield
+        except BadVersionError as exc:
+            if not self.elected:
+                raise
+            raise NotCoordinatorError(
+                f"this broker was deposed as coordinator of group {group_id!r}; its write "
+                f"was fenced ({exc}); ask Metadata for the new coordinator"
+            ) from None
+        except StoreError as exc:
+            if not self.elected:
+                raise
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of group {group_id!r} could not write to ZooKeeper ({exc}); "
+                "retry shortly"
+            ) from None
+
+    def slot_of(self, group_id: str) -> int:
+        """The slot ``group_id`` belongs to."""
+        return slot_of(group_id, self.slots)
+
+    def service(self, group_id: str) -> CoordinatorService:
+        """The service coordinating ``group_id`` here; NOT_COORDINATOR if none."""
+        slot = self.slot_of(group_id)
+        service = self.services.get(slot)
+        if self.suspended and service is not None:
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of group {group_id!r} lost its connection to ZooKeeper and "
+                "may no longer hold the group; retry shortly"
+            )
+        if service is None:
+            if slot in self.loading:
+                raise CoordinatorNotAvailableError(
+                    f"this broker is loading the groups of slot {slot} (group {group_id!r}); "
+                    "retry shortly"
+                )
+            raise NotCoordinatorError(
+                f"this broker does not coordinate group {group_id!r} (slot {slot}); "
+                "ask Metadata for its coordinator"
+            )
+        return service
+
+    # -- routed requests (see CoordinatorService for each) --------------------------------
+
+    async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+        """Admit a member (see :meth:`CoordinatorService.join`)."""
+        with self._writing(request.group):
+            return await self.service(request.group).join(request, conn)
+
+    def heartbeat(self, request: HeartbeatRequest) -> None:
+        """Accept a heartbeat (see :meth:`CoordinatorService.heartbeat`)."""
+        self.service(request.group).heartbeat(request)
+
+    async def leave(self, request: LeaveGroupRequest) -> None:
+        """A member leaves (see :meth:`CoordinatorService.leave`)."""
+        with self._writing(request.group):
+            await self.service(request.group).leave(request)
+
+    async def commit(self, request: OffsetCommitRequest) -> None:
+        """Commit offsets (see :meth:`CoordinatorService.commit`)."""
+        with self._writing(request.group):
+            await self.service(request.group).commit(request)
+
+    async def reset_offsets(self, request: ResetOffsetsRequest) -> None:
+        """Move offsets (see :meth:`CoordinatorService.reset_offsets`)."""
+        with self._writing(request.group):
+            await self.service(request.group).reset_offsets(request)
+
+    async def delete_offsets(self, request: DeleteOffsetsRequest) -> None:
+        """Forget offsets (see :meth:`CoordinatorService.delete_offsets`)."""
+        with self._writing(request.group):
+            await self.service(request.group).delete_offsets(request)
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None
+    ) -> list[PartitionOffset]:
+        """Committed offsets (see :meth:`CoordinatorService.fetch_offsets`)."""
+        return self.service(group_id).fetch_offsets(group_id, partitions)
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """One group (see :meth:`CoordinatorService.describe_group`)."""
+        return self.service(group_id).describe_group(group_id)
+
+    async def create_group(self, group_id: str) -> None:
+        """Create an empty group (see :meth:`CoordinatorService.create_group`)."""
+        validate_group_id(group_id)
+        with self._writing(group_id):
+            await self.service(group_id).create_group(group_id)
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete an empty group (see :meth:`CoordinatorService.delete_group`)."""
+        with self._writing(group_id):
+            await self.service(group_id).delete_group(group_id)
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Every group this broker coordinates, sorted by id."""
+        groups = [g for service in self.services.values() for g in service.list_groups()]
+        return sorted(groups, key=lambda g: g.group_id)
+
+    def groups_by_slot(self) -> dict[int, list[str]]:
+        """The ids of the groups this broker coordinates, per slot it holds."""
+        return {
+            slot: [g.group_id for g in service.list_groups()]
+            for slot, service in sorted(self.services.items())
+        }
+
+    def runner(self, group_id: str) -> GroupRunner | None:
+        """The runner of a group, if this broker coordinates it (for tests and tools)."""
+        service = self.services.get(self.slot_of(group_id))
+        return None if service is None else service.runner(group_id)
+
+    def committed_offset(self, group_id: str, tp: TopicPartition) -> int | None:
+        """The durable committed offset of ``group_id`` on ``tp`` (None if none here)."""
+        service = self.services.get(self.slot_of(group_id))
+        return None if service is None else service.committed_offset(group_id, tp)
+
+    def connection_lost(self, conn: Connection) -> None:
+        """Remove the members that lived on ``conn``, in every slot."""
+        for service in list(self.services.values()):
+            service.connection_lost(conn)

@@ -11,7 +11,7 @@ When the connection ends, the members that lived on it are removed as failed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..protocol.connection import Connection, RequestHandler
@@ -39,7 +39,6 @@ from ..protocol.messages import (
     ListGroupsResponse,
     ListOffsetsRequest,
     MetadataRequest,
-    MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
@@ -68,7 +67,7 @@ class BrokerHandler(RequestHandler):
         self._topics = broker.topics
         self._partitions = broker.partitions
         self._conn = conn
-        self._now: dict[type, Callable[[Any], ResponseBody]] = {
+        self._now: dict[type, Callable[[Any], ResponseBody | None]] = {
             HeartbeatRequest: self._heartbeat,
             MetadataRequest: self._metadata,
             ListGroupsRequest: self._list_groups,
@@ -84,10 +83,11 @@ class BrokerHandler(RequestHandler):
             AddPartitionsRequest: self._add_partitions,
             CreateGroupRequest: self._create_group,
             DeleteGroupRequest: self._delete_group,
-            ProduceRequest: self._partitions.produce,
+            ProduceRequest: self._produce,
             FetchRequest: self._fetch,
             ResetOffsetsRequest: self._reset_offsets,
             DeleteOffsetsRequest: self._delete_offsets,
+            MetadataRequest: self._metadata_after_reading_topics,
         }
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
@@ -114,13 +114,13 @@ class BrokerHandler(RequestHandler):
         self._coordinator.heartbeat(body)
         return _HEARTBEAT_OK
 
-    def _metadata(self, body: MetadataRequest) -> ResponseBody:
-        info = self._broker.info
-        return MetadataResponse(
-            [info],
-            self._topics.describe(body.topics),
-            info if body.group else None,
-        )
+    def _metadata(self, body: MetadataRequest) -> ResponseBody | None:
+        if self._broker.member is not None and self._unknown(body.topics or ()):
+            return None  # a topic made on another broker may not have reached us yet
+        return self._broker.metadata(body)
+
+    def _unknown(self, topics: Iterable[str]) -> list[str]:
+        return [t for t in topics if t not in self._topics.partitions]
 
     def _list_groups(self, body: ListGroupsRequest) -> ResponseBody:
         return ListGroupsResponse(self._coordinator.list_groups())
@@ -144,10 +144,29 @@ class BrokerHandler(RequestHandler):
         await self._coordinator.commit(body)
         return OffsetCommitResponse()
 
+    async def _metadata_after_reading_topics(self, body: MetadataRequest) -> ResponseBody:
+        """Metadata naming topics this broker does not know: read them from the store first.
+
+        Another broker's topic reaches this one through a watch, a moment
+        after it is acknowledged; a client told "created" must not be told
+        UNKNOWN_TOPIC here meanwhile.
+        """
+        member = self._broker.member
+        if member is not None:
+            await member.read_topics(self._unknown(body.topics or ()))
+        return self._broker.metadata(body)
+
+    async def _produce(self, body: ProduceRequest) -> ResponseBody:
+        if self._broker.member is not None:
+            await self._broker.member.read_topics(self._unknown([body.topic]))
+        return await self._partitions.produce(body)
+
     async def _create_topic(self, body: CreateTopicRequest) -> ResponseBody:
         return CreateTopicResponse(await self._topics.create_topic(body.name, body.partitions))
 
     async def _add_partitions(self, body: AddPartitionsRequest) -> ResponseBody:
+        if self._broker.member is not None:
+            await self._broker.member.read_topics(self._unknown([body.topic]))
         return AddPartitionsResponse(await self._topics.add_partitions(body.topic, body.total))
 
     async def _create_group(self, body: CreateGroupRequest) -> ResponseBody:

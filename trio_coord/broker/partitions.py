@@ -25,6 +25,7 @@ from ..protocol.errors import (
     ErrorCode,
     InvalidRecordError,
     InvalidRequestError,
+    NotLeaderForPartitionError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     UnknownServerError,
@@ -33,6 +34,7 @@ from ..protocol.errors import (
 from ..protocol.messages import (
     EARLIEST,
     LATEST,
+    NO_OFFSET,
     FetchedBatch,
     FetchedPartition,
     FetchPartition,
@@ -68,8 +70,10 @@ class PartitionService:
         *,
         max_batch_bytes: int,
         max_fetch_bytes: int,
+        broker_id: int = 0,
     ) -> None:
         self._logs = logs
+        self._broker_id = broker_id
         self._topics = topics
         self._max_batch_bytes = max_batch_bytes
         self._max_fetch_bytes = max_fetch_bytes
@@ -90,9 +94,23 @@ class PartitionService:
                 f"topic {topic!r} has partitions 0..{count - 1}; partition {partition} "
                 "does not exist"
             )
+        leader = self._topics.leader(topic, partition)
+        if leader is not None and leader != self._broker_id:
+            raise NotLeaderForPartitionError(
+                f"partition {topic}-{partition} is held by broker {leader}, not by broker "
+                f"{self._broker_id}; refresh metadata and ask that broker"
+            )
 
     def log_offsets(self, tp: TopicPartition) -> tuple[int, int]:
-        """A partition's (log start, log end) offsets; (0, 0) before its first record."""
+        """A partition's (log start, log end) offsets; (0, 0) before its first record.
+
+        For a partition another broker of the cluster holds, (NO_OFFSET,
+        NO_OFFSET): the member that gets it finds its start itself (by its
+        reset policy, from that broker).
+        """
+        leader = self._topics.leader(tp.topic, tp.partition)
+        if leader is not None and leader != self._broker_id:
+            return (NO_OFFSET, NO_OFFSET)
         log = self._logs.get(tp.topic, tp.partition)
         return (0, 0) if log is None else (log.start_offset, log.end_offset)
 

@@ -5,9 +5,11 @@ deletions) goes through :class:`RecordWriter`. Callers ``await
 writer.write(records)``; a single flusher task takes everything queued since
 its last write and makes it durable in **one** atomic store ``multi``
 (group commit: a thousand members auto-committing cost one write, not a
-thousand), then replays the records, in the order they were queued, into the
-in-memory state, and only then wakes the callers. So an acknowledged record
-is durable, and the in-memory state always equals what a restart would load
+thousand; a transaction carries at most ``max_batch_records`` records and
+about ``max_batch_bytes`` bytes, under ZooKeeper's request limit), then
+replays the records, in the order they were queued, into the in-memory
+state, and only then wakes the callers. So an acknowledged record is
+durable, and the in-memory state always equals what a restart would load
 (:func:`load_records` reads it back; the broker replays it the same way).
 
 The store layout::
@@ -19,9 +21,11 @@ The store layout::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal, overload
 
 import trio
 
@@ -37,7 +41,17 @@ from ..core.records import (
     supersedes,
 )
 from ..protocol.messages import TopicPartition
-from ..store.base import Create, Delete, MetadataStore, NoNodeError, Op, SetData, StoreError
+from ..store.base import (
+    BadVersionError,
+    Create,
+    Delete,
+    MetadataStore,
+    NodeExistsError,
+    NoNodeError,
+    Op,
+    SetData,
+    StoreError,
+)
 
 __all__ = [
     "RecordWriter",
@@ -78,40 +92,123 @@ def record_path(record: TopicRecord | GroupRecord | OffsetRecord | OffsetTombsto
     return offset_path(record.group_id, record.tp)
 
 
-async def load_records(store: MetadataStore) -> tuple[list[Record], set[str]]:
-    """Read every record back from the store, and the set of paths that exist.
+async def load_records(
+    store: MetadataStore,
+    *,
+    topics: bool = True,
+    groups: Callable[[str], bool] | None = None,
+) -> tuple[list[Record], set[str]]:
+    """Read records back from the store, and the set of paths they occupy.
 
-    Topics come first, then each group's record followed by its offsets, the
-    order in which replay needs them.
+    Topics come first (unless ``topics=False``), then each group's record
+    followed by its offsets, the order in which replay needs them. ``groups``
+    picks the groups to read (default: all; a cluster coordinator reads the
+    groups of one slot).
     """
     records: list[Record] = []
     paths: set[str] = set()
     for root in (TOPICS, GROUPS):
         if await store.exists(root) is None:
-            await store.create(root, make_parents=True)
+            with contextlib.suppress(NodeExistsError):  # (another broker made it meanwhile)
+                await store.create(root, make_parents=True)
         paths.add(root)
-    for name in await store.children(TOPICS):
-        data, _ = await store.get(topic_path(name))
-        records.append(decode_record(data))
-        paths.add(topic_path(name))
-    for group_id in await store.children(GROUPS):
-        base = group_path(group_id)
-        data, _ = await store.get(base)
+    if topics:
+        names = await store.children(TOPICS)
+        found = await _read_all(store, [topic_path(n) for n in names])
+        for name, data in zip(names, found, strict=True):
+            if data is not None:  # (topics are never deleted)
+                records.append(decode_record(data))
+                paths.add(topic_path(name))
+    # Every read of a level is in flight at once: a coordinator loading a slot after a
+    # failover waits for this, and one ZooKeeper round trip per node in turn adds up.
+    wanted = [g for g in await store.children(GROUPS) if groups is None or groups(g)]
+    bases = [group_path(g) for g in wanted]
+    group_data = await _read_all(store, bases)
+    offset_names = await _read_all(store, [f"{b}/offsets" for b in bases], children=True)
+    offset_paths = {
+        base: [f"{base}/offsets/{name}" for name in names]
+        for base, names in zip(bases, offset_names, strict=True)
+        if names is not None
+    }
+    flat = [path for group in offset_paths.values() for path in group]
+    offset_data = dict(zip(flat, await _read_all(store, flat), strict=True))
+    for base, data in zip(bases, group_data, strict=True):
+        if data is None:  # deleted by its coordinator meanwhile
+            continue
         paths.add(base)
         if data:
             records.append(decode_record(data))
-        offsets_root = f"{base}/offsets"
-        try:
-            names = await store.children(offsets_root)
-        except NoNodeError:
+        if base not in offset_paths:
             continue
-        paths.add(offsets_root)
-        for name in names:
-            path = f"{offsets_root}/{name}"
-            data, _ = await store.get(path)
-            records.append(decode_record(data))
-            paths.add(path)
+        paths.add(f"{base}/offsets")
+        for path in offset_paths[base]:
+            offset = offset_data[path]
+            if offset is not None:
+                records.append(decode_record(offset))
+                paths.add(path)
     return records, paths
+
+
+_READS_IN_FLIGHT = 64
+
+
+@overload
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: Literal[False] = False
+) -> list[bytes | None]: ...
+
+
+@overload
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: Literal[True]
+) -> list[list[str] | None]: ...
+
+
+async def _read_all(
+    store: MetadataStore, paths: list[str], *, children: bool = False
+) -> list[bytes | None] | list[list[str] | None]:
+    """The data (or children) of every path, None where there is no node.
+
+    ``_READS_IN_FLIGHT`` workers take the paths in turn, so that reads overlap
+    (pipelined on a ZooKeeper session) without a task per node.
+    """
+    results: list[Any] = [None] * len(paths)
+    todo = iter(enumerate(paths))
+
+    async def worker() -> None:
+        for index, path in todo:
+            with contextlib.suppress(NoNodeError):
+                if children:
+                    results[index] = await store.children(path)
+                else:
+                    results[index] = (await store.get(path))[0]
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(_READS_IN_FLIGHT, len(paths))):
+            nursery.start_soon(worker)
+    return results
+
+
+DEFAULT_MAX_BATCH_BYTES = 512 * 1024
+"""How many bytes of records one store transaction carries at most (estimated; a
+single caller's records always go together). ZooKeeper refuses requests beyond its
+``jute.maxbuffer`` (1 MiB by default); this leaves room for the paths of parents
+created on the way and for the transaction's framing."""
+
+_OP_BYTES = 64  # per operation besides its path and data (header, version, ACL)
+
+
+def _estimate(records: Sequence[Record]) -> int:
+    """The bytes a transaction writing ``records`` roughly takes."""
+    total = 0
+    for record in records:
+        if isinstance(record, GroupTombstone):
+            total += _OP_BYTES + len(group_path(record.group_id))
+        else:
+            total += _OP_BYTES + len(record_path(record))
+            if not isinstance(record, OffsetTombstone):
+                total += len(encode_record(record))
+    return total
 
 
 @dataclass(slots=True)
@@ -119,6 +216,7 @@ class _Batch:
     records: list[Record] = field(default_factory=list)
     done: trio.Event = field(default_factory=trio.Event)
     error: StoreError | None = None
+    nbytes: int = 0
 
 
 class RecordWriter:
@@ -129,6 +227,13 @@ class RecordWriter:
     (the committed offset, the group's generation), so that a batch never
     writes what replay would ignore (see ``core.records.supersedes``): store
     and memory stay equal.
+
+    ``guard`` operations open every transaction. A cluster coordinator
+    passes ``Check(<its slot's epoch node>, <the epoch it won>)``: once
+    another broker has won the slot, the check fails, nothing of the batch
+    is written, and :attr:`fenced` is set so that the coordinator steps
+    down. The topic writer passes a ``SetData`` of the topics root, which
+    every broker watches to learn of new and grown topics.
     """
 
     def __init__(
@@ -139,12 +244,19 @@ class RecordWriter:
         replay: Callable[[Record], None],
         current: Callable[[Record], Record | None],
         max_batch_records: int = 5000,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        guard: Sequence[Op] = (),
     ) -> None:
-        self._store = store
+        self.store = store
+        """The store written to (a cluster broker swaps it after a new ZooKeeper session)."""
+        self._guard = list(guard)
+        self.fenced = trio.Event()
+        """Set when a guarded write failed its check: this writer may never write again."""
         self._paths = existing_paths
         self._replay = replay
         self._current = current
         self._max_batch = max_batch_records
+        self._max_bytes = max_batch_bytes
         self._queue: list[_Batch] = []
         self._wakeup = trio.Event()
         self.writes = 0
@@ -154,7 +266,7 @@ class RecordWriter:
         """Return once ``records`` are durable and replayed; StoreError if the write failed."""
         if not records:
             return
-        batch = _Batch(list(records))
+        batch = _Batch(list(records), nbytes=_estimate(records))
         self._queue.append(batch)
         self._wakeup.set()
         await batch.done.wait()
@@ -180,9 +292,16 @@ class RecordWriter:
             self._wakeup = trio.Event()
             while self._queue:
                 batches: list[_Batch] = []
-                size = 0
-                while self._queue and (not batches or size < self._max_batch):
-                    size += len(self._queue[0].records)
+                count = nbytes = 0
+                while self._queue and (
+                    not batches
+                    or (
+                        count + len(self._queue[0].records) <= self._max_batch
+                        and nbytes + self._queue[0].nbytes <= self._max_bytes
+                    )
+                ):
+                    count += len(self._queue[0].records)
+                    nbytes += self._queue[0].nbytes
                     batches.append(self._queue.pop(0))
                 await self._flush(batches)
 
@@ -191,9 +310,18 @@ class RecordWriter:
         error: StoreError | None = None
         try:
             ops, created, deleted = self._ops(records)
+            if self.fenced.is_set():
+                raise BadVersionError("this coordinator was deposed; its writes are fenced")
             if ops:
-                await self._store.multi(ops)
+                await self.store.multi([*self._guard, *ops])
                 self.writes += 1
+        except BadVersionError as exc:
+            if not self._guard:
+                log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
+            else:
+                log.warning("write of %d record(s) fenced: %s", len(records), exc)
+                self.fenced.set()
+            error = exc
         except StoreError as exc:
             log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
             error = exc

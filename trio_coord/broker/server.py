@@ -3,7 +3,7 @@
 ``open_broker`` builds the tree of the design and tears it down gracefully::
 
     broker nursery
-    ├── store session (the embedded store in the data dir)
+    ├── store session (the embedded store in the data dir, or ZooKeeper)
     ├── partition logs (background flush and retention)
     ├── record writer (group commit of every durable record)
     ├── coordinator service → one group task per group
@@ -13,7 +13,9 @@ On start it loads every record from the store and replays it (topics, group
 generations, offsets), so a restarted broker continues where it stopped. On
 exit it stops accepting connections, refuses new work with
 BROKER_SHUTTING_DOWN, lets queued writes become durable (bounded by
-``shutdown_grace``), then cancels the rest.
+``shutdown_grace``), then cancels the rest. A broker of a cluster on
+ZooKeeper also runs its :class:`~.cluster.ClusterMember` (registration,
+slot elections, the coordinator services of the slots it holds).
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.connection import Connection
+from ..protocol.errors import CoordinatorNotAvailableError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from ..protocol.messages import BrokerInfo
-from ..store import open_embedded_store
-from ..store.base import MetadataStore
-from .coordinator import CoordinatorConfig, CoordinatorService
+from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
+from ..store import open_embedded_store, open_zookeeper_store
+from ..store.base import MetadataStore, SetData
+from .cluster import ClusterMember, placement
+from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .group import EventCallback
 from .handler import BrokerHandler
 from .partitions import PartitionService
-from .persistence import RecordWriter, load_records
+from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
 
 __all__ = ["Broker", "BrokerConfig", "open_broker"]
@@ -89,6 +93,14 @@ class BrokerConfig:
     """Assignors of the application's own, registered by name beside the built-in ones."""
     on_event: EventCallback | None = field(default=None, repr=False)
     """Observer of group events (joined, removed, stable, ...), for tools and tests."""
+    coordinator_slots: int = 16
+    """Cluster only: how many coordinator slots groups hash onto (fixed per cluster)."""
+    zk_session_timeout: float = 6.0
+    """Cluster only: the ZooKeeper session timeout asked for; a dead broker's slots are
+    re-elected this long after it died."""
+    claim_grace: float = 1.0
+    """Cluster only: how long a vacant slot waits for the broker chosen to claim it
+    before any broker may, and how still the view must be before a broker sheds a slot."""
 
     @property
     def batch_limit(self) -> int:
@@ -123,11 +135,16 @@ class BrokerConfig:
             )
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
+        if self.coordinator_slots < 1:
+            raise ValueError("coordinator_slots must be at least 1")
+        if self.zk_session_timeout <= 0:
+            raise ValueError("zk_session_timeout must be positive")
         for name in (
             "group_retention",
             "position_flush_interval",
             "shutdown_grace",
             "initial_rebalance_delay",
+            "claim_grace",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -142,7 +159,14 @@ class Broker:
     (for embedding applications and tests).
     """
 
-    def __init__(self, config: BrokerConfig, store: MetadataStore, logs: LogManager) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MetadataStore,
+        logs: LogManager,
+        *,
+        cluster_url: str | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.logs = logs
@@ -151,16 +175,49 @@ class Broker:
             existing_paths=set(),
             replay=self._replay,
             current=self._current,
+            # In a cluster every topic write touches the topics root, which all brokers watch.
+            guard=[SetData(TOPICS, b"")] if cluster_url else (),
         )
-        self.topics = TopicManager(self.writer, max_partitions=config.max_partitions)
+        self.member: ClusterMember | None = None
+        """This broker's membership of its cluster (None: a single broker)."""
+        if cluster_url is not None:
+            self.member = ClusterMember(
+                self,
+                cluster_url,
+                slots=config.coordinator_slots,
+                session_timeout=config.zk_session_timeout,
+                claim_grace=config.claim_grace,
+            )
+        self.topics = TopicManager(
+            self.writer,
+            max_partitions=config.max_partitions,
+            placement=None if self.member is None else placement(self.member),
+        )
         self.partitions = PartitionService(
             logs,
             self.topics,
             max_batch_bytes=config.batch_limit,
             max_fetch_bytes=config.max_fetch_bytes,
+            broker_id=config.broker_id if self.member is not None else 0,
         )
-        self.coordinator = CoordinatorService(
-            self.writer,
+        self.coordinator = Coordinators(
+            1 if self.member is None else config.coordinator_slots,
+            elected=self.member is not None,
+        )
+        """The coordinator services of the slots this broker holds, behind one router."""
+        if self.member is None:
+            self.coordinator.services[0] = self.new_coordinator_service(self.writer)
+        self.address: tuple[str, int] = (config.host, config.port)
+        self.shutting_down = False
+        self._connections: set[Connection] = set()
+        self._services = trio.CancelScope()
+        self._listening = trio.CancelScope()
+
+    def new_coordinator_service(self, writer: RecordWriter) -> CoordinatorService:
+        """A coordinator service writing through ``writer`` (one per slot held)."""
+        config = self.config
+        return CoordinatorService(
+            writer,
             self.topics,
             CoordinatorConfig(
                 limits=GroupLimits(
@@ -176,11 +233,24 @@ class Broker:
             assignors=make_registry(config.assignors),
             on_event=config.on_event,
         )
-        self.address: tuple[str, int] = (config.host, config.port)
-        self.shutting_down = False
-        self._connections: set[Connection] = set()
-        self._services = trio.CancelScope()
-        self._listening = trio.CancelScope()
+
+    def metadata(self, request: MetadataRequest) -> MetadataResponse:
+        """Live brokers, the topics asked for and the coordinator of the group asked about."""
+        topics = self.topics.describe(request.topics)
+        if self.member is None:
+            info = self.info
+            return MetadataResponse([info], topics, info if request.group else None)
+        if self.coordinator.suspended:
+            # Its view may be stale, and its slots gone: send the client to another broker.
+            raise CoordinatorNotAvailableError(
+                f"broker {self.config.broker_id} lost its connection to ZooKeeper and cannot "
+                "say who coordinates what; ask another broker"
+            )
+        brokers = [self.member.brokers[b] for b in sorted(self.member.brokers)]
+        coordinator = None
+        if request.group:
+            coordinator = self.member.coordinator_of(self.coordinator.slot_of(request.group))
+        return MetadataResponse(brokers, topics, coordinator)
 
     @property
     def bootstrap(self) -> str:
@@ -195,15 +265,17 @@ class Broker:
     def _current(self, record: Record) -> Record | None:
         if isinstance(record, TopicRecord):
             return self.topics.current(record.name)
-        return self.coordinator.current(record)
+        return self.coordinator.services[0].current(record)  # (a single broker's slot)
 
     def _replay(self, record: Record, *, loading: bool = False) -> None:
         if isinstance(record, TopicRecord):
             self.topics.replay(record)
         else:
-            self.coordinator.replay(record, loading=loading)
+            self.coordinator.services[0].replay(record, loading=loading)
 
     async def _load(self) -> None:
+        if self.member is not None:
+            return  # topics arrive through the cluster's watch, groups with their slots
         records, paths = await load_records(self.store)
         self.writer.add_existing_paths(paths)
         for record in records:
@@ -244,10 +316,13 @@ class Broker:
         with self._services:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
-                await nursery.start(self.coordinator.run)
+                for service in self.coordinator.services.values():
+                    await nursery.start(service.run)
                 listeners = await nursery.start(self._listen, nursery)
                 self.address = listeners[0].socket.getsockname()[:2]
                 log.info("broker %d listening on %s", self.config.broker_id, self.bootstrap)
+                if self.member is not None:
+                    await nursery.start(self.member.run, self.store)
                 self._services.shield = True
                 task_status.started()
 
@@ -273,6 +348,9 @@ class Broker:
         with trio.move_on_after(self.config.shutdown_grace) as grace:
             grace.shield = True
             await self.writer.drain()
+            for holder in list(self.member.held.values()) if self.member else []:
+                if holder.writer is not None:
+                    await holder.writer.drain()
         if grace.cancelled_caught:
             log.warning("shutdown: writes still pending after %gs", self.config.shutdown_grace)
         self._services.cancel()
@@ -283,36 +361,62 @@ class Broker:
 
 
 @asynccontextmanager
+async def _open_store(
+    store: str | MetadataStore | None, root: Path | None, config: BrokerConfig
+) -> AsyncIterator[tuple[MetadataStore, str | None]]:
+    """The store a broker runs on, and its cluster's URL if it is ZooKeeper."""
+    if isinstance(store, MetadataStore):
+        yield store, None
+    elif store is None:
+        async with open_embedded_store(root) as embedded:
+            yield embedded, None
+    elif store.startswith("zk://"):
+        async with open_zookeeper_store(store, session_timeout=config.zk_session_timeout) as zk:
+            yield zk, store
+    else:
+        raise ValueError(
+            f"store {store!r} is not a ZooKeeper URL: give zk://host:port[,host:port...]/chroot, "
+            "or no store for the embedded one in the data dir"
+        )
+
+
+@asynccontextmanager
 async def open_broker(
     data_dir: str | os.PathLike[str] | None,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
     config: BrokerConfig | None = None,
+    store: str | MetadataStore | None = None,
     **settings: Any,
 ) -> AsyncIterator[Broker]:
-    """Run a broker on the embedded store in ``data_dir`` for the life of the block.
+    """Run a broker for the life of the block.
 
-    The metadata store lives in ``data_dir`` and the partition logs in
-    ``data_dir/partitions``. ``data_dir=None`` runs an ephemeral broker: its
-    store lives in memory and its logs in a temporary directory, and nothing
-    survives it (for tests and throw-away demos).
+    By default the metadata store is the embedded one in ``data_dir``;
+    ``store="zk://host:port,.../chroot"`` joins the cluster of brokers on
+    that ZooKeeper chroot instead (give each broker its own ``broker_id``),
+    and a :class:`~trio_coord.store.MetadataStore` object runs a single
+    broker on that store. The partition logs live in ``data_dir/partitions``.
+    ``data_dir=None`` runs an ephemeral broker: its embedded store lives in
+    memory and its logs in a temporary directory, and nothing survives it
+    (for tests and throw-away demos).
 
     ``settings`` override fields of ``config`` (or of the defaults), e.g.
     ``open_broker(d, min_session_timeout=0.1)``. The block is entered once
-    the broker has loaded its state and listens; ``broker.bootstrap`` is its
-    address. Raises ``StoreError`` if the data dir is in use by another broker
-    and ``OSError`` if the address cannot be bound.
+    the broker has loaded its state and listens (in a cluster: once it is
+    registered); ``broker.bootstrap`` is its address. Raises ``StoreError``
+    if the data dir is in use by another broker or ZooKeeper cannot be
+    reached, and ``OSError`` if the address cannot be bound.
     """
     config = replace(config or BrokerConfig(), host=host, port=port, **settings)
     config.validate()
     root = None if data_dir is None else Path(data_dir)
     with unwrap_lone_exception():
         async with (
-            open_embedded_store(root) as store,
+            _open_store(store, root, config) as (metadata, cluster_url),
             open_log_manager(None if root is None else root / "partitions", config.log) as logs,
         ):
-            broker = Broker(config, store, logs)
+            broker = Broker(config, metadata, logs, cluster_url=cluster_url)
             await broker._load()
             async with trio.open_nursery() as nursery:
                 await nursery.start(broker._serve)

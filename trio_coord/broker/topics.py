@@ -4,18 +4,31 @@ It validates and persists CreateTopic and AddPartitions (through the record
 writer, so a topic is acknowledged only once durable), answers what the
 coordinator needs to assign (partition counts), and tells its listeners when
 a topic appears or grows so that the groups subscribed to it rebalance.
+
+In a cluster every partition is placed on one live broker when it is
+created (spread round the brokers from a point that depends on the topic's
+name) and stays there: its records live on that broker's disk. Topics
+created or grown by other brokers arrive through :meth:`replay` too (the
+broker watches the store).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable
 
 import trio
 
 from ..core.records import TopicRecord, supersedes
 from ..core.validation import validate_topic_name
-from ..protocol.errors import InvalidPartitionsError, TopicAlreadyExistsError, UnknownTopicError
+from ..protocol.errors import (
+    CoordinatorNotAvailableError,
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    UnknownTopicError,
+)
 from ..protocol.messages import TopicInfo
+from ..store.base import NodeExistsError
 from .persistence import RecordWriter
 
 __all__ = ["TopicManager"]
@@ -24,11 +37,20 @@ __all__ = ["TopicManager"]
 class TopicManager:
     """Topics and their partition counts; see the module docstring."""
 
-    def __init__(self, writer: RecordWriter, *, max_partitions: int = 10_000) -> None:
+    def __init__(
+        self,
+        writer: RecordWriter,
+        *,
+        max_partitions: int = 10_000,
+        placement: Callable[[], list[int]] | None = None,
+    ) -> None:
         self._writer = writer
         self._max_partitions = max_partitions
+        self._placement = placement
         self.partitions: dict[str, int] = {}
         """topic → partition count (the durable, replayed state)."""
+        self.leaders: dict[str, list[int]] = {}
+        """topic → the broker holding each partition (empty lists on a single broker)."""
         self._listeners: list[Callable[[str], None]] = []
         # Check-then-write must not interleave: two AddPartitions could shrink a topic.
         self._changing = trio.Lock()
@@ -37,18 +59,42 @@ class TopicManager:
         """Call ``listener(topic)`` whenever a topic is created or grows."""
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[str], None]) -> None:
+        """Stop calling ``listener`` (a coordinator that gave up its slot)."""
+        self._listeners.remove(listener)
+
     def current(self, name: str) -> TopicRecord | None:
         """The durable record of topic ``name`` (None if there is no such topic)."""
         count = self.partitions.get(name)
-        return None if count is None else TopicRecord(name, count)
+        return None if count is None else TopicRecord(name, count, self.leaders.get(name, []))
 
     def replay(self, record: TopicRecord) -> None:
         """Apply a durable topic record and tell the listeners (counts never shrink)."""
-        if not supersedes(record, self.current(record.name)):
+        old = self.current(record.name)
+        if not supersedes(record, old) or record == old:
             return
         self.partitions[record.name] = record.partitions
-        for listener in self._listeners:
+        self.leaders[record.name] = list(record.leaders)
+        for listener in list(self._listeners):
             listener(record.name)
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        """The id of the broker holding a partition (None: this one, on a single broker)."""
+        leaders = self.leaders.get(topic)
+        return leaders[partition] if leaders and partition < len(leaders) else None
+
+    def _place(self, name: str, old: list[int], total: int) -> list[int]:
+        """Leaders for partitions ``len(old)..total-1`` on the live brokers, round-robin."""
+        if self._placement is None:
+            return []
+        brokers = sorted(self._placement())
+        if not brokers:
+            raise CoordinatorNotAvailableError(
+                "this broker has not joined its cluster yet, so no broker can be chosen to "
+                "hold the partitions; retry shortly"
+            )
+        first = zlib.crc32(name.encode()) % len(brokers)
+        return old + [brokers[(first + p) % len(brokers)] for p in range(len(old), total)]
 
     def _check_count(self, count: int) -> None:
         if not 1 <= count <= self._max_partitions:
@@ -65,8 +111,14 @@ class TopicManager:
                 raise TopicAlreadyExistsError(
                     f"topic {name!r} exists already with {self.partitions[name]} partitions"
                 )
-            await self._writer.write([TopicRecord(name, partitions)])
-            return TopicInfo(name, self.partitions[name])
+            leaders = self._place(name, [], partitions)
+            try:
+                await self._writer.write([TopicRecord(name, partitions, leaders)])
+            except NodeExistsError:  # another broker of the cluster made it meanwhile
+                raise TopicAlreadyExistsError(
+                    f"topic {name!r} was just created by another broker"
+                ) from None
+            return self.info(name)
 
     async def add_partitions(self, name: str, total: int) -> TopicInfo:
         """Grow a topic to ``total`` partitions; the count never shrinks."""
@@ -78,8 +130,9 @@ class TopicManager:
                     f"topic {name!r} has {current} partitions; the new total must be larger "
                     "(partitions can be added, never removed)"
                 )
-            await self._writer.write([TopicRecord(name, total)])
-            return TopicInfo(name, self.partitions[name])
+            leaders = self._place(name, self.leaders.get(name, []), total)
+            await self._writer.write([TopicRecord(name, total, leaders)])
+            return self.info(name)
 
     def require(self, name: str) -> int:
         """The partition count of ``name``; raises UNKNOWN_TOPIC if it does not exist."""
@@ -94,4 +147,8 @@ class TopicManager:
     def describe(self, names: Iterable[str] | None = None) -> list[TopicInfo]:
         """The topics asked for (None: all), sorted; raises UNKNOWN_TOPIC for a missing one."""
         wanted = sorted(self.partitions) if names is None else list(names)
-        return [TopicInfo(name, self.require(name)) for name in wanted]
+        return [self.info(name) for name in wanted]
+
+    def info(self, name: str) -> TopicInfo:
+        """One topic as Metadata describes it; raises UNKNOWN_TOPIC if it does not exist."""
+        return TopicInfo(name, self.require(name), list(self.leaders.get(name, [])))

@@ -10,19 +10,29 @@ it however many partitions they talk to.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import trio
 
 from ..protocol.connection import Connection, connect_tcp
-from ..protocol.errors import UnknownTopicError
+from ..protocol.errors import ConnectionClosedError, CoordError, UnknownTopicError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from ..protocol.messages import BrokerInfo, MetadataRequest, TopicInfo, TopicPartition
+from ..protocol.messages import (
+    BrokerInfo,
+    MetadataRequest,
+    MetadataResponse,
+    TopicInfo,
+    TopicPartition,
+)
 from ._bootstrap import Bootstrap
 
 __all__ = ["ClusterView"]
 
 log = logging.getLogger(__name__)
+
+_REFRESH_TIMEOUT = 5.0
+"""How long a failed connection waits for fresh metadata before it reports the failure."""
 
 
 class ClusterView:
@@ -49,7 +59,9 @@ class ClusterView:
 
     async def refresh(self, topics: list[str]) -> None:
         """Ask for fresh metadata about ``topics`` (retrying while no broker answers)."""
-        response = await self._bootstrap.metadata(MetadataRequest(sorted(set(topics))))
+        self._update(await self._bootstrap.metadata(MetadataRequest(sorted(set(topics)))))
+
+    def _update(self, response: MetadataResponse) -> None:
         self._brokers = {b.broker_id: b for b in response.brokers}
         for info in response.topics:
             self._topics[info.name] = info
@@ -98,7 +110,27 @@ class ClusterView:
     # -- connections -------------------------------------------------------------------
 
     async def connection(self, broker: BrokerInfo) -> Connection:
-        """The open connection to ``broker``, connecting (once) if there is none."""
+        """The open connection to ``broker``, connecting (once) if there is none.
+
+        If the broker cannot be reached, the metadata is refreshed (one pass
+        over the bootstrap brokers), and if it now gives that broker id
+        another address (a broker of a cluster restarted elsewhere), that
+        address is tried; otherwise the error is raised for the caller to
+        retry.
+        """
+        try:
+            return await self._connect(broker)
+        except ConnectionClosedError:
+            with contextlib.suppress(CoordError), trio.move_on_after(_REFRESH_TIMEOUT):
+                self._update(
+                    await self._bootstrap.metadata_once(MetadataRequest(sorted(self._topics)))
+                )
+            moved = self._brokers.get(broker.broker_id)
+            if moved is None or (moved.host, moved.port) == (broker.host, broker.port):
+                raise
+        return await self._connect(moved)
+
+    async def _connect(self, broker: BrokerInfo) -> Connection:
         address = (broker.host, broker.port)
         conn = self._conns.get(address)
         if conn is not None and not conn.closed:

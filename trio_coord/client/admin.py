@@ -18,6 +18,12 @@ import trio
 
 from .._aio import unwrap_lone_exception
 from ..protocol.connection import Connection, open_connection, serving
+from ..protocol.errors import (
+    BrokerShuttingDownError,
+    ConnectionClosedError,
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+)
 from ..protocol.messages import (
     LATEST,
     AddPartitionsRequest,
@@ -47,7 +53,7 @@ from ..protocol.messages import (
     TopicInfo,
     TopicPartition,
 )
-from ._bootstrap import Bootstrap
+from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
 __all__ = ["Admin", "PartitionLag", "open_admin"]
@@ -78,6 +84,15 @@ class PartitionLag:
         return TopicPartition(self.topic, self.partition)
 
 
+_MOVED = (
+    NotCoordinatorError,
+    CoordinatorNotAvailableError,
+    ConnectionClosedError,
+    BrokerShuttingDownError,
+)
+"""What a coordinator says (or how it fails) while a group's coordination moves."""
+
+
 class Admin:
     """Administrative operations on a cluster; create it with :func:`open_admin`."""
 
@@ -94,9 +109,15 @@ class Admin:
         return response
 
     async def _ask_coordinator(self, group_id: str, request: RequestBody, expected: type[_R]) -> _R:
-        coordinator = await self._bootstrap.find_coordinator(group_id)
-        async with open_connection(coordinator.host, coordinator.port) as conn:
-            return await self._ask(request, expected, conn)
+        """Ask the group's coordinator, finding it again while it moves (a cluster's failover)."""
+        backoff = Backoff()
+        while True:
+            coordinator = await self._bootstrap.find_coordinator(group_id)
+            try:
+                async with open_connection(coordinator.host, coordinator.port) as conn:
+                    return await self._ask(request, expected, conn)
+            except _MOVED:
+                await backoff.sleep()
 
     # -- cluster and topics ------------------------------------------------------------
 

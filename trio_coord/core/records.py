@@ -34,10 +34,15 @@ class _Rec(msgspec.Struct, frozen=True, array_like=True):
 
 
 class TopicRecord(_Rec, tag="topic"):
-    """A topic exists with ``partitions`` partitions."""
+    """A topic exists with ``partitions`` partitions.
+
+    ``leaders`` names, per partition, the broker of a cluster that holds it
+    (empty on a single broker, which holds them all).
+    """
 
     name: str
     partitions: int
+    leaders: list[int] = []
 
 
 class MemberRecord(_Rec):

@@ -10,7 +10,6 @@ session) off disk. Open it with :func:`open_embedded_store`.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import logging
 import os
@@ -21,13 +20,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Generic, TypeAlias, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
 from .._files import lock_directory
+from ._watch import Registry, WatchIterator, notify, notify_all, registered
 from .base import (
     BadVersionError,
     Check,
@@ -395,72 +395,7 @@ class _Stage:
         _check_version(path, s.version, version)
 
 
-# --------------------------------------------------------------------------
-# Watches.
-
 _T = TypeVar("_T")
-
-
-class _Watch:
-    """Level-triggered change flag for one registered watch."""
-
-    __slots__ = ("dirty", "event")
-
-    def __init__(self) -> None:
-        self.dirty = True  # the first snapshot is due at once
-        self.event = trio.Event()
-
-    def notify(self) -> None:
-        self.dirty = True
-        self.event.set()
-
-
-_NOTHING: Final = object()  # "no snapshot yielded yet"
-
-# Watches registered per path (``set`` is shadowed by a method inside the store class).
-_Registry: TypeAlias = dict[str, set[_Watch]]
-
-
-class _WatchIterator(Generic[_T]):
-    """Async iterator of snapshots for one watch; coalesces changes, never queues them."""
-
-    def __init__(
-        self,
-        store: EmbeddedStore,
-        what: str,
-        path: str,
-        watch: _Watch,
-        snapshot: Callable[[str], _T],
-    ) -> None:
-        self._store = store
-        self._what = what
-        self._path = path
-        self._watch = watch
-        self._snapshot = snapshot
-        self._last: _T | object = _NOTHING
-
-    def __aiter__(self) -> _WatchIterator[_T]:
-        return self
-
-    async def __anext__(self) -> _T:
-        store = self._store
-        watch = self._watch
-        while True:
-            store._check_open(self._what, self._path)
-            if not watch.dirty:
-                await watch.event.wait()
-                continue
-            watch.dirty = False
-            watch.event = trio.Event()
-            snap = self._snapshot(self._path)
-            try:
-                await store._wait_durable(store._appended_lsn)
-            except BaseException:
-                watch.dirty = True  # not delivered: the next call must not miss it
-                raise
-            if snap != self._last:
-                self._last = snap
-                return snap
 
 
 # --------------------------------------------------------------------------
@@ -526,8 +461,8 @@ class EmbeddedStore(MetadataStore):
         self._state = _NEW
         self._nodes: dict[str, _Node] = {"/": _Node(b"")}
         self._ephemerals: set[str] = set()
-        self._data_watches: _Registry = {}
-        self._child_watches: _Registry = {}
+        self._data_watches: Registry = {}
+        self._child_watches: Registry = {}
         # Durability bookkeeping: records get consecutive log sequence numbers.
         self._appended_lsn = 0
         self._durable_lsn = 0
@@ -876,15 +811,15 @@ class EmbeddedStore(MetadataStore):
         for op in stage.mem_ops:
             _apply(nodes, op)
             if isinstance(op, _LogSet):
-                self._notify(self._data_watches, op.path)
+                notify(self._data_watches, op.path)
                 continue
             if isinstance(op, _LogCreate):
                 if op.owner:
                     self._ephemerals.add(op.path)
             else:
                 self._ephemerals.discard(op.path)
-            self._notify(self._data_watches, op.path)
-            self._notify(self._child_watches, parent_path(op.path))
+            notify(self._data_watches, op.path)
+            notify(self._child_watches, parent_path(op.path))
         if stage.disk_ops:
             self._append(stage.disk_ops)
         return results
@@ -1045,35 +980,28 @@ class EmbeddedStore(MetadataStore):
         node = self._nodes.get(path)
         return [] if node is None else sorted(node.children)
 
-    @staticmethod
-    def _notify(registry: _Registry, path: str) -> None:
-        watches = registry.get(path)
-        if watches:
-            for watch in watches:
-                watch.notify()
-
     def _notify_all_watches(self) -> None:
-        for registry in (self._data_watches, self._child_watches):
-            for watches in registry.values():
-                for watch in watches:
-                    watch.notify()
+        notify_all(self._data_watches, self._child_watches)
 
     @asynccontextmanager
     async def _watch(
-        self, registry: _Registry, what: str, path: str, snapshot: Callable[[str], _T]
-    ) -> AsyncIterator[_WatchIterator[_T]]:
+        self, registry: Registry, what: str, path: str, snapshot: Callable[[str], _T]
+    ) -> AsyncIterator[WatchIterator[_T]]:
+        """A snapshot iterator; each snapshot is yielded only once it is durable."""
         validate_path(path)
         await trio.lowlevel.checkpoint()
         self._check_open(what, path)
-        watch = _Watch()
-        registry.setdefault(path, builtins.set()).add(watch)
-        try:
-            yield _WatchIterator(self, what, path, watch, snapshot)
-        finally:
-            watches = registry[path]
-            watches.discard(watch)
-            if not watches:
-                del registry[path]
+
+        async def gate() -> None:
+            self._check_open(what, path)
+
+        async def read() -> _T:
+            snap = snapshot(path)
+            await self._wait_durable(self._appended_lsn)
+            return snap
+
+        with registered(registry, path) as watch:
+            yield WatchIterator(watch, read, gate)
 
     def watch_data(
         self, path: str

@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from typing import Any, Final, TypeVar
 
 import trio
 from kazoo import exceptions as kz
@@ -25,6 +25,7 @@ from trio_util import AsyncValue
 
 from .._aio import unwrap_lone_exception
 from ._kazoo_bridge import KazooBridge, Pending, StateChange
+from ._watch import Registry, WatchIterator, notify, notify_all, registered
 from .base import (
     BadVersionError,
     Check,
@@ -157,91 +158,9 @@ def _stat(zstat: Any) -> Stat:
     )
 
 
-_VERB: Final[dict[type, str]] = {Create: "create", SetData: "set", Delete: "delete", Check: "check"}
-
-
-# --------------------------------------------------------------------------
-# Watches.
-
 _T = TypeVar("_T")
 
-# Watches registered per full ZooKeeper path.
-_Registry: TypeAlias = dict[str, set["_Watch"]]
-
-
-class _Watch:
-    """Level-triggered change flag for one registered watch."""
-
-    __slots__ = ("dirty", "event")
-
-    def __init__(self) -> None:
-        self.dirty = True  # the first snapshot is due at once
-        self.event = trio.Event()
-
-    def notify(self) -> None:
-        self.dirty = True
-        self.event.set()
-
-
-_NOTHING: Final = object()  # "no snapshot yielded yet"
-
-
-class _WatchIterator(Generic[_T]):
-    """Async iterator of snapshots for one watch; coalesces changes, never queues them.
-
-    Each snapshot is read with a kazoo watch armed, so the next change marks
-    the watch dirty; reading again re-arms it. While the connection is lost
-    it waits; after a reconnect the store marks every watch dirty, so the
-    state is read again and nothing that happened meanwhile is missed.
-    """
-
-    def __init__(
-        self,
-        store: ZooKeeperStore,
-        what: str,
-        path: str,
-        watch: _Watch,
-        read: Callable[[], Awaitable[_T]],
-    ) -> None:
-        self._store = store
-        self._what = what
-        self._path = path
-        self._watch = watch
-        self._read = read
-        self._last: _T | object = _NOTHING
-
-    def __aiter__(self) -> _WatchIterator[_T]:
-        return self
-
-    async def __anext__(self) -> _T:
-        store = self._store
-        watch = self._watch
-        failures = 0
-        while True:
-            store._check_usable(self._what, self._path, suspended_ok=True)
-            if store._state.value is SessionState.SUSPENDED:
-                await store._state.wait_value(lambda s: s is not SessionState.SUSPENDED)
-                continue
-            if not watch.dirty:
-                await watch.event.wait()
-                continue
-            watch.dirty = False
-            watch.event = trio.Event()
-            try:
-                snap = await self._read()
-            except StoreConnectionError:
-                # The connection dropped under the read: read again once it is back.
-                watch.dirty = True
-                failures += 1
-                await trio.sleep(min(0.005 * 2**failures, 0.5))
-                continue
-            except BaseException:
-                watch.dirty = True  # not delivered: the next call must not miss it
-                raise
-            failures = 0
-            if snap != self._last:
-                self._last = snap
-                return snap
+_VERB: Final[dict[type, str]] = {Create: "create", SetData: "set", Delete: "delete", Check: "check"}
 
 
 # --------------------------------------------------------------------------
@@ -329,8 +248,8 @@ class ZooKeeperStore(MetadataStore):
         self._session_id = _UNSET
         self._closing = False
         self._closed = trio.Event()
-        self._data_watches: _Registry = {}
-        self._child_watches: _Registry = {}
+        self._data_watches: Registry = {}
+        self._child_watches: Registry = {}
         # One kazoo callback each, made once: kazoo keeps one registration per
         # path and callback, so re-arming a watch never piles up callbacks.
         self._data_cb = self._bridge.callback(self._on_data_event)
@@ -860,25 +779,15 @@ class ZooKeeperStore(MetadataStore):
     def _on_data_event(self, event: Any) -> None:
         """A kazoo data watch fired (on the Trio thread, through the bridge)."""
         if event.path is not None:  # None: a disconnect, handled by the session task
-            self._notify(self._data_watches, event.path)
+            notify(self._data_watches, event.path)
 
     def _on_child_event(self, event: Any) -> None:
         """A kazoo child (or parent-existence) watch fired (on the Trio thread)."""
         if event.path is not None:
-            self._notify(self._child_watches, event.path)
-
-    @staticmethod
-    def _notify(registry: _Registry, full: str) -> None:
-        watches = registry.get(full)
-        if watches:
-            for watch in watches:
-                watch.notify()
+            notify(self._child_watches, event.path)
 
     def _notify_all_watches(self) -> None:
-        for registry in (self._data_watches, self._child_watches):
-            for watches in registry.values():
-                for watch in watches:
-                    watch.notify()
+        notify_all(self._data_watches, self._child_watches)
 
     async def _read_data(self, what: str, path: str) -> tuple[bytes, Stat] | None:
         """Read the node with a data watch armed (or, if absent, an existence watch)."""
@@ -924,24 +833,36 @@ class ZooKeeperStore(MetadataStore):
     @asynccontextmanager
     async def _watch(
         self,
-        registry: _Registry,
+        registry: Registry,
         what: str,
         path: str,
         read: Callable[[str, str], Awaitable[_T]],
-    ) -> AsyncIterator[_WatchIterator[_T]]:
+    ) -> AsyncIterator[WatchIterator[_T]]:
+        """A snapshot iterator over ``read``; waits while suspended, re-reads after a reconnect."""
         validate_path(path)
         await trio.lowlevel.checkpoint()
         self._check_usable(what, path, suspended_ok=True)
-        full = self._full(path)
-        watch = _Watch()
-        registry.setdefault(full, set()).add(watch)
-        try:
-            yield _WatchIterator(self, what, path, watch, lambda: read(what, path))
-        finally:
-            watches = registry[full]
-            watches.discard(watch)
-            if not watches:
-                del registry[full]
+
+        async def gate() -> None:
+            while True:
+                self._check_usable(what, path, suspended_ok=True)
+                if self._state.value is not SessionState.SUSPENDED:
+                    return
+                await self._state.wait_value(lambda s: s is not SessionState.SUSPENDED)
+
+        async def read_through_drops() -> _T:
+            failures = 0
+            while True:
+                try:
+                    return await read(what, path)
+                except StoreConnectionError:
+                    # The connection dropped under the read: read again once it is back.
+                    failures += 1
+                    await trio.sleep(min(0.005 * 2**failures, 0.5))
+                    await gate()
+
+        with registered(registry, self._full(path)) as watch:
+            yield WatchIterator(watch, read_through_drops, gate)
 
     def watch_data(
         self, path: str
