@@ -475,6 +475,33 @@ def test_heartbeat_moves_the_lease_and_collects_owned_positions_when_stable() ->
     assert group.positions == {}
 
 
+def test_positions_count_from_a_members_start_not_from_the_groups() -> None:
+    # A member started while another still starts consumes, and may reach the
+    # log end then: those positions are its last; dropped, its lag stayed above 0.
+    group = Group("g", now=0.0)
+    a = join(group, "a", 0.0)
+    b = join(group, "b", 0.0)
+    stop_all(group)
+    plan = group.plan_assignment(
+        1.0, partitions={"t": 2}, available=ASSIGNORS, log_offsets=log_offsets
+    )
+    group.replay(plan.record, now=1.0)
+    group.begin_starting()
+    for start in plan.starts:
+        group.member_starting(start.member_id)
+    (tp_a,) = a.assignment
+    (tp_b,) = b.assignment
+    # a's StartFetchers reached it, its acknowledgement not yet the group: its heartbeat
+    # carries the new generation. b has not been started: it may not commit yet.
+    group.heartbeat(2.0, a, [PartitionOffset(tp_a.topic, tp_a.partition, 90)], group.generation)
+    group.heartbeat(2.0, b, [PartitionOffset(tp_b.topic, tp_b.partition, 95)], b.generation)
+    assert group.state is S.STARTING
+    assert group.positions == {tp_a: PartitionOffset(tp_a.topic, tp_a.partition, 90)}
+    group.member_started("a")
+    group.heartbeat(3.0, a, [PartitionOffset(tp_a.topic, tp_a.partition, 99)])  # acknowledged
+    assert group.positions[tp_a].offset == 99
+
+
 def test_drain_positions_only_emits_advances() -> None:
     group = Group("g", now=0.0)
     member = join(group, "a", 0.0)

@@ -359,7 +359,7 @@ class GroupRunner:
         """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
         member = check_heartbeat(self.group, request.member_id, request.generation)
         now = trio.current_time()
-        self.group.heartbeat(now, member, request.positions)
+        self.group.heartbeat(now, member, request.positions, request.generation)
         self._liveness[member.member_id].deadline = now + member.session_timeout
         if request.positions and self.group.positions and not self._positions_dirty.is_set():
             self._positions_dirty.set()

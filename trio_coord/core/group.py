@@ -436,16 +436,31 @@ class Group:
             self._became_empty(now)
         return member
 
-    def heartbeat(self, now: float, member: Member, positions: Iterable[PartitionOffset]) -> None:
+    def heartbeat(
+        self,
+        now: float,
+        member: Member,
+        positions: Iterable[PartitionOffset],
+        generation: int | None = None,
+    ) -> None:
         """Record a fenced-in heartbeat (see ``fencing.check_heartbeat``) and its positions.
 
-        Positions count only in a stable generation and only for partitions the
-        member owns, or, in a cooperative group, for partitions it may be
-        fetching (it keeps fetching through a rebalance what does not move);
-        they are committed later, in a batch (:meth:`drain_positions`).
+        ``generation`` is the one the heartbeat carries (default: the
+        member's acknowledged one). Positions count only for partitions the
+        member owns in the current generation once it has been started in it
+        (it acknowledged, or its heartbeat carries that generation, which only
+        a StartFetchers gives it), while the group is starting or stable; or,
+        in a cooperative group, for partitions it may be fetching (it keeps
+        fetching through a rebalance what does not move). They are committed
+        later, in a batch (:meth:`drain_positions`). Positions dropped here
+        are never lost: a member hands back everything it consumed when it
+        is stopped. But a member started while the others still were, which
+        consumed the last records of its partitions then, sends no further
+        positions: dropping those left its lag above zero for good.
         """
         member.last_heartbeat = now
-        if self.state is GroupState.STABLE and member.generation == self.generation:
+        started = max(member.generation, member.generation if generation is None else generation)
+        if self.state in (GroupState.STARTING, GroupState.STABLE) and started == self.generation:
             owned: Collection[TopicPartition] = member.assignment
         elif self.cooperative:
             owned = member.may_own
