@@ -32,13 +32,21 @@ import itertools
 import logging
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from bench._common import BenchError, cpu_count, format_table, load_average, ratio, run_and_report
+from bench._common import (
+    BenchError,
+    chosen_params,
+    cpu_count,
+    format_table,
+    load_average,
+    ratio,
+    run_and_report,
+)
 from trio_coord.broker.server import open_broker
 from trio_coord.protocol import (
     Connection,
@@ -376,13 +384,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    params = QUICK if args.quick else ChurnParams()
-    overrides = {
-        name: value
-        for name in ("members", "partitions", "changes", "session_timeout")
-        if (value := getattr(args, name)) is not None
-    }
-    params = replace(params, **overrides)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else ChurnParams(),
+        ("members", "partitions", "changes", "session_timeout"),
+    )
     if params.members < 2 or params.changes < 1 or params.partitions < params.members:
         print("members must be >= 2, changes >= 1 and partitions >= members", file=sys.stderr)
         return 2

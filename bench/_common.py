@@ -36,8 +36,9 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -47,6 +48,7 @@ __all__ = [
     "Child",
     "Progress",
     "child_env",
+    "chosen_params",
     "cpu_count",
     "emit_json",
     "format_table",
@@ -66,6 +68,8 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root (children run there, so ``python -m bench.X`` finds the package)."""
+
+_P = TypeVar("_P")
 
 _STOP_GRACE = 5.0
 _STDERR_TAIL = 4000
@@ -152,6 +156,17 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, le
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def chosen_params(args: Any, preset: _P, names: Iterable[str], **more: Any) -> _P:
+    """The preset's parameters with those given on the command line put in.
+
+    ``names`` are the attributes of ``args`` that map one to one onto fields
+    of ``preset`` (a dataclass); an option left out (None) keeps the preset's
+    value; ``more`` sets fields computed from other options.
+    """
+    overrides = {name: value for name in names if (value := getattr(args, name)) is not None}
+    return replace(preset, **overrides, **more)
 
 
 def run_and_report(

@@ -69,6 +69,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 
 from bench._common import (
     BenchError,
+    chosen_params,
     cpu_count,
     format_table,
     latency_summary,
@@ -634,13 +635,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             trio.run(run_load, json.loads(args.load))
         return 0
-    params = QUICK if args.quick else Params()
-    overrides = {
-        name: value
-        for name in ("members", "processes", "duration", "warmup", "session_timeout")
-        if (value := getattr(args, name)) is not None
-    }
-    params = replace(params, **overrides)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else Params(),
+        ("members", "processes", "duration", "warmup", "session_timeout"),
+    )
     if params.members < 1 or params.processes < 1 or params.duration <= 0 or params.warmup < 0:
         print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)
         return 2

@@ -52,6 +52,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 from bench._common import (
     ROOT,
     BenchError,
+    chosen_params,
     cpu_count,
     format_table,
     latency_summary,
@@ -257,13 +258,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 if the benchmark could not run)."""
     args = _parse(argv)
-    params = QUICK if args.quick else Params()
-    overrides = {
-        name: value
-        for name in ("committers", "commits", "repeat", "zk")
-        if (value := getattr(args, name)) is not None
-    }
-    params = replace(params, **overrides)
+    params = chosen_params(
+        args, QUICK if args.quick else Params(), ("committers", "commits", "repeat", "zk")
+    )
     if params.committers < 1 or params.commits < 1 or params.repeat < 1:
         print("committers, commits and repeat must be at least 1", file=sys.stderr)
         return 2

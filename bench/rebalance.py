@@ -48,7 +48,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
 
 from bench._common import (
     BenchError,
+    chosen_params,
     cpu_count,
     format_table,
     kill_all,
@@ -610,13 +611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _churn.main(arguments)
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    params = QUICK if args.quick else Params()
-    overrides = {
-        name: value
-        for name in ("members", "partitions", "session_timeout", "rounds")
-        if (value := getattr(args, name)) is not None
-    }
-    params = replace(params, **overrides)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else Params(),
+        ("members", "partitions", "session_timeout", "rounds"),
+    )
     if params.members < 2 or params.rounds < 1 or params.session_timeout < 0.3:
         # With one member, a victim leaves an empty group, which never becomes stable.
         print("members must be >= 2, rounds >= 1 and the session timeout >= 0.3 s", file=sys.stderr)

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ import trio
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import cpu_count, emit_json, format_table, load_average, ratio
+from bench._common import chosen_params, cpu_count, emit_json, format_table, load_average, ratio
 from trio_coord import open_admin, open_producer
 from trio_coord.spark import background_broker, local_session
 
@@ -232,13 +232,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 for bad arguments)."""
     args = _parse(argv)
-    params = QUICK if args.quick else Params()
-    overrides = {
-        name: value
-        for name in ("records", "size", "partitions", "repeat", "master")
-        if (value := getattr(args, name)) is not None
-    }
-    params = replace(params, **overrides)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else Params(),
+        ("records", "size", "partitions", "repeat", "master"),
+    )
     if params.records < 1 or params.partitions < 1 or params.repeat < 1 or params.size < 10:
         print("records, partitions and repeat must be >= 1, size >= 10", file=sys.stderr)
         return 2

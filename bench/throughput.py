@@ -73,6 +73,7 @@ from bench._common import (
     BenchError,
     Child,
     Progress,
+    chosen_params,
     cpu_count,
     format_table,
     load_average,
@@ -684,17 +685,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             trio.run(*run)
         return 0
-    params = QUICK if args.quick else Params()
-    overrides: dict[str, Any] = {
-        name: value
-        for name in ("records", "partitions", "repeat", "flush_interval", "profile")
-        if (value := getattr(args, name)) is not None
-    }
+    more: dict[str, Any] = {}
     if args.size:
-        overrides["sizes"] = tuple(dict.fromkeys(args.size))
+        more["sizes"] = tuple(dict.fromkeys(args.size))
     if args.mode:
-        overrides["modes"] = tuple(m for m in MODES if m in args.mode)
-    params = replace(params, **overrides)
+        more["modes"] = tuple(m for m in MODES if m in args.mode)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else Params(),
+        ("records", "partitions", "repeat", "flush_interval", "profile"),
+        **more,
+    )
     if params.records < 1 or params.partitions < 1 or params.repeat < 1:
         print("records, partitions and repeat must be >= 1", file=sys.stderr)
         return 2
