@@ -7,11 +7,15 @@ does) and compares it with the broker's in-memory state.
 
 from __future__ import annotations
 
+import pytest
 import trio
+import trio.testing
 
-from trio_coord.broker.persistence import load_records
+from trio_coord.broker.persistence import RecordWriter, load_records
 from trio_coord.core.records import GroupRecord, GroupTombstone, OffsetRecord, TopicRecord
 from trio_coord.protocol.messages import TopicPartition
+from trio_coord.store import open_embedded_store
+from trio_coord.store.base import StoreClosedError
 
 from .harness import ephemeral_broker
 
@@ -99,3 +103,53 @@ async def test_a_fence_survives_a_restart(tmp_path):
         assert b_id in group.fences
         assert set(b_had) <= group.fences[b_id].partitions
         assert group.fences[b_id].until >= trio.current_time() + 29.0
+
+
+class _StalledStore:
+    """A store whose transactions wait until released (a ZooKeeper that is slow to answer)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.release = trio.Event()
+        self.started = trio.Event()
+
+    async def multi(self, ops):
+        self.started.set()
+        await self.release.wait()
+        return await self._store.multi(ops)
+
+
+async def test_a_stopped_writer_fails_what_it_was_writing_and_what_was_queued():
+    # A slot given up cancels its writer; the commits waiting on it run elsewhere
+    # (in request handlers) and must not wait for ever.
+    async with open_embedded_store(None) as inner:
+        await load_records(inner)  # (creates the roots)
+        store = _StalledStore(inner)
+        writer = RecordWriter(
+            store,
+            existing_paths={"/topics", "/groups"},
+            replay=lambda r: None,
+            current=lambda r: None,
+        )
+        outcomes: list[str] = []
+
+        async def commit(value: int) -> None:
+            try:
+                await writer.write([offset("g", value)])
+            except StoreClosedError as exc:
+                outcomes.append(f"{value}: {exc}")
+
+        with trio.fail_after(30):  # a hang guard: the bug was waiting for ever
+            async with trio.open_nursery() as callers:
+                async with trio.open_nursery() as slot:
+                    await slot.start(writer.run)
+                    callers.start_soon(commit, 1)
+                    await store.started.wait()  # 1 is being written
+                    callers.start_soon(commit, 2)
+                    await trio.testing.wait_all_tasks_blocked()  # 2 is queued
+                    slot.cancel_scope.cancel()
+        assert sorted(o.split(":")[0] for o in outcomes) == ["1", "2"]
+        assert "find the coordinator again" in outcomes[0]
+        with pytest.raises(StoreClosedError):
+            await writer.write([offset("g", 3)])
+        await writer.drain()  # returns: nothing can be pending

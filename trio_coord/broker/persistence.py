@@ -50,6 +50,7 @@ from ..store.base import (
     NoNodeError,
     Op,
     SetData,
+    StoreClosedError,
     StoreError,
 )
 
@@ -258,6 +259,8 @@ class RecordWriter:
         self._max_batch = max_batch_records
         self._max_bytes = max_batch_bytes
         self._queue: list[_Batch] = []
+        self._in_flight: list[_Batch] = []
+        self._stopped: StoreError | None = None
         self._wakeup = trio.Event()
         self.writes = 0
         """How many store transactions the writer has made (for tests and benchmarks)."""
@@ -266,6 +269,8 @@ class RecordWriter:
         """Return once ``records`` are durable and replayed; StoreError if the write failed."""
         if not records:
             return
+        if self._stopped is not None:
+            raise self._stopped
         batch = _Batch(list(records), nbytes=_estimate(records))
         self._queue.append(batch)
         self._wakeup.set()
@@ -279,31 +284,61 @@ class RecordWriter:
 
     async def drain(self) -> None:
         """Return once every record queued before this call is durable (or failed)."""
+        if self._stopped is not None:
+            return  # nothing is queued: everything before has failed
         batch = _Batch()
         self._queue.append(batch)
         self._wakeup.set()
         await batch.done.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The flusher task: write queued batches together, forever."""
+        """The flusher task: write queued batches together, until it is cancelled.
+
+        A cancelled writer (its slot moved, or the broker is stopping) fails
+        what it was writing and what was queued, and every later write, with
+        :class:`StoreClosedError`: their callers (a commit, a rebalance) are
+        not in its cancel scope and would otherwise wait for ever. A write
+        cut short may or may not have reached the store; its caller retries
+        (on another coordinator), as after a lost connection.
+        """
         task_status.started()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            while self._queue:
-                batches: list[_Batch] = []
-                count = nbytes = 0
-                while self._queue and (
-                    not batches
-                    or (
-                        count + len(self._queue[0].records) <= self._max_batch
-                        and nbytes + self._queue[0].nbytes <= self._max_bytes
-                    )
-                ):
-                    count += len(self._queue[0].records)
-                    nbytes += self._queue[0].nbytes
-                    batches.append(self._queue.pop(0))
-                await self._flush(batches)
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                while self._queue:
+                    batches: list[_Batch] = []
+                    count = nbytes = 0
+                    while self._queue and (
+                        not batches
+                        or (
+                            count + len(self._queue[0].records) <= self._max_batch
+                            and nbytes + self._queue[0].nbytes <= self._max_bytes
+                        )
+                    ):
+                        count += len(self._queue[0].records)
+                        nbytes += self._queue[0].nbytes
+                        batches.append(self._queue.pop(0))
+                    self._in_flight = batches
+                    await self._flush(batches)
+                    self._in_flight = []
+        finally:
+            self._stop(
+                StoreClosedError(
+                    "the coordinator stopped writing for this group (its slot moved to "
+                    "another broker, or the broker is stopping); find the coordinator again"
+                )
+            )
+
+    def _stop(self, error: StoreError) -> None:
+        """Fail every batch not yet done, and every later write, with ``error``."""
+        self._stopped = error
+        for batch in [*self._in_flight, *self._queue]:
+            if not batch.done.is_set():
+                batch.error = error
+                batch.done.set()
+        self._in_flight = []
+        self._queue.clear()
 
     async def _flush(self, batches: list[_Batch]) -> None:
         records = [r for b in batches for r in b.records]
