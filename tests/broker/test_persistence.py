@@ -15,7 +15,7 @@ from trio_coord.broker.persistence import RecordWriter, load_records
 from trio_coord.core.records import GroupRecord, GroupTombstone, OffsetRecord, TopicRecord
 from trio_coord.protocol.messages import TopicPartition
 from trio_coord.store import open_embedded_store
-from trio_coord.store.base import StoreClosedError
+from trio_coord.store.base import StoreClosedError, StoreConnectionError
 
 from .harness import ephemeral_broker
 
@@ -153,3 +153,49 @@ async def test_a_stopped_writer_fails_what_it_was_writing_and_what_was_queued():
         with pytest.raises(StoreClosedError):
             await writer.write([offset("g", 3)])
         await writer.drain()  # returns: nothing can be pending
+
+
+class _LostAnswerStore:
+    """A store that applies the next transaction, then loses its answer (ConnectionLoss)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.lose_next = False
+
+    async def exists(self, path):
+        return await self._store.exists(path)
+
+    async def multi(self, ops):
+        result = await self._store.multi(ops)
+        if self.lose_next:
+            self.lose_next = False
+            raise StoreConnectionError("connection lost (the transaction was applied)")
+        return result
+
+
+async def test_a_write_whose_answer_was_lost_does_not_poison_the_next_ones():
+    # The lost write created g's offset node; the writer, not knowing, would create
+    # it again (NodeExistsError), and fail every later commit batched with it.
+    async with open_embedded_store(None) as inner:
+        await load_records(inner)
+        store = _LostAnswerStore(inner)
+        applied: list[object] = []
+        writer = RecordWriter(
+            store,
+            existing_paths={"/topics", "/groups"},
+            replay=applied.append,
+            current=lambda r: None,
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            store.lose_next = True
+            with pytest.raises(StoreConnectionError):
+                await writer.write([offset("g", 10)])
+            await writer.write([offset("g", 11), offset("h", 5)])  # the retry, and another group
+            nursery.cancel_scope.cancel()
+        assert applied == [offset("g", 11), offset("h", 5)]
+        loaded, _ = await load_records(inner)
+        assert sorted((r.group_id, r.offset) for r in loaded if isinstance(r, OffsetRecord)) == [
+            ("g", 11),
+            ("h", 5),
+        ]

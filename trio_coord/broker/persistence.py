@@ -51,6 +51,7 @@ from ..store.base import (
     Op,
     SetData,
     StoreClosedError,
+    StoreConnectionError,
     StoreError,
 )
 
@@ -261,6 +262,7 @@ class RecordWriter:
         self._queue: list[_Batch] = []
         self._in_flight: list[_Batch] = []
         self._stopped: StoreError | None = None
+        self._uncertain: set[str] = set()  # paths a write with a lost answer created or deleted
         self._wakeup = trio.Event()
         self.writes = 0
         """How many store transactions the writer has made (for tests and benchmarks)."""
@@ -343,7 +345,10 @@ class RecordWriter:
     async def _flush(self, batches: list[_Batch]) -> None:
         records = [r for b in batches for r in b.records]
         error: StoreError | None = None
+        created: set[str] = set()
+        deleted: set[str] = set()
         try:
+            await self._settle_uncertain()
             ops, created, deleted = self._ops(records)
             if self.fenced.is_set():
                 raise BadVersionError("this coordinator was deposed; its writes are fenced")
@@ -360,6 +365,10 @@ class RecordWriter:
         except StoreError as exc:
             log.error("metadata store write of %d record(s) failed: %s", len(records), exc)
             error = exc
+            if isinstance(exc, StoreConnectionError):
+                # The answer was lost, not necessarily the write: until we look, the
+                # paths it created or deleted may or may not exist.
+                self._uncertain |= created | deleted
         else:
             self._paths -= deleted
             self._paths |= created
@@ -368,6 +377,22 @@ class RecordWriter:
         for batch in batches:
             batch.error = error
             batch.done.set()
+
+    async def _settle_uncertain(self) -> None:
+        """Learn whether the paths of a write whose answer was lost exist.
+
+        Without this, the next write would create a node that exists (or
+        delete one that does not) and fail, and so would every write after
+        it. This writer is its slot's only writer, so what it reads stays
+        true until it writes again. (The records of that write were not
+        replayed: their callers got an error and send them again.)
+        """
+        for path in sorted(self._uncertain):
+            if await self.store.exists(path) is None:
+                self._paths.discard(path)
+            else:
+                self._paths.add(path)
+            self._uncertain.discard(path)
 
     def _ops(self, records: list[Record]) -> tuple[list[Op], set[str], set[str]]:
         """The store operations that leave the store as replaying ``records`` leaves memory.
