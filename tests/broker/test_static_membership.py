@@ -3,7 +3,8 @@
 A static member that disconnects stays in the group, its partitions kept
 for it, until its session expires; coming back before then (a new process,
 same instance id) it gets its member id and partitions back and nobody else
-hears a thing: no rebalance. A second live member with the same instance id
+hears a thing: no rebalance (unless it asks for other timeouts, which a
+rebalance must record for a coordinator taking over). A second live member with the same instance id
 is refused (FENCED_INSTANCE_ID) and the first keeps running. Past the
 session timeout it is removed as any member would be. Fake members on Trio's
 virtual clock assert the exact times; a test with real consumers checks the
@@ -22,6 +23,7 @@ from trio_coord import (
     open_broker,
     open_consumer,
 )
+from trio_coord.core.group import Group
 
 from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker, heartbeat_forever
 
@@ -118,6 +120,68 @@ async def test_a_static_member_that_stepped_out_is_resumed_at_once(autojump_cloc
                 assert rec.all("rebalance_started", since=mark) == []
                 assert rec.all("removed", since=mark) == []
             nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
+
+
+@pytest.mark.parametrize("changed", ["session_timeout", "rebalance_timeout"])
+async def test_a_static_member_back_with_other_timeouts_rejoins_through_a_rebalance(
+    autojump_clock, changed
+):
+    """A resume writes no generation record, so a coordinator taking over would fence the
+    member's partitions only for the session timeout in the last one: a successor that
+    asks for a longer session, cut off later, would still be fetching when they move.
+    Other timeouts therefore mean a rebalance, whose record carries them; loaded after a
+    failover, it fences for the new session."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        a.process = "A"
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                await rec.wait_for("stable", generation=2)
+                nursery.start_soon(heartbeat_forever, b, 1.0)
+                had = list(a.owned)
+                mark = rec.mark()
+                await a.crash()
+            timeline.stop_at("A", S)  # type: ignore[attr-defined]  # cut off, not dead
+            await trio.sleep_until(3.0)
+            again = member(broker, timeline, "a2", instance_id="host-a")
+            again.process = "A'"
+            setattr(again, changed, 3 * getattr(again, changed))
+            async with connected(again):
+                response = await again.join()
+                assert response.member_id == a.member_id
+                nursery.start_soon(heartbeat_forever, again, 1.0)
+                await rec.wait_for("started", since=mark, member_id=a.member_id)
+                assert rec.all("resumed", since=mark) == []  # not resumed as it was
+                stable = await rec.wait_for("stable", since=mark)
+                assert [e["time"] for e in rec.all("rebalance_started", since=mark)] == [3.0]
+                # The former process's partitions still waited for its lease to end.
+                starts = [
+                    e
+                    for e in rec.all("started", since=mark)
+                    if set(e["partitions"]) & {str(tp) for tp in had}
+                ]
+                assert starts and all(e["time"] >= S for e in starts)
+                runner = broker.coordinator.runner("g")
+                assert runner is not None and runner.group.record is not None
+                record = runner.group.record
+                assert record.generation == stable["generation"] == 3
+                (persisted,) = [m for m in record.members if m.member_id == a.member_id]
+                assert persisted.session_timeout_ms == round(again.session_timeout * 1000)
+                assert persisted.rebalance_timeout_ms == round(again.rebalance_timeout * 1000)
+                # A coordinator taking over at 50 fences its partitions for its new session.
+                successor = Group("g", now=50.0)
+                successor.replay(record, now=50.0, loading=True)
+                fence = successor.fences[a.member_id]
+                assert fence.partitions == frozenset(again.owned)
+                assert fence.until == 50.0 + again.session_timeout
+                nursery.cancel_scope.cancel()
         assert timeline.overlaps() == []
 
 

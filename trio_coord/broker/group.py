@@ -189,9 +189,10 @@ class GroupRunner:
         retrying joins fills no group. A static member (``instance_id``)
         coming back while its former self is still in the group,
         disconnected, takes its place and partitions without a rebalance
-        (what the former process may still fetch stays fenced until its
-        lease ends); while its former self is connected, it is refused
-        (fenced) and the former one keeps running.
+        if it asks for what it had (:meth:`_resume_static`; what the former
+        process may still fetch stays fenced until its lease ends); while
+        its former self is connected, it is refused (fenced) and the former
+        one keeps running.
         """
         group = self.group
         member_id = request.member_id
@@ -300,8 +301,12 @@ class GroupRunner:
         """A static member is back: hand it its partitions again, without a rebalance.
 
         Only in a stable group, and only if it asks for what it had (topics,
-        assignors, protocol): anything else needs a rebalance. Returns False
-        then, and the join proceeds as any other. If its former process did
+        assignors, protocol, session and rebalance timeouts): anything else
+        needs a rebalance. Returns False then, and the join proceeds as any
+        other. The timeouts matter because a resume writes no generation
+        record: a coordinator taking over fences the member's partitions for
+        the session timeout in the last record, and a longer one granted here
+        would outlast that fence. If its former process did
         not step out cleanly it may still be fetching, cut off rather than
         dead: the partitions then start once that process's lease has ended
         (the fence :meth:`Group.replace_process` left), and a rebalance that
@@ -314,12 +319,12 @@ class GroupRunner:
             or member.assignors != tuple(request.assignors)
             or member.protocol != request.rebalance_protocol
             or member.client_assignors != tuple(request.client_assignors)
+            or member.session_timeout != request.session_timeout_ms / 1000
+            or member.rebalance_timeout != request.rebalance_timeout_ms / 1000
         ):
             return False
         now = trio.current_time()
         member.last_heartbeat = now
-        member.session_timeout = request.session_timeout_ms / 1000
-        member.rebalance_timeout = request.rebalance_timeout_ms / 1000
         member.user_data = request.user_data
         self._conns[member.member_id] = conn
         self._bind(conn, member.member_id, self.group_id)
