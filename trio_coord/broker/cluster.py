@@ -22,10 +22,15 @@ holder made.
 Slots are spread evenly: a vacant slot is claimed by the live broker holding
 the fewest (ties: the lowest id), which every broker computes from the same
 view; if that broker does not claim it within ``claim_grace``, any broker
-may. A broker holding at least two slots more than another gives one up,
-after the view has been still for ``claim_grace``, so that a broker joining
-takes over a share without churn at start-up; the counts end at most one
-apart.
+may. While some broker holds at least two slots more than another, the one
+holding the most (ties: the lowest id) gives one up, after the view has
+been still for ``claim_grace``; the broker holding the fewest claims it. So
+a broker joining takes over a share one slot at a time, each slot moving at
+most once, without churn at start-up; the counts end at most one apart.
+(Were every broker above the fewest to shed at once, the slots given up
+could outnumber the joiner's share, and a shedder win one back: a group
+would pay a handover for nothing.) :func:`claimants` and :func:`shedder`
+are these rules, computed by every broker from the same view.
 
 On session expiry everything held through the session is gone: the member
 drops every slot, opens a new session, registers again and re-elects.
@@ -37,7 +42,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -67,7 +72,14 @@ from .persistence import GROUPS, TOPICS, RecordWriter, load_records, topic_path
 if TYPE_CHECKING:
     from .server import Broker
 
-__all__ = ["ClusterConfigError", "ClusterMember", "SlotHolder", "read_status"]
+__all__ = [
+    "ClusterConfigError",
+    "ClusterMember",
+    "SlotHolder",
+    "claimants",
+    "read_status",
+    "shedder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +107,47 @@ def coordinator_path(slot: int) -> str:
 def epoch_path(slot: int) -> str:
     """The node whose data version is a slot's epoch."""
     return f"{SLOTS}/{slot}"
+
+
+def _slot_counts(brokers: Iterable[int], holders: Mapping[int, int]) -> dict[int, int]:
+    """How many slots each live broker holds."""
+    counts = dict.fromkeys(brokers, 0)
+    for holder in holders.values():
+        if holder in counts:
+            counts[holder] += 1
+    return counts
+
+
+def claimants(brokers: Iterable[int], holders: Mapping[int, int], slots: int) -> dict[int, int]:
+    """Who should claim each vacant slot: the live broker holding fewest (ties: lowest id).
+
+    ``holders`` maps each held slot to its broker; the vacant slots are given
+    out in slot order, each counting towards its claimant's share.
+    """
+    counts = _slot_counts(brokers, holders)
+    claims: dict[int, int] = {}
+    for slot in range(slots):
+        if slot in holders or not counts:
+            continue
+        chosen = min(counts, key=lambda b: (counts[b], b))
+        claims[slot] = chosen
+        counts[chosen] += 1
+    return claims
+
+
+def shedder(brokers: Iterable[int], holders: Mapping[int, int], slots: int) -> int | None:
+    """The one broker that should give up a slot now, or None if none should.
+
+    While every slot is held and some live broker holds at least two more
+    than another, it is the broker holding the most (ties: the lowest id):
+    one broker, one slot at a time, so that no more slots move than evening
+    the counts needs.
+    """
+    counts = _slot_counts(brokers, holders)
+    if len(holders) < slots or not counts:
+        return None  # slots are being elected: claims come first
+    most = min(counts, key=lambda b: (-counts[b], b))
+    return most if counts[most] >= min(counts.values()) + 2 else None
 
 
 @dataclass(slots=True)
@@ -380,21 +433,6 @@ class ClusterMember:
 
     # -- slots ----------------------------------------------------------------------------
 
-    def _claimants(self) -> dict[int, int]:
-        """Who should claim each vacant slot: the live broker holding fewest, in slot order."""
-        counts = {b: 0 for b in self.brokers}
-        for holder in self.holders.values():
-            if holder in counts:
-                counts[holder] += 1
-        claims: dict[int, int] = {}
-        for slot in range(self.slots):
-            if slot in self.holders or not counts:
-                continue
-            chosen = min(counts, key=lambda b: (counts[b], b))
-            claims[slot] = chosen
-            counts[chosen] += 1
-        return claims
-
     async def _balance(self, store: MetadataStore) -> None:
         """Claim the vacant slots this broker should, and give up slots beyond its share."""
         vacant_since: dict[int, float] = {}
@@ -412,7 +450,7 @@ class ClusterMember:
                     # session of this broker id is left to expire with it.)
                     await _retrying(store, functools.partial(self._release, store, slot))
             if self.broker_id in self.brokers:
-                for slot, claimant in self._claimants().items():
+                for slot, claimant in claimants(self.brokers, self.holders, self.slots).items():
                     overdue = vacant_since[slot] + self._claim_grace
                     if claimant == self.broker_id or now >= overdue:
                         await self._claim(store, slot)
@@ -423,20 +461,13 @@ class ClusterMember:
                 await changed.wait()
 
     async def _shed(self, store: MetadataStore, changed: trio.Event) -> float:
-        """Give up one slot if this broker holds two more than another; when to look again."""
-        live = len(self.brokers)
-        mine = sorted(s for s, b in self.holders.items() if b == self.broker_id)
-        counts = {b: 0 for b in self.brokers}
-        for holder_id in self.holders.values():
-            if holder_id in counts:
-                counts[holder_id] += 1
-        if len(self.holders) < self.slots or len(mine) < min(counts.values()) + 2:
-            # Slots are being elected, or it is as even as it gets: no broker holds two
-            # fewer than this one.
-            return math.inf
+        """Give up one slot if this broker is the :func:`shedder`; when to look again."""
+        if shedder(self.brokers, self.holders, self.slots) != self.broker_id:
+            return math.inf  # as even as it gets, or another broker's turn
         with trio.move_on_after(self._claim_grace):
             await changed.wait()
             return trio.current_time()  # the view moved: look again
+        mine = sorted(s for s, b in self.holders.items() if b == self.broker_id)
         holder = self.held.get(mine[-1])
         if holder is not None and holder.service is not None:
             log.info(
@@ -445,7 +476,7 @@ class ClusterMember:
                 holder.slot,
                 len(mine),
                 self.slots,
-                live,
+                len(self.brokers),
             )
             self._drop(holder)
             await _retrying(store, lambda: self._release(store, holder.slot))
