@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 import trio
+from zkserver import free_port
 
 from trio_coord import open_admin, open_broker, open_consumer, open_producer
 from trio_coord.broker import Broker
@@ -339,6 +340,25 @@ def test_the_cli_refuses_a_store_that_is_not_a_zookeeper_url(capsys, tmp_path):
     )
     assert status == 1
     assert "is not a ZooKeeper URL: give zk://host:port" in capsys.readouterr().err
+
+
+def test_cluster_status_refuses_a_store_that_is_not_a_zookeeper_url_as_the_broker_does(capsys):
+    status = main(["cluster", "status", "--store", "127.0.0.1:2181/x"])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "error: store '127.0.0.1:2181/x' is not a ZooKeeper URL: give zk://host:port" in err
+
+
+def test_cluster_status_without_zookeeper_says_so_in_one_line(capsys):
+    port = free_port()  # nothing listens there
+    status = main(["cluster", "status", "--store", f"zk://127.0.0.1:{port}/x", "--timeout", "0.5"])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: could not connect to ZooKeeper 127.0.0.1:{port}/x within 0.5 s "
+        "(is ZooKeeper running there?)"
+    )
 
 
 async def test_a_broker_waits_for_an_old_registration_of_its_id_to_vanish(
