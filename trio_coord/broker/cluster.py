@@ -32,6 +32,12 @@ could outnumber the joiner's share, and a shedder win one back: a group
 would pay a handover for nothing.) :func:`claimants` and :func:`shedder`
 are these rules, computed by every broker from the same view.
 
+A broker id belongs to one broker. A broker starting while its id is
+registered by another session asks the address in that registration: if a
+broker answers there, the id is taken and start-up fails, naming that
+broker; if none does, the registration is this broker's own from before a
+restart, and it waits for that session to expire.
+
 On session expiry everything held through the session is gone: the member
 drops every slot, opens a new session, registers again and re-elects.
 """
@@ -51,7 +57,9 @@ import msgspec
 import trio
 
 from ..core.records import TopicRecord, decode_record
-from ..protocol.messages import BrokerInfo
+from ..protocol.connection import open_connection
+from ..protocol.errors import ConnectionClosedError, CoordError
+from ..protocol.messages import BrokerInfo, MetadataRequest
 from ..store.base import (
     BadVersionError,
     Check,
@@ -91,8 +99,12 @@ COORDINATORS = "/coordinators"
 SLOTS = "/slots"
 
 
+PROBE_TIMEOUT = 2.0
+"""How long a starting broker waits for an answer at its id's registered address."""
+
+
 class ClusterConfigError(ValueError):
-    """This broker's settings contradict the cluster's (a different slot count)."""
+    """This broker's settings contradict the cluster's (a different slot count, a taken id)."""
 
 
 class _ClusterConfig(msgspec.Struct, frozen=True):
@@ -295,7 +307,11 @@ class ClusterMember:
                     await store.create(epoch_path(slot))
 
     async def _register(self, store: MetadataStore) -> None:
-        """Create this broker's ephemeral node (waiting out a previous session's)."""
+        """Create this broker's ephemeral node (waiting out a previous session's).
+
+        At start-up, an id registered by a live broker is refused with
+        :class:`ClusterConfigError` (see the module docstring).
+        """
         path = f"{BROKERS}/{self.broker_id}"
         data = msgspec.msgpack.encode(self._broker.info)
         warned = False
@@ -311,15 +327,52 @@ class ClusterMember:
                     return  # (a retry after a lost reply: it is ours)
             if not warned:
                 warned = True
+                other = await self._registration(store, path)
+                # (After an expiry this broker serves already: it waits rather than stop.)
+                if other is not None and self.sessions == 1 and await self._answers(other):
+                    raise ClusterConfigError(
+                        f"broker id {self.broker_id} is taken: the broker at {other.address} "
+                        f"is registered with it and answers; give every broker of a cluster "
+                        f"its own --broker-id"
+                    )
                 log.warning(
-                    "broker id %d is registered by another ZooKeeper session (another broker "
-                    "with this id, or this broker's previous session not yet expired); waiting",
+                    "broker id %d is registered by another ZooKeeper session at %s, where no "
+                    "broker answers (this broker's previous session, not yet expired); waiting",
                     self.broker_id,
+                    "?" if other is None else other.address,
                 )
             async with store.watch_data(path) as snapshots:
                 async for snap in snapshots:
                     if snap is None:
                         break
+
+    async def _registration(self, store: MetadataStore, path: str) -> BrokerInfo | None:
+        """The broker registered at ``path`` (None if gone, or not a registration)."""
+        try:
+            data, _stat = await store.get(path)
+            return msgspec.msgpack.decode(data, type=BrokerInfo)
+        except (NoNodeError, msgspec.DecodeError):
+            return None
+
+    async def _answers(self, other: BrokerInfo) -> bool:
+        """Whether a broker answers at ``other``'s address (within :data:`PROBE_TIMEOUT`).
+
+        This broker's own address cannot be another's (it is bound here):
+        a registration there is an old session of this broker. One stopped
+        (SIGSTOP) does not answer: its session expires like a dead one's.
+        """
+        if (other.host, other.port) == tuple(self._broker.address):
+            return False
+        with trio.move_on_after(PROBE_TIMEOUT):
+            try:
+                async with open_connection(other.host, other.port) as conn:
+                    await conn.request(MetadataRequest([]))
+            except ConnectionClosedError:
+                return False  # nothing listens there (or it hung up)
+            except CoordError:
+                return True  # a broker refusing Metadata (cut off from ZooKeeper) lives too
+            return True
+        return False
 
     # -- following ZooKeeper ------------------------------------------------------------
 
