@@ -32,7 +32,8 @@ from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .protocol.records import ConsumerRecord
 from .store import open_zookeeper_store
-from .store.base import StoreError
+from .store.base import StoreConnectionError, StoreError
+from .store.zookeeper import require_zk_url
 
 __all__ = ["main"]
 
@@ -757,7 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up if ZooKeeper does not answer within this long (default: %(default)s)",
     )
-    p.set_defaults(func=cmd_cluster_status)
+    # (kazoo warns of each failed connection attempt: noise here, where the
+    # command's own error line says what went wrong)
+    p.set_defaults(func=cmd_cluster_status, log_default="ERROR")
 
     groups = sub.add_parser(
         "groups", help="list, describe, create and delete consumer groups"
@@ -937,9 +940,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def cmd_cluster_status(args: argparse.Namespace) -> None:
     """Show a cluster's brokers, who holds each coordinator slot, and the groups of each."""
-    with trio.fail_after(args.timeout):
-        async with open_zookeeper_store(args.store, connect_timeout=args.timeout) as store:
+    url = require_zk_url(args.store)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be positive, not {args.timeout:g}")
+    async with open_zookeeper_store(url, connect_timeout=args.timeout) as store:
+        # (Connecting has a deadline of its own, which says what to check.)
+        with trio.move_on_after(args.timeout) as reading:
             status = await read_status(store)
+    if reading.cancelled_caught:
+        raise StoreConnectionError(
+            f"ZooKeeper at {url} did not answer within {args.timeout:g} s; "
+            "check that its servers are up and have a quorum"
+        )
     brokers = cast(list[dict[str, Any]], status["brokers"])
     holders = cast(dict[int, int], status["holders"])
     groups = cast(dict[str, list[str]], status["groups"])

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 import trio
+from zkserver import free_port
 
 from trio_coord import open_admin, open_broker, open_consumer, open_producer
 from trio_coord.broker import Broker
@@ -341,6 +342,25 @@ def test_the_cli_refuses_a_store_that_is_not_a_zookeeper_url(capsys, tmp_path):
     assert "is not a ZooKeeper URL: give zk://host:port" in capsys.readouterr().err
 
 
+def test_cluster_status_refuses_a_store_that_is_not_a_zookeeper_url_as_the_broker_does(capsys):
+    status = main(["cluster", "status", "--store", "127.0.0.1:2181/x"])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "error: store '127.0.0.1:2181/x' is not a ZooKeeper URL: give zk://host:port" in err
+
+
+def test_cluster_status_without_zookeeper_says_so_in_one_line(capsys):
+    port = free_port()  # nothing listens there
+    status = main(["cluster", "status", "--store", f"zk://127.0.0.1:{port}/x", "--timeout", "0.5"])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: could not connect to ZooKeeper 127.0.0.1:{port}/x within 0.5 s "
+        "(is ZooKeeper running there?)"
+    )
+
+
 async def test_a_broker_waits_for_an_old_registration_of_its_id_to_vanish(
     zookeeper_server, zk_chroot, tmp_path, caplog
 ):
@@ -358,14 +378,35 @@ async def test_a_broker_waits_for_an_old_registration_of_its_id_to_vanish(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_broker)
+            waiting = (
+                "broker id 5 is registered by another ZooKeeper session at 127.0.0.1:1, "
+                "where no broker answers"
+            )
             with trio.fail_after(10):
-                while "broker id 5 is registered by another ZooKeeper session" not in caplog.text:
+                while waiting not in caplog.text:
                     await trio.sleep(0.02)
             assert not entered.is_set()
             await squatter.aclose()  # (as an old session expiring would)
             with trio.fail_after(10):
                 await entered.wait()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_broker_started_with_the_id_of_a_live_broker_is_refused(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as brokers:
+        live = brokers[0]
+        with trio.fail_after(20), pytest.raises(ClusterConfigError) as refused:
+            async with open_broker(tmp_path / "dup", store=url, broker_id=1, **SETTINGS):
+                pass  # pragma: no cover
+        assert str(refused.value) == (
+            f"broker id 1 is taken: the broker at {live.bootstrap} is registered with it and "
+            "answers; give every broker of a cluster its own --broker-id"
+        )
+        assert live.member is not None and set(live.member.brokers) == {1, 2}
+        await settled(brokers)  # (nothing was disturbed)
 
 
 async def test_a_topic_not_yet_seen_through_the_watch_is_read_from_zookeeper_on_demand(

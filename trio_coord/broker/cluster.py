@@ -22,10 +22,21 @@ holder made.
 Slots are spread evenly: a vacant slot is claimed by the live broker holding
 the fewest (ties: the lowest id), which every broker computes from the same
 view; if that broker does not claim it within ``claim_grace``, any broker
-may. A broker holding at least two slots more than another gives one up,
-after the view has been still for ``claim_grace``, so that a broker joining
-takes over a share without churn at start-up; the counts end at most one
-apart.
+may. While some broker holds at least two slots more than another, the one
+holding the most (ties: the lowest id) gives one up, after the view has
+been still for ``claim_grace``; the broker holding the fewest claims it. So
+a broker joining takes over a share one slot at a time, each slot moving at
+most once, without churn at start-up; the counts end at most one apart.
+(Were every broker above the fewest to shed at once, the slots given up
+could outnumber the joiner's share, and a shedder win one back: a group
+would pay a handover for nothing.) :func:`claimants` and :func:`shedder`
+are these rules, computed by every broker from the same view.
+
+A broker id belongs to one broker. A broker starting while its id is
+registered by another session asks the address in that registration: if a
+broker answers there, the id is taken and start-up fails, naming that
+broker; if none does, the registration is this broker's own from before a
+restart, and it waits for that session to expire.
 
 On session expiry everything held through the session is gone: the member
 drops every slot, opens a new session, registers again and re-elects.
@@ -37,7 +48,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -46,7 +57,9 @@ import msgspec
 import trio
 
 from ..core.records import TopicRecord, decode_record
-from ..protocol.messages import BrokerInfo
+from ..protocol.connection import open_connection
+from ..protocol.errors import ConnectionClosedError, CoordError
+from ..protocol.messages import BrokerInfo, MetadataRequest
 from ..store.base import (
     BadVersionError,
     Check,
@@ -67,7 +80,14 @@ from .persistence import GROUPS, TOPICS, RecordWriter, load_records, topic_path
 if TYPE_CHECKING:
     from .server import Broker
 
-__all__ = ["ClusterConfigError", "ClusterMember", "SlotHolder", "read_status"]
+__all__ = [
+    "ClusterConfigError",
+    "ClusterMember",
+    "SlotHolder",
+    "claimants",
+    "read_status",
+    "shedder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +99,12 @@ COORDINATORS = "/coordinators"
 SLOTS = "/slots"
 
 
+PROBE_TIMEOUT = 2.0
+"""How long a starting broker waits for an answer at its id's registered address."""
+
+
 class ClusterConfigError(ValueError):
-    """This broker's settings contradict the cluster's (a different slot count)."""
+    """This broker's settings contradict the cluster's (a different slot count, a taken id)."""
 
 
 class _ClusterConfig(msgspec.Struct, frozen=True):
@@ -95,6 +119,47 @@ def coordinator_path(slot: int) -> str:
 def epoch_path(slot: int) -> str:
     """The node whose data version is a slot's epoch."""
     return f"{SLOTS}/{slot}"
+
+
+def _slot_counts(brokers: Iterable[int], holders: Mapping[int, int]) -> dict[int, int]:
+    """How many slots each live broker holds."""
+    counts = dict.fromkeys(brokers, 0)
+    for holder in holders.values():
+        if holder in counts:
+            counts[holder] += 1
+    return counts
+
+
+def claimants(brokers: Iterable[int], holders: Mapping[int, int], slots: int) -> dict[int, int]:
+    """Who should claim each vacant slot: the live broker holding fewest (ties: lowest id).
+
+    ``holders`` maps each held slot to its broker; the vacant slots are given
+    out in slot order, each counting towards its claimant's share.
+    """
+    counts = _slot_counts(brokers, holders)
+    claims: dict[int, int] = {}
+    for slot in range(slots):
+        if slot in holders or not counts:
+            continue
+        chosen = min(counts, key=lambda b: (counts[b], b))
+        claims[slot] = chosen
+        counts[chosen] += 1
+    return claims
+
+
+def shedder(brokers: Iterable[int], holders: Mapping[int, int], slots: int) -> int | None:
+    """The one broker that should give up a slot now, or None if none should.
+
+    While every slot is held and some live broker holds at least two more
+    than another, it is the broker holding the most (ties: the lowest id):
+    one broker, one slot at a time, so that no more slots move than evening
+    the counts needs.
+    """
+    counts = _slot_counts(brokers, holders)
+    if len(holders) < slots or not counts:
+        return None  # slots are being elected: claims come first
+    most = min(counts, key=lambda b: (-counts[b], b))
+    return most if counts[most] >= min(counts.values()) + 2 else None
 
 
 @dataclass(slots=True)
@@ -242,7 +307,11 @@ class ClusterMember:
                     await store.create(epoch_path(slot))
 
     async def _register(self, store: MetadataStore) -> None:
-        """Create this broker's ephemeral node (waiting out a previous session's)."""
+        """Create this broker's ephemeral node (waiting out a previous session's).
+
+        At start-up, an id registered by a live broker is refused with
+        :class:`ClusterConfigError` (see the module docstring).
+        """
         path = f"{BROKERS}/{self.broker_id}"
         data = msgspec.msgpack.encode(self._broker.info)
         warned = False
@@ -258,15 +327,52 @@ class ClusterMember:
                     return  # (a retry after a lost reply: it is ours)
             if not warned:
                 warned = True
+                other = await self._registration(store, path)
+                # (After an expiry this broker serves already: it waits rather than stop.)
+                if other is not None and self.sessions == 1 and await self._answers(other):
+                    raise ClusterConfigError(
+                        f"broker id {self.broker_id} is taken: the broker at {other.address} "
+                        f"is registered with it and answers; give every broker of a cluster "
+                        f"its own --broker-id"
+                    )
                 log.warning(
-                    "broker id %d is registered by another ZooKeeper session (another broker "
-                    "with this id, or this broker's previous session not yet expired); waiting",
+                    "broker id %d is registered by another ZooKeeper session at %s, where no "
+                    "broker answers (this broker's previous session, not yet expired); waiting",
                     self.broker_id,
+                    "?" if other is None else other.address,
                 )
             async with store.watch_data(path) as snapshots:
                 async for snap in snapshots:
                     if snap is None:
                         break
+
+    async def _registration(self, store: MetadataStore, path: str) -> BrokerInfo | None:
+        """The broker registered at ``path`` (None if gone, or not a registration)."""
+        try:
+            data, _stat = await store.get(path)
+            return msgspec.msgpack.decode(data, type=BrokerInfo)
+        except (NoNodeError, msgspec.DecodeError):
+            return None
+
+    async def _answers(self, other: BrokerInfo) -> bool:
+        """Whether a broker answers at ``other``'s address (within :data:`PROBE_TIMEOUT`).
+
+        This broker's own address cannot be another's (it is bound here):
+        a registration there is an old session of this broker. One stopped
+        (SIGSTOP) does not answer: its session expires like a dead one's.
+        """
+        if (other.host, other.port) == tuple(self._broker.address):
+            return False
+        with trio.move_on_after(PROBE_TIMEOUT):
+            try:
+                async with open_connection(other.host, other.port) as conn:
+                    await conn.request(MetadataRequest([]))
+            except ConnectionClosedError:
+                return False  # nothing listens there (or it hung up)
+            except CoordError:
+                return True  # a broker refusing Metadata (cut off from ZooKeeper) lives too
+            return True
+        return False
 
     # -- following ZooKeeper ------------------------------------------------------------
 
@@ -380,21 +486,6 @@ class ClusterMember:
 
     # -- slots ----------------------------------------------------------------------------
 
-    def _claimants(self) -> dict[int, int]:
-        """Who should claim each vacant slot: the live broker holding fewest, in slot order."""
-        counts = {b: 0 for b in self.brokers}
-        for holder in self.holders.values():
-            if holder in counts:
-                counts[holder] += 1
-        claims: dict[int, int] = {}
-        for slot in range(self.slots):
-            if slot in self.holders or not counts:
-                continue
-            chosen = min(counts, key=lambda b: (counts[b], b))
-            claims[slot] = chosen
-            counts[chosen] += 1
-        return claims
-
     async def _balance(self, store: MetadataStore) -> None:
         """Claim the vacant slots this broker should, and give up slots beyond its share."""
         vacant_since: dict[int, float] = {}
@@ -412,7 +503,7 @@ class ClusterMember:
                     # session of this broker id is left to expire with it.)
                     await _retrying(store, functools.partial(self._release, store, slot))
             if self.broker_id in self.brokers:
-                for slot, claimant in self._claimants().items():
+                for slot, claimant in claimants(self.brokers, self.holders, self.slots).items():
                     overdue = vacant_since[slot] + self._claim_grace
                     if claimant == self.broker_id or now >= overdue:
                         await self._claim(store, slot)
@@ -423,20 +514,13 @@ class ClusterMember:
                 await changed.wait()
 
     async def _shed(self, store: MetadataStore, changed: trio.Event) -> float:
-        """Give up one slot if this broker holds two more than another; when to look again."""
-        live = len(self.brokers)
-        mine = sorted(s for s, b in self.holders.items() if b == self.broker_id)
-        counts = {b: 0 for b in self.brokers}
-        for holder_id in self.holders.values():
-            if holder_id in counts:
-                counts[holder_id] += 1
-        if len(self.holders) < self.slots or len(mine) < min(counts.values()) + 2:
-            # Slots are being elected, or it is as even as it gets: no broker holds two
-            # fewer than this one.
-            return math.inf
+        """Give up one slot if this broker is the :func:`shedder`; when to look again."""
+        if shedder(self.brokers, self.holders, self.slots) != self.broker_id:
+            return math.inf  # as even as it gets, or another broker's turn
         with trio.move_on_after(self._claim_grace):
             await changed.wait()
             return trio.current_time()  # the view moved: look again
+        mine = sorted(s for s, b in self.holders.items() if b == self.broker_id)
         holder = self.held.get(mine[-1])
         if holder is not None and holder.service is not None:
             log.info(
@@ -445,7 +529,7 @@ class ClusterMember:
                 holder.slot,
                 len(mine),
                 self.slots,
-                live,
+                len(self.brokers),
             )
             self._drop(holder)
             await _retrying(store, lambda: self._release(store, holder.slot))

@@ -16,11 +16,9 @@ service (a single broker has one slot).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,7 +33,6 @@ from ..protocol.errors import (
     CoordinatorNotAvailableError,
     GroupAlreadyExistsError,
     GroupNotFoundError,
-    InvalidRequestError,
     NonEmptyGroupError,
     NotCoordinatorError,
 )
@@ -55,7 +52,7 @@ from ..protocol.messages import (
 from ..store.base import BadVersionError, StoreError
 from .group import EventCallback, GroupRunner, LogOffsets
 from .persistence import RecordWriter
-from .topics import TopicManager
+from .topics import PATTERN_PREFIX, TopicManager, subscription_patterns
 
 __all__ = [
     "PATTERN_PREFIX",
@@ -206,11 +203,12 @@ class CoordinatorService:
         A subscription entry ``re:PATTERN`` subscribes to every topic whose
         whole name matches the regular expression, now and as topics appear
         (``:`` never occurs in topic names): the member's topics are its
-        entries plus the existing topics they match.
+        entries plus the existing topics they match. The group matches the
+        patterns again each time it plans an assignment, so that a topic made
+        while the member waits for its first generation is not missed.
         """
-        patterns = _patterns(request.topics)
-        if patterns:
-            matched = {t for t in self._topics.partitions if any(p.fullmatch(t) for p in patterns)}
+        matched = self._topics.matching(request.topics)  # (also checks the patterns)
+        if matched:
             request = msgspec.structs.replace(request, topics=sorted(set(request.topics) | matched))
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
@@ -312,12 +310,14 @@ class CoordinatorService:
         for runner in self._runners.values():
             group = runner.group
             if group.state is GroupState.EMPTY:
+                # No generation yet to redo. Members waiting for the first one (the
+                # initial delay) get the topic when it plans: it matches the patterns.
                 continue
             interested = False
             for member in group.members.values():
                 if topic in member.topics:
                     interested = True
-                elif any(p.fullmatch(topic) for p in _patterns(member.topics)):
+                elif any(p.fullmatch(topic) for p in subscription_patterns(member.topics)):
                     # A new topic matching the member's pattern: it is subscribed now (the
                     # next generation's record persists it; a rejoin matches it again).
                     member.topics = member.topics | {topic}
@@ -344,30 +344,6 @@ class CoordinatorService:
                     await self._delete(runner)
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)
-
-
-PATTERN_PREFIX = "re:"
-"""A subscription entry starting with this is a regular expression over topic names."""
-
-
-def _patterns(topics: Iterable[str]) -> list[re.Pattern[str]]:
-    """The compiled ``re:`` entries of a subscription; INVALID_REQUEST for a bad one."""
-    patterns = []
-    for entry in topics:
-        if entry.startswith(PATTERN_PREFIX):
-            try:
-                patterns.append(_compile(entry[len(PATTERN_PREFIX) :]))
-            except re.error as exc:
-                raise InvalidRequestError(
-                    f"subscription {entry!r} is not a valid regular expression ({exc}); "
-                    "write re:PATTERN with a Python regular expression matching whole topic names"
-                ) from None
-    return patterns
-
-
-@functools.lru_cache(maxsize=1024)
-def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 def slot_of(group_id: str, slots: int) -> int:

@@ -715,6 +715,7 @@ class GroupRunner:
         :class:`LeaderAssignmentError`, naming it and the error.
         """
         group = self.group
+        self._match_patterns()
         input = group.assignment_input(
             partitions=self._subscribed_partitions(),
             available=self._assignors,
@@ -771,6 +772,18 @@ class GroupRunner:
         if not isinstance(response, ComputeAssignmentResponse):
             raise InvalidRequestError(f"answered ComputeAssignment with {type(response).__name__}")
         return response
+
+    def _match_patterns(self) -> None:
+        """Subscribe each member to the topics its ``re:`` entries match now.
+
+        Topics made since a member joined reach a living group through the
+        coordinator's topic listener, but a group waiting for its first
+        generation is EMPTY and has nothing to redo: the plan picks them up here.
+        """
+        for member in self.group.members.values():
+            matched = self._topics.matching(member.topics)
+            if not matched <= member.topics:
+                member.topics = member.topics | matched
 
     def _subscribed_partitions(self) -> dict[str, int]:
         topics: set[str] = set()

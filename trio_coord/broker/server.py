@@ -41,6 +41,7 @@ from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
+from ..store.zookeeper import require_zk_url
 from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .group import EventCallback
@@ -370,14 +371,10 @@ async def _open_store(
     elif store is None:
         async with open_embedded_store(root) as embedded:
             yield embedded, None
-    elif store.startswith("zk://"):
+    else:
+        require_zk_url(store)  # (a path is no store: the embedded one is the default)
         async with open_zookeeper_store(store, session_timeout=config.zk_session_timeout) as zk:
             yield zk, store
-    else:
-        raise ValueError(
-            f"store {store!r} is not a ZooKeeper URL: give zk://host:port[,host:port...]/chroot, "
-            "or no store for the embedded one in the data dir"
-        )
 
 
 @asynccontextmanager

@@ -10,10 +10,16 @@ created (spread round the brokers from a point that depends on the topic's
 name) and stays there: its records live on that broker's disk. Topics
 created or grown by other brokers arrive through :meth:`replay` too (the
 broker watches the store).
+
+A subscription entry ``re:PATTERN`` is a regular expression over topic
+names; :meth:`TopicManager.matching` says which existing topics a
+subscription's patterns match.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import zlib
 from collections.abc import Callable, Iterable
 
@@ -24,6 +30,7 @@ from ..core.validation import validate_topic_name
 from ..protocol.errors import (
     CoordinatorNotAvailableError,
     InvalidPartitionsError,
+    InvalidRequestError,
     TopicAlreadyExistsError,
     UnknownTopicError,
 )
@@ -31,7 +38,30 @@ from ..protocol.messages import TopicInfo
 from ..store.base import NodeExistsError
 from .persistence import RecordWriter
 
-__all__ = ["TopicManager"]
+__all__ = ["PATTERN_PREFIX", "TopicManager", "subscription_patterns"]
+
+PATTERN_PREFIX = "re:"
+"""A subscription entry starting with this is a regular expression over topic names."""
+
+
+def subscription_patterns(entries: Iterable[str]) -> list[re.Pattern[str]]:
+    """The compiled ``re:`` entries of a subscription; INVALID_REQUEST for a bad one."""
+    patterns = []
+    for entry in entries:
+        if entry.startswith(PATTERN_PREFIX):
+            try:
+                patterns.append(_compile(entry[len(PATTERN_PREFIX) :]))
+            except re.error as exc:
+                raise InvalidRequestError(
+                    f"subscription {entry!r} is not a valid regular expression ({exc}); "
+                    "write re:PATTERN with a Python regular expression matching whole topic names"
+                ) from None
+    return patterns
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 class TopicManager:
@@ -62,6 +92,13 @@ class TopicManager:
     def remove_listener(self, listener: Callable[[str], None]) -> None:
         """Stop calling ``listener`` (a coordinator that gave up its slot)."""
         self._listeners.remove(listener)
+
+    def matching(self, entries: Iterable[str]) -> set[str]:
+        """The existing topics whose whole name a ``re:`` entry of ``entries`` matches."""
+        patterns = subscription_patterns(entries)
+        if not patterns:
+            return set()
+        return {t for t in self.partitions if any(p.fullmatch(t) for p in patterns)}
 
     def current(self, name: str) -> TopicRecord | None:
         """The durable record of topic ``name`` (None if there is no such topic)."""

@@ -53,6 +53,7 @@ __all__ = [
     "ZooKeeperStore",
     "open_zookeeper_store",
     "parse_zk_url",
+    "require_zk_url",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,22 @@ def parse_zk_url(url_or_hosts: str) -> tuple[str, str]:
     for entry in netloc.split(","):
         hosts.append(_parse_host(entry, url_or_hosts))
     return ",".join(hosts), chroot
+
+
+def require_zk_url(store: str) -> str:
+    """``store`` itself if it is a ``zk://`` URL :func:`parse_zk_url` accepts; else ValueError.
+
+    Where an argument may name other stores too (a broker's ``--store``),
+    only the ``zk://`` form is a ZooKeeper address, so every command that
+    takes one insists on the scheme, with the same message.
+    """
+    scheme, sep, _rest = store.partition("://")
+    if not sep or scheme.lower() != "zk":
+        raise ValueError(
+            f"store {store!r} is not a ZooKeeper URL: give zk://host:port[,host:port...]/chroot"
+        )
+    parse_zk_url(store)
+    return store
 
 
 def _parse_host(entry: str, url: str) -> str:
