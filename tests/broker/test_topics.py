@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import trio
 
 from trio_coord import InvalidPartitionsError, TopicAlreadyExistsError, UnknownTopicError
+from trio_coord.broker.topics import subscription_patterns
+from trio_coord.protocol.errors import InvalidRequestError
 
 from .harness import ephemeral_broker
 
@@ -76,3 +82,29 @@ async def test_topic_errors_say_what_to_do(autojump_clock):
             await broker.topics.add_partitions("t", 1)
         with pytest.raises(InvalidPartitionsError, match="between 1 and 100"):
             await broker.topics.create_topic("big", 101)
+
+
+def test_a_subscription_pattern_is_re2_and_cannot_stall_the_broker():
+    # With Python's backtracking re, this pattern over this name takes longer than
+    # the age of the universe, on the broker's one event-loop thread. Run in a child
+    # so that a regression fails here instead of hanging the suite.
+    script = textwrap.dedent(
+        """
+        from trio_coord.broker.topics import subscription_patterns
+        (pattern,) = subscription_patterns([r"re:(\\w+)*-events"])
+        print(pattern.fullmatch("payments_ledger_shard_01" * 8 + "-logs") is None)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "True"
+
+
+def test_a_pattern_re2_cannot_run_is_refused_with_what_to_write():
+    with pytest.raises(InvalidRequestError, match=r"RE2 .*no backreferences"):
+        subscription_patterns([r"re:(orders)-\1"])
+    with pytest.raises(InvalidRequestError, match="longer than 1000"):
+        subscription_patterns(["re:" + "a" * 1001])
+    (pattern,) = subscription_patterns(["re:orders-.*"])
+    assert pattern.fullmatch("orders-eu") and not pattern.fullmatch("my-orders-eu")
