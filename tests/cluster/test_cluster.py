@@ -34,6 +34,7 @@ from trio_coord.cli import main
 from trio_coord.core.records import OffsetRecord, TopicRecord, encode_record
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import (
+    CoordinatorNotAvailableError,
     InvalidRequestError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
@@ -106,6 +107,23 @@ def coordinator_broker(brokers: list[Broker], group: str) -> Broker:
     slot = brokers[0].coordinator.slot_of(group)
     (owner,) = [b for b in brokers if slot in b.coordinator.services]
     return owner
+
+
+async def test_a_broker_not_in_its_own_view_sends_clients_elsewhere(
+    zookeeper_server, zk_chroot, tmp_path
+):
+    # After a session expiry the view is cleared until the broker has registered
+    # again: an empty broker list would leave a client nothing to ask.
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 1) as (broker,):
+        assert broker.member is not None
+        away = broker.member.brokers.pop(broker.config.broker_id)
+        try:
+            with pytest.raises(CoordinatorNotAvailableError, match="not registered"):
+                broker.metadata(MetadataRequest([], group="g1"))
+        finally:
+            broker.member.brokers[broker.config.broker_id] = away
+        assert broker.metadata(MetadataRequest([])).brokers == [away]
 
 
 async def test_brokers_register_and_spread_the_slots(zookeeper_server, zk_chroot, tmp_path):

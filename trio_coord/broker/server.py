@@ -247,6 +247,12 @@ class Broker:
                 f"broker {self.config.broker_id} lost its connection to ZooKeeper and cannot "
                 "say who coordinates what; ask another broker"
             )
+        if self.config.broker_id not in self.member.brokers:
+            # Starting, or between ZooKeeper sessions: its view is not (yet) the cluster's.
+            raise CoordinatorNotAvailableError(
+                f"broker {self.config.broker_id} is not registered in its cluster yet "
+                "(starting, or between ZooKeeper sessions); ask another broker"
+            )
         brokers = [self.member.brokers[b] for b in sorted(self.member.brokers)]
         coordinator = None
         if request.group:
