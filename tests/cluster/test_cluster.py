@@ -126,6 +126,21 @@ async def test_a_broker_not_in_its_own_view_sends_clients_elsewhere(
         assert broker.metadata(MetadataRequest([])).brokers == [away]
 
 
+async def test_an_unreadable_topic_node_is_skipped_not_fatal(zookeeper_server, zk_chroot, tmp_path):
+    # A node this broker cannot decode (a newer broker's, or damaged by hand) is
+    # logged and skipped; the broker goes on following the other topics.
+    url = zookeeper_server.url(zk_chroot)
+    async with open_cluster(url, tmp_path, 2) as (broker, other):
+        await broker.store.create("/topics/junk", b"\xff\x00 not a record")
+        async with open_admin(other.bootstrap) as admin:  # broker hears of it by its watch
+            await admin.create_topic("real", 2)
+        with trio.fail_after(10):
+            while broker.topics.partitions.get("real") != 2:
+                await trio.sleep(0.02)
+        assert "junk" not in broker.topics.partitions
+        broker.metadata(MetadataRequest([]))  # still serving
+
+
 async def test_brokers_register_and_spread_the_slots(zookeeper_server, zk_chroot, tmp_path):
     url = zookeeper_server.url(zk_chroot)
     async with open_cluster(url, tmp_path, 3) as brokers:

@@ -453,7 +453,6 @@ class ClusterMember:
         self, store: MetadataStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Replay topics made or grown anywhere (every topic write touches the topics root)."""
-        topics = self._broker.topics
         async with store.watch_data(TOPICS) as snapshots:
             async for _ in snapshots:
                 for name in await _children(store, TOPICS):
@@ -461,10 +460,7 @@ class ClusterMember:
                         data, _stat = await _get(store, topic_path(name))
                     except NoNodeError:  # pragma: no cover - topics are never deleted
                         continue
-                    record = decode_record(data)
-                    if isinstance(record, TopicRecord):
-                        self._broker.writer.add_existing_paths({topic_path(name)})
-                        topics.replay(record)
+                    self._replay_topic(name, data)
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
 
@@ -479,10 +475,27 @@ class ClusterMember:
             except StoreError as exc:
                 log.info("broker %d: could not read topic %s: %s", self.broker_id, name, exc)
                 return
+            self._replay_topic(name, data)
+
+    def _replay_topic(self, name: str, data: bytes) -> None:
+        """Replay a topic's node as read from ZooKeeper; log (and skip) one that is not a topic.
+
+        A node no broker of this version wrote (a newer broker's, or damaged
+        by hand) must not stop this broker from following the others.
+        """
+        try:
             record = decode_record(data)
-            if isinstance(record, TopicRecord):
-                broker.writer.add_existing_paths({topic_path(name)})
-                broker.topics.replay(record)
+        except msgspec.DecodeError as exc:
+            log.error(
+                "broker %d: skipping %s: not a topic record this broker can read (%s)",
+                self.broker_id,
+                topic_path(name),
+                exc,
+            )
+            return
+        if isinstance(record, TopicRecord):
+            self._broker.writer.add_existing_paths({topic_path(name)})
+            self._broker.topics.replay(record)
 
     # -- slots ----------------------------------------------------------------------------
 
