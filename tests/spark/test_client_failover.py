@@ -44,7 +44,9 @@ from trio_coord.protocol.messages import (
     TopicPartition,
 )
 from trio_coord.spark import BlockingClient
-from trio_coord.spark._read import commit_quietly
+from trio_coord.spark._options import read_options
+from trio_coord.spark._plan import offsets_to_json
+from trio_coord.spark._read import StreamReader, commit_quietly
 
 TP = TopicPartition("t", 0)
 
@@ -200,3 +202,17 @@ def test_a_fetch_or_produce_follows_a_leader_that_moved_off_a_lost_broker(cluste
         assert client.produce(TP, b"", 0, 0) == 7
     produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
     assert produces == [1, 2]
+
+
+def test_a_stream_commit_that_failed_is_tried_again_for_the_same_batch(cluster):
+    cluster.refuse_commits = 1
+    options = read_options(
+        {"bootstrap": cluster.bootstrap, "topic": TP.topic, "group": "g"}, streaming=True
+    )
+    reader = StreamReader(options)
+    end = offsets_to_json({TP: 42}, group="g", bootstrap=cluster.bootstrap)
+    reader.commit(end)  # refused: a consumer was in the group
+    assert cluster.committed == {}
+    reader.commit(end)  # Spark commits the same end again (or latestOffset starts from it)
+    assert cluster.committed == {TP: 42}
+    reader.stop()
