@@ -1,4 +1,5 @@
-"""Finding brokers: bootstrap parsing, connection errors, and telling the user while retrying."""
+"""Finding brokers: bootstrap parsing, connection errors, telling the user while retrying,
+and partition leaders that metadata does not (yet) place on a live broker."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import trio
 
 from trio_coord import ConnectionClosedError
 from trio_coord.client._bootstrap import Bootstrap, parse_bootstrap
+from trio_coord.client._cluster import ClusterView
 from trio_coord.protocol import MetadataRequest
 from trio_coord.protocol.connection import connect_tcp
+from trio_coord.protocol.errors import CoordinatorNotAvailableError, NotLeaderForPartitionError
+from trio_coord.protocol.messages import BrokerInfo, MetadataResponse, TopicInfo, TopicPartition
 
 
 def test_bootstrap_lists_parse_and_refuse_what_is_not_host_port():
@@ -38,3 +42,46 @@ async def test_retrying_without_a_broker_warns_then_keeps_trying(autojump_clock,
     assert warnings[0].startswith("no broker at 127.0.0.1:1 has answered for ")
     assert "still trying" in warnings[0]
     assert len(warnings) == 2  # then once every 30 s, not at every retry
+
+
+class _ScriptedBootstrap(Bootstrap):
+    """Answers Metadata with the given responses in turn (the last one from then on)."""
+
+    def __init__(self, *answers: MetadataResponse) -> None:
+        super().__init__("127.0.0.1:1")
+        self.answers = list(answers)
+        self.asked = 0
+
+    async def metadata_once(self, request: MetadataRequest) -> MetadataResponse:
+        self.asked += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+B1, B2 = BrokerInfo(1, "127.0.0.1", 9001), BrokerInfo(2, "127.0.0.1", 9002)
+
+
+async def test_a_leader_missing_from_the_live_brokers_is_retriable_then_found():
+    # A cluster broker between ZooKeeper sessions lists the topic's leaders but no brokers.
+    between = MetadataResponse([], [TopicInfo("t", 2, [1, 2])])
+    back = MetadataResponse([B1, B2], [TopicInfo("t", 2, [1, 2])])
+    bootstrap = _ScriptedBootstrap(between, between, back)
+    async with trio.open_nursery() as nursery:
+        view = ClusterView(bootstrap, nursery)
+        with pytest.raises(NotLeaderForPartitionError, match=r"2\) is not among the live") as e:
+            await view.leader(TopicPartition("t", 1))
+        assert e.value.retriable
+        assert bootstrap.asked == 2  # asked again once before giving up this time
+        assert await view.leader(TopicPartition("t", 1)) == B2
+        assert await view.leader(TopicPartition("t", 0)) == B1
+
+
+async def test_metadata_listing_no_live_broker_is_retriable_not_a_stop_iteration():
+    nobody = MetadataResponse([], [TopicInfo("t", 1, [])])
+    bootstrap = _ScriptedBootstrap(nobody)
+    async with trio.open_nursery() as nursery:
+        view = ClusterView(bootstrap, nursery)
+        with pytest.raises(CoordinatorNotAvailableError, match="knows no live brokers") as e:
+            await view.leader(TopicPartition("t", 0))
+        assert e.value.retriable
+        bootstrap.answers = [MetadataResponse([B1], [TopicInfo("t", 1, [])])]
+        assert await view.leader(TopicPartition("t", 0)) == B1

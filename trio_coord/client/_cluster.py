@@ -16,7 +16,13 @@ import logging
 import trio
 
 from ..protocol.connection import Connection, connect_tcp
-from ..protocol.errors import ConnectionClosedError, CoordError, UnknownTopicError
+from ..protocol.errors import (
+    ConnectionClosedError,
+    CoordError,
+    CoordinatorNotAvailableError,
+    NotLeaderForPartitionError,
+    UnknownTopicError,
+)
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
     BrokerInfo,
@@ -90,7 +96,33 @@ class ClusterView:
         return (await self.topic(topic)).partitions
 
     async def leader(self, tp: TopicPartition) -> BrokerInfo:
-        """The broker holding ``tp``."""
+        """The broker holding ``tp``.
+
+        If the metadata names a leader that is not among its live brokers (or
+        lists no live brokers at all, as a cluster broker between ZooKeeper
+        sessions does), it is asked for again once; if it still does not say,
+        a retriable error (NotLeaderForPartition, CoordinatorNotAvailable) is
+        raised for the caller to retry, rather than sending to a broker that
+        does not hold ``tp``.
+        """
+        broker = await self._known_leader(tp)
+        if broker is None:
+            await self.refresh([tp.topic])
+            broker = await self._known_leader(tp)
+        if broker is not None:
+            return broker
+        info = await self.topic(tp.topic)
+        if info.leaders and tp.partition < len(info.leaders):
+            raise NotLeaderForPartitionError(
+                f"the leader of {tp} (broker {info.leaders[tp.partition]}) is not among the "
+                "live brokers the metadata lists yet; retry"
+            )
+        raise CoordinatorNotAvailableError(
+            "the broker that answered Metadata knows no live brokers yet "
+            "(a cluster broker between ZooKeeper sessions); retry"
+        )
+
+    async def _known_leader(self, tp: TopicPartition) -> BrokerInfo | None:
         info = await self.topic(tp.topic)
         if not 0 <= tp.partition < info.partitions:
             await self.refresh([tp.topic])  # it may have grown since we asked
@@ -101,11 +133,9 @@ class ClusterView:
                     f"partition {tp.partition} does not exist"
                 )
         if info.leaders and tp.partition < len(info.leaders):
-            broker = self._brokers.get(info.leaders[tp.partition])
-            if broker is not None:
-                return broker
+            return self._brokers.get(info.leaders[tp.partition])
         # No leader named: every partition is on the broker that answered (one broker).
-        return next(iter(self._brokers.values()))
+        return next(iter(self._brokers.values()), None)
 
     # -- connections -------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ any bootstrap broker), and :meth:`BlockingClient.close` closes every socket.
 Use it as a context manager, one per task, so that the sockets are closed in
 ``finally`` whatever the task does.
 
-Retriable errors (a lost connection, a coordinator not known yet, a broker
-shutting down) are retried with backoff until ``timeout`` seconds have passed;
+Retriable errors (a lost connection, a coordinator not known yet or moved, a
+leader moved, a broker shutting down) are retried with backoff until
+``timeout`` seconds have passed, each retry sent where fresh metadata says;
 anything else is raised at once as the typed :class:`CoordError`.
 """
 
@@ -24,7 +25,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from ..client._bootstrap import parse_bootstrap
@@ -77,6 +78,11 @@ maximum frame size, which is far smaller by default)."""
 
 Address = tuple[str, int]
 _R = TypeVar("_R", bound=ResponseBody)
+
+
+def _fixed(address: Address) -> Callable[[], Address]:
+    """A route to one broker, whatever the metadata says since."""
+    return lambda: address
 
 
 class BrokerUnreachableError(ConnectionClosedError):
@@ -198,12 +204,21 @@ class BlockingClient:
                 ) from None
             raise
 
-    def _call(self, address: Address | None, body: RequestBody, expected: type[_R]) -> _R:
-        """Send ``body`` (to ``address``, or to any bootstrap broker), retrying retriable errors."""
+    def _call(
+        self, route: Callable[[], Address | None], body: RequestBody, expected: type[_R]
+    ) -> _R:
+        """Send ``body`` to the broker ``route()`` names (None: any bootstrap broker),
+        retrying retriable errors.
+
+        ``route`` is asked again before every attempt, so that a retry after
+        NOT_COORDINATOR, NOT_LEADER_FOR_PARTITION or a lost connection goes to
+        the broker fresh metadata names, not back to the one that refused.
+        """
         deadline = time.monotonic() + self.timeout
         delay = 0.05
         while True:
             try:
+                address = route()
                 if address is None:
                     answer = self._call_any(body)
                 else:
@@ -212,8 +227,8 @@ class BlockingClient:
                 if not exc.retriable or time.monotonic() + delay > deadline:
                     raise
                 log.debug("retrying %s after %s", type(body).__name__, exc)
-                if isinstance(exc, NotLeaderForPartitionError):
-                    self._topics.clear()
+                if isinstance(exc, NotLeaderForPartitionError | ConnectionClosedError):
+                    self._topics.clear()  # the leaders may have moved: ask again
                 time.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, 1.0)
                 continue
@@ -248,7 +263,7 @@ class BlockingClient:
     def metadata(self, topics: Iterable[str] | None = None, group: str = "") -> MetadataResponse:
         """Live brokers and the topics asked for (None: all); raises UnknownTopicError."""
         request = MetadataRequest(None if topics is None else sorted(set(topics)), group)
-        response = self._call(None, request, MetadataResponse)
+        response = self._call(lambda: None, request, MetadataResponse)
         self._brokers = {b.broker_id: b for b in response.brokers}
         for info in response.topics:
             self._topics[info.name] = info
@@ -270,23 +285,26 @@ class BlockingClient:
             )
         if info.leaders and tp.partition < len(info.leaders):
             broker = self._brokers.get(info.leaders[tp.partition])
-            if broker is not None:
-                return (broker.host, broker.port)
+            if broker is None:
+                # The leader is not among the live brokers (yet): retriable, and
+                # the retry asks for fresh metadata (see _call).
+                raise NotLeaderForPartitionError(
+                    f"the leader of {tp} (broker {info.leaders[tp.partition]}) is not among "
+                    "the live brokers the metadata lists yet"
+                )
+            return (broker.host, broker.port)
         # No leader named: the broker that answered holds every partition.
         assert self._answered is not None
         return self._answered
 
     def _coordinator(self, group: str) -> Address:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            response = self.metadata([], group)
-            if response.coordinator is not None:
-                return (response.coordinator.host, response.coordinator.port)
-            if time.monotonic() > deadline:
-                raise CoordinatorNotAvailableError(
-                    f"no coordinator for group {group!r} is available; is a broker running?"
-                )
-            time.sleep(0.1)
+        """The group's coordinator, from fresh metadata (CoordinatorNotAvailable if none yet)."""
+        response = self.metadata([], group)
+        if response.coordinator is None:
+            raise CoordinatorNotAvailableError(
+                f"no coordinator for group {group!r} is available yet; is a broker running?"
+            )
+        return (response.coordinator.host, response.coordinator.port)
 
     def _by_leader(self, tps: Iterable[TopicPartition]) -> dict[Address, list[TopicPartition]]:
         grouped: dict[Address, list[TopicPartition]] = {}
@@ -304,14 +322,14 @@ class BlockingClient:
         result: dict[TopicPartition, ListedOffset] = {}
         for address, tps in self._by_leader(partitions).items():
             request = ListOffsetsRequest(tps, timestamp_ms)
-            response = self._call(address, request, ListOffsetsResponse)
+            response = self._call(_fixed(address), request, ListOffsetsResponse)
             result.update((o.tp, o) for o in response.offsets)
         return result
 
     def committed(self, group: str) -> dict[TopicPartition, int]:
         """The group's committed offsets (partitions without one are left out)."""
         request = OffsetFetchRequest(group, None)
-        response = self._call(self._coordinator(group), request, OffsetFetchResponse)
+        response = self._call(lambda: self._coordinator(group), request, OffsetFetchResponse)
         return {o.tp: o.offset for o in response.offsets if o.offset != NO_OFFSET}
 
     def commit(self, group: str, offsets: dict[TopicPartition, int], metadata: str = "") -> None:
@@ -332,7 +350,7 @@ class BlockingClient:
                 for tp, o in sorted(offsets.items())
             ],
         )
-        self._call(self._coordinator(group), body, OffsetCommitResponse)
+        self._call(lambda: self._coordinator(group), body, OffsetCommitResponse)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -346,7 +364,7 @@ class BlockingClient:
             max_wait_ms=max_wait_ms,
             max_bytes=max_bytes,
         )
-        response = self._call(self._leader(tp), request, FetchResponse)
+        response = self._call(lambda: self._leader(tp), request, FetchResponse)
         (part,) = response.partitions
         if part.error:
             raise error_for(part.error, part.message)
@@ -355,4 +373,4 @@ class BlockingClient:
     def produce(self, tp: TopicPartition, payload: bytes, count: int, max_timestamp_ms: int) -> int:
         """Append one encoded batch to ``tp``; the offset of its first record."""
         request = ProduceRequest(tp.topic, tp.partition, payload, count, max_timestamp_ms)
-        return self._call(self._leader(tp), request, ProduceResponse).base_offset
+        return self._call(lambda: self._leader(tp), request, ProduceResponse).base_offset

@@ -361,8 +361,12 @@ def commit_forward(
     return ahead
 
 
-def commit_quietly(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> None:
-    """:func:`commit_forward` with a client of its own; a failure is logged, not raised."""
+def commit_quietly(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> bool:
+    """:func:`commit_forward` with a client of its own; a failure is logged, not raised.
+
+    Returns whether the group now holds ``offsets`` (or went further), so that
+    a caller can try the same commit again after a failure.
+    """
     try:
         with BlockingClient(bootstrap, timeout=10.0) as client:
             commit_forward(client, group, offsets)
@@ -375,6 +379,9 @@ def commit_quietly(bootstrap: str, group: str, offsets: Mapping[TopicPartition, 
         )
     except (CoordError, OSError) as exc:
         log.warning("could not commit the stream's progress to group %s: %s", group, exc)
+    else:
+        return True
+    return False
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -515,10 +522,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_task(self.options, partition)
 
     def _commit_through(self, done: dict[TopicPartition, int]) -> None:
-        """Commit ``done`` (the end of a finished batch) to the group, once."""
+        """Commit ``done`` (the end of a finished batch) to the group, once it succeeds
+        (a failed commit is tried again at Spark's next ``commit`` or batch)."""
         if self.options.group is not None and done != self._committed:
-            commit_quietly(self.options.bootstrap, self.options.group, done)
-            self._committed = done
+            if commit_quietly(self.options.bootstrap, self.options.group, done):
+                self._committed = done
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has processed everything before ``end``: commit it to the group, if any."""
