@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from trio_coord.broker.persistence import RecordWriter, load_records
@@ -199,3 +200,31 @@ async def test_a_write_whose_answer_was_lost_does_not_poison_the_next_ones():
             ("g", 11),
             ("h", 5),
         ]
+
+
+class _DisconnectedReads:
+    """A store whose reads of nodes fail as a lost ZooKeeper connection does."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+
+    async def exists(self, path):
+        return await self._store.exists(path)
+
+    async def children(self, path):
+        return await self._store.children(path)
+
+    async def get(self, path):
+        await trio.lowlevel.checkpoint()
+        raise StoreConnectionError("connection lost")
+
+
+async def test_loading_through_a_lost_connection_raises_it_as_itself():
+    # The reads run 64 at a time; each fails. A caller retrying on
+    # StoreConnectionError (a slot's loader) must see that, not a group of them.
+    async with open_embedded_store(None) as inner:
+        await load_records(inner)
+        for n in range(10):
+            await inner.create(f"/groups/g{n}", b"")
+        with pytest.raises(StoreConnectionError, match="connection lost"):
+            await load_records(_DisconnectedReads(inner))

@@ -172,22 +172,33 @@ async def _read_all(
     """The data (or children) of every path, None where there is no node.
 
     ``_READS_IN_FLIGHT`` workers take the paths in turn, so that reads overlap
-    (pipelined on a ZooKeeper session) without a task per node.
+    (pipelined on a ZooKeeper session) without a task per node. The first
+    StoreError stops the others and is raised as itself, as one read would
+    raise it (not as a group of every worker's copy of a lost connection,
+    which callers retrying on ``StoreConnectionError`` would not recognize).
     """
     results: list[Any] = [None] * len(paths)
     todo = iter(enumerate(paths))
+    failure: StoreError | None = None
 
-    async def worker() -> None:
-        for index, path in todo:
-            with contextlib.suppress(NoNodeError):
-                if children:
-                    results[index] = await store.children(path)
-                else:
-                    results[index] = (await store.get(path))[0]
+    async def worker(cancel_scope: trio.CancelScope) -> None:
+        nonlocal failure
+        try:
+            for index, path in todo:
+                with contextlib.suppress(NoNodeError):
+                    if children:
+                        results[index] = await store.children(path)
+                    else:
+                        results[index] = (await store.get(path))[0]
+        except StoreError as exc:
+            failure = failure or exc
+            cancel_scope.cancel()
 
     async with trio.open_nursery() as nursery:
         for _ in range(min(_READS_IN_FLIGHT, len(paths))):
-            nursery.start_soon(worker)
+            nursery.start_soon(worker, nursery.cancel_scope)
+    if failure is not None:
+        raise failure
     return results
 
 
