@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO, TypeVar, cast
+from typing import Any, TextIO, TypeVar
 
 import trio
 
@@ -952,21 +952,20 @@ async def cmd_cluster_status(args: argparse.Namespace) -> None:
             f"ZooKeeper at {url} did not answer within {args.timeout:g} s; "
             "check that its servers are up and have a quorum"
         )
-    brokers = cast(list[dict[str, Any]], status["brokers"])
-    holders = cast(dict[int, int], status["holders"])
-    groups = cast(dict[str, list[str]], status["groups"])
-    lines = [f"{len(brokers)} live broker(s), {status['slots']} coordinator slot(s)"]
-    for broker in brokers:
-        bid = broker["broker_id"]
-        held = [s for s, b in holders.items() if b == bid]
+    lines = [f"{len(status.brokers)} live broker(s), {status.slots} coordinator slot(s)"]
+    for broker in status.brokers:
+        held = [s for s, b in status.holders.items() if b == broker.broker_id]
+        groups = status.groups.get(broker.broker_id, [])
         lines.append(
-            f"  broker {bid} at {broker['address']}: slots {held or '-'}, "
-            f"{len(groups.get(str(bid), []))} group(s) {' '.join(groups.get(str(bid), []))}"
+            f"  broker {broker.broker_id} at {broker.address}: slots {held or '-'}, "
+            f"{len(groups)} group(s) {' '.join(groups)}"
         )
-    vacant = [s for s in range(cast(int, status["slots"])) if s not in holders]
+    vacant = [s for s in range(status.slots) if s not in status.holders]
     if vacant:
-        lines.append(f"  vacant slots (being elected): {vacant}; groups: {groups.get('none', [])}")
-    _say(args, status, "\n".join(lines))
+        lines.append(
+            f"  vacant slots (being elected): {vacant}; groups: {status.groups.get(None, [])}"
+        )
+    _say(args, status.to_json(), "\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ClusterConfigError",
     "ClusterMember",
+    "ClusterStatus",
     "SlotHolder",
     "claimants",
     "read_status",
@@ -727,37 +728,56 @@ async def _children(store: MetadataStore, path: str) -> list[str]:
             await _until_connected(store)
 
 
-async def read_status(store: MetadataStore) -> dict[str, object]:
-    """A cluster as ZooKeeper has it: live brokers, who holds each slot, groups per slot.
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """A cluster as ZooKeeper has it (``trio-coord cluster status``)."""
 
-    For ``trio-coord cluster status``: ``{"slots": N, "brokers": [{"broker_id",
-    "address"}], "holders": {slot: broker id}, "groups": {broker id or
-    "none": [group ids]}}`` (groups of a vacant slot are under ``"none"``).
-    """
+    slots: int
+    """How many coordinator slots groups hash onto."""
+    brokers: list[BrokerInfo]
+    """The live brokers, by id."""
+    holders: dict[int, int]
+    """slot → the id of the broker holding it (a vacant slot is missing)."""
+    groups: dict[int | None, list[str]]
+    """broker id → the groups it coordinates (None: those of vacant slots)."""
+
+    def to_json(self) -> dict[str, object]:
+        """``{"slots", "brokers": [{"broker_id", "address"}], "holders", "groups"}``.
+
+        JSON keys are strings: groups of vacant slots are under ``"none"``.
+        """
+        return {
+            "slots": self.slots,
+            "brokers": [{"broker_id": b.broker_id, "address": b.address} for b in self.brokers],
+            "holders": self.holders,
+            "groups": {"none" if b is None else str(b): g for b, g in self.groups.items()},
+        }
+
+
+async def read_status(store: MetadataStore) -> ClusterStatus:
+    """Read the live brokers, who holds each slot, and the groups of each holder."""
     data, _ = await store.get(CLUSTER)
     slots = msgspec.msgpack.decode(data, type=_ClusterConfig).slots
-    brokers: list[dict[str, object]] = []
+    brokers: list[BrokerInfo] = []
     for name in sorted(await store.children(BROKERS), key=int):
         with contextlib.suppress(NoNodeError):
             data, _ = await store.get(f"{BROKERS}/{name}")
-            info = msgspec.msgpack.decode(data, type=BrokerInfo)
-            brokers.append({"broker_id": info.broker_id, "address": info.address})
+            brokers.append(msgspec.msgpack.decode(data, type=BrokerInfo))
     holders: dict[int, int] = {}
     for name in await store.children(COORDINATORS):
         with contextlib.suppress(NoNodeError):
             data, _ = await store.get(coordinator_path(int(name)))
             holders[int(name)] = int(data)
-    groups: dict[str, list[str]] = {}
+    groups: dict[int | None, list[str]] = {}
     names = await store.children(GROUPS) if await store.exists(GROUPS) else []
     for group in names:
-        holder = holders.get(slot_of(group, slots))
-        groups.setdefault("none" if holder is None else str(holder), []).append(group)
-    return {
-        "slots": slots,
-        "brokers": brokers,
-        "holders": dict(sorted(holders.items())),
-        "groups": dict(sorted(groups.items())),
-    }
+        groups.setdefault(holders.get(slot_of(group, slots)), []).append(group)
+    return ClusterStatus(
+        slots,
+        brokers,
+        dict(sorted(holders.items())),
+        dict(sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or 0))),
+    )
 
 
 def placement(member: ClusterMember) -> Callable[[], list[int]]:
