@@ -459,7 +459,7 @@ class Group:
         positions: dropping those left its lag above zero for good.
         """
         member.last_heartbeat = now
-        started = max(member.generation, member.generation if generation is None else generation)
+        started = member.generation if generation is None else max(member.generation, generation)
         if self.state in (GroupState.STARTING, GroupState.STABLE) and started == self.generation:
             owned: Collection[TopicPartition] = member.assignment
         elif self.cooperative:
