@@ -125,6 +125,23 @@ async def test_a_cancelled_block_closes_the_producer_at_once_failing_what_was_un
         await lingering
 
 
+async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
+    # Trio's rule: Cancelled means the operation did not happen. An enqueue cancelled
+    # at its last checkpoint had queued its record, which was then sent all the same.
+    await make_topic(broker.bootstrap, "t", 1)
+    async with open_producer(broker.bootstrap, linger=0.001) as producer:
+        await producer.send("t", b"first")  # (the topic's metadata is known now)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await producer.enqueue("t", b"cancelled")
+        assert scope.cancelled_caught
+        kept = await producer.enqueue("t", b"kept")
+    assert (await kept).offset == 1  # nothing stored between
+    async with open_admin(broker.bootstrap) as admin:
+        (ends,) = (await admin.list_offsets([TopicPartition("t", 0)])).values()
+    assert ends.log_end == 2
+
+
 def test_key_partitioning_is_stable_across_processes():
     keys = [f"user-{i}".encode() for i in range(50)]
     here = [partition_for_key(k, 12) for k in keys]

@@ -301,6 +301,9 @@ class Producer(EnterOnce):
         """
         if self._nursery is None or self._closed:
             raise RuntimeError("use the producer inside its async with block")
+        # Trio's rule for a cancellable operation: Cancelled means it did not happen.
+        # So check here, and never after the record is in its batch (see the end).
+        await trio.lowlevel.checkpoint_if_cancelled()
         key_b = _as_bytes(key, "key")
         value_b = _as_bytes(value, "value")
         hdrs: list[Header] = (
@@ -345,8 +348,10 @@ class Producer(EnterOnce):
             queue.sending = True
             self._nursery.start_soon(self._sender, tp, queue)
         # Always a checkpoint (Trio's rule): a loop of enqueues must let the senders,
-        # and everything else, run, and must be cancellable.
-        await trio.lowlevel.checkpoint()
+        # and everything else, run. Shielded: the record is queued and will be sent,
+        # so raising Cancelled now would tell the caller it was not (a caller counting
+        # what it enqueued then counted one record too few).
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return delivery
 
     async def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
