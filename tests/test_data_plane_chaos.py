@@ -3,7 +3,7 @@
 A broker process (``trio-coord broker --json``), a topic of six partitions and
 1500 keyed records from an in-process producer: 600 before the group starts,
 the rest while it runs. A group of three consumer processes (``CONSUMER``)
-processes them, a few milliseconds of work each, while a seeded schedule
+processes them (``chaos.CONSUMER``), a few milliseconds of work each, while a seeded schedule
 kills one (SIGKILL), kills two at once, or stops one (SIGTERM), and starts a
 new process in its place: six times in about eight seconds. Then consumers
 run until the group's lag is 0 and every record has been processed, and stop.
@@ -13,7 +13,8 @@ Each consumer prints one JSON line per event, stamped with ``time.monotonic()``
 ``assigned`` (with each partition's start offset), ``revoked``, ``lost``
 (with the end of the consumer's lease), and ``record`` for each record it
 processed (its partition, offset and value; when it was handed out and when
-its processing ended). From them, and from the admin API, the test checks:
+its processing ended). From them (``chaos.check_processing``), and from the
+admin API, the test checks:
 
 * completeness: the processed records are exactly the produced ones (every
   (partition, offset), nothing else), each with its produced value;
@@ -46,90 +47,24 @@ time except the overall bounds (``fail_after``).
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import os
 import random
 import select
 import signal
 import subprocess
 import sys
-import textwrap
-import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 import trio
+from chaos import ENV, Fleet, check_processing
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer, open_producer
 
 CLI = [sys.executable, "-m", "trio_coord"]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 PARTITIONS = 6
 BEFORE, DURING = 600, 900  # records produced before the group starts, and while it runs
 WORK = 0.004  # seconds of "processing" per record
-
-CONSUMER = textwrap.dedent(
-    """
-    import json, logging, signal, sys, time, trio
-    from trio_coord import open_consumer
-
-    sys.stderr = open(sys.argv[3], "w", buffering=1)  # tracebacks and the library's log
-    logging.basicConfig(level=logging.INFO, format="%(created).3f %(name)s %(message)s")
-
-    def emit(event, **fields):
-        print(json.dumps({"event": event, "t": time.monotonic(), **fields}), flush=True)
-
-    async def main(bootstrap, work):
-        busy = trio.Lock()  # held while a record is processed
-        stop = trio.CancelScope()
-
-        def on_assigned(tps):
-            emit("assigned", start={tp.partition: consumer.assignment[tp] for tp in tps})
-
-        async def on_revoked(tps):
-            async with busy:  # the record in hand is finished first
-                emit("revoked", partitions=[tp.partition for tp in tps])
-
-        async def on_lost(tps):
-            # The end of the lease (private; the consumer keeps it on Trio's clock).
-            lease_end = consumer._lease_end - trio.current_time() + time.monotonic()
-            async with busy:
-                emit("lost", partitions=[tp.partition for tp in tps], lease_end=lease_end)
-
-        consumer = open_consumer(
-            bootstrap, "g", ["t"], session_timeout=1.0, offset_reset="earliest",
-            on_assigned=on_assigned, on_revoked=on_revoked, on_lost=on_lost,
-        )
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
-
-            async def terminate():
-                async for _ in signals:
-                    emit("sigterm")
-                    stop.cancel()  # leave the group cleanly
-                    return
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(terminate)
-                emit("ready")
-                with stop:
-                    async with consumer:
-                        async for record in consumer:
-                            handed = time.monotonic()
-                            with trio.CancelScope(shield=True):  # finish what was handed out
-                                async with busy:
-                                    await trio.sleep(work)
-                                    emit("record", p=record.partition, o=record.offset,
-                                         v=record.value.decode(), handed=handed)
-                nursery.cancel_scope.cancel()
-        emit("exit")
-
-    trio.run(main, sys.argv[1], float(sys.argv[2]))
-    """
-)
 
 
 @pytest.fixture
@@ -161,93 +96,7 @@ def broker_address(tmp_path):
             log.close()
 
 
-# -- the consumer processes ---------------------------------------------------------------
-
-
-@dataclass
-class ConsumerRun:
-    """One consumer process: its events as printed, and what the test did to it."""
-
-    name: str
-    process: trio.Process
-    stderr: Path
-    events: list[dict] = field(default_factory=list)
-    ready: trio.Event = field(default_factory=trio.Event)
-    exited: trio.Event = field(default_factory=trio.Event)
-    killed_at: float | None = None  # when SIGKILL was sent
-    terminated_at: float | None = None  # when SIGTERM was sent
-    exited_at: float | None = None
-    returncode: int | None = None
-
-    async def watch(self) -> None:
-        """Collect the printed events until the process exits (never leave the pipe full)."""
-        assert self.process.stdout is not None
-        buffer = b""
-        while chunk := await self.process.stdout.receive_some():
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                event = json.loads(line)
-                self.events.append(event)
-                if event["event"] == "ready":
-                    self.ready.set()
-        self.returncode = await self.process.wait()
-        self.exited_at = time.monotonic()
-        self.exited.set()
-
-    def signal(self, signum: int) -> None:
-        if self.process.returncode is not None:
-            return
-        self.process.send_signal(signum)
-        # After the kill is sent: nothing the process did after this counts.
-        if signum == signal.SIGKILL:
-            self.killed_at = time.monotonic()
-        else:
-            self.terminated_at = time.monotonic()
-
-    def tail(self, lines: int = 15) -> str:
-        text = self.stderr.read_text() if self.stderr.exists() else ""
-        return f"--- {self.name} stderr (last {lines} lines):\n" + "\n".join(
-            text.splitlines()[-lines:]
-        )
-
-
-class Fleet:
-    """Consumer processes in slots; a slot's process is replaced after it is signalled."""
-
-    def __init__(self, bootstrap: str, tmp_path: Path, nursery: trio.Nursery) -> None:
-        self.bootstrap = bootstrap
-        self.tmp_path = tmp_path
-        self.nursery = nursery
-        self.runs: list[ConsumerRun] = []
-        self.slots: dict[int, ConsumerRun] = {}
-
-    async def start(self, slot: int) -> ConsumerRun:
-        name = f"c{len(self.runs)}"
-        stderr = self.tmp_path / f"{name}.stderr"
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-c", CONSUMER, self.bootstrap, str(WORK), str(stderr)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=ENV,
-        )
-        run = ConsumerRun(name, process, stderr)
-        self.runs.append(run)
-        self.slots[slot] = run
-        self.nursery.start_soon(run.watch)
-        return run
-
-    def live(self) -> list[ConsumerRun]:
-        return [run for run in self.runs if run.process.returncode is None]
-
-    async def kill_all(self) -> None:
-        """Whatever still runs (a failed test) is killed and reaped."""
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            for run in self.runs:
-                if run.process.returncode is None:
-                    run.process.kill()
-                    await run.process.wait()
+# -- the schedule ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -311,139 +160,6 @@ async def produce_steadily(producer, produced: dict[tuple[int, int], str], done:
     done.set()
 
 
-# -- what the events say ------------------------------------------------------------------
-
-
-@dataclass
-class Ownership:
-    """One process owning one partition: from ``assigned`` until ``how`` ended it."""
-
-    run: ConsumerRun
-    partition: int
-    start: int  # the offset it was started at
-    begin: float
-    end: float = math.inf
-    how: str = ""  # revoked, lost, reassigned, killed, exited
-    offsets: list[int] = field(default_factory=list)  # processed, in order
-
-    def __str__(self) -> str:
-        return (
-            f"{self.run.name} owned t-{self.partition} from {self.begin:.3f} "
-            f"(at offset {self.start}) to {self.end:.3f} ({self.how})"
-        )
-
-
-def ownerships(run: ConsumerRun) -> list[Ownership]:
-    found: list[Ownership] = []
-    open_: dict[int, Ownership] = {}
-    for event in run.events:
-        if event["event"] == "assigned":
-            for owned in open_.values():
-                owned.end, owned.how = event["t"], "reassigned"
-            open_ = {
-                int(p): Ownership(run, int(p), offset, event["t"])
-                for p, offset in event["start"].items()
-            }
-            found.extend(open_.values())
-        elif event["event"] in ("revoked", "lost"):
-            end = event["t"]
-            if event["event"] == "lost":
-                end = min(end, event["lease_end"])
-            for p in event["partitions"]:
-                if (owned := open_.pop(p, None)) is not None:
-                    owned.end, owned.how = end, event["event"]
-    # Still owned when the process died: until it was killed, or until it exited.
-    assert run.exited_at is not None
-    death = run.killed_at if run.killed_at is not None else run.exited_at
-    for owned in open_.values():
-        owned.end, owned.how = death, "killed" if run.killed_at is not None else "exited"
-    return found
-
-
-def check_processing(
-    runs: list[ConsumerRun], produced: dict[tuple[int, int], str]
-) -> tuple[list[str], dict]:
-    """Every check on the printed events; returns the problems found, and some numbers."""
-    problems: list[str] = []
-    by_partition: dict[int, list[Ownership]] = defaultdict(list)
-    first_done: dict[tuple[int, int], float] = {}
-    times: Counter[tuple[int, int]] = Counter()
-    rewound = 0
-    for run in runs:
-        owned = ownerships(run)
-        for o in owned:
-            by_partition[o.partition].append(o)
-        for event in run.events:
-            if event["event"] != "record":
-                continue
-            p, offset, value, handed, done = (event[k] for k in ("p", "o", "v", "handed", "t"))
-            times[p, offset] += 1
-            first_done[p, offset] = min(done, first_done.get((p, offset), math.inf))
-            if produced.get((p, offset)) != value:
-                problems.append(
-                    f"{run.name} processed t-{p}@{offset} = {value!r}, "
-                    f"produced {produced.get((p, offset))!r}"
-                )
-            home = [o for o in owned if o.partition == p and o.begin <= handed < o.end]
-            if not home:
-                problems.append(
-                    f"{run.name} was handed t-{p}@{offset} at {handed:.3f}, not owning t-{p}: "
-                    + "; ".join(str(o) for o in owned if o.partition == p)
-                )
-                continue
-            if done > home[0].end and home[0].how != "lost":
-                problems.append(f"{run.name} finished t-{p}@{offset} at {done:.3f}: {home[0]}")
-            home[0].offsets.append(offset)
-
-    # Completeness: exactly the produced records (duplicates aside).
-    missing = sorted(set(produced) - set(times))
-    extra = sorted(set(times) - set(produced))
-    if missing or extra:
-        problems.append(f"never processed: {missing[:20]}; not produced: {extra[:20]}")
-
-    for p, owned in sorted(by_partition.items()):
-        owned.sort(key=lambda o: (o.begin, o.end))
-        for o in owned:
-            # Order: from the start offset, no gap, nothing twice.
-            wrong = [i for i, offset in enumerate(o.offsets) if offset != o.start + i]
-            if wrong:
-                k = wrong[0]
-                problems.append(
-                    f"{o}: processed ...{o.offsets[max(0, k - 3) : k + 3]}..., "
-                    f"not {o.start + k} after {o.offsets[k - 1] if k else 'the start'}"
-                )
-            # At least once: everything below the start offset was processed before it.
-            late = [i for i in range(o.start) if first_done.get((p, i), math.inf) >= o.begin]
-            if late:
-                problems.append(f"{o}, but t-{p}@{late[:5]} had not been processed by then")
-        # Exclusivity: no two processes own the partition at once.
-        for i, a in enumerate(owned):
-            for b in owned[i + 1 :]:
-                if a.run is not b.run and max(a.begin, b.begin) < min(a.end, b.end):
-                    problems.append(f"two owners at once: {a} / {b}")
-        for a, b in itertools.pairwise(owned):
-            # Committed offsets never go back, so neither do start offsets.
-            if b.start < a.start:
-                problems.append(f"start offset went back: {a} / then {b}")
-            # A clean handoff starts the next owner right after the last record
-            # processed, even if the rebalance restarted meanwhile (see the test below).
-            killed = a.run.killed_at is not None and a.run.killed_at < b.begin
-            if a.how == "revoked" and not killed:
-                handed_back = a.offsets[-1] + 1 if a.offsets else a.start
-                if b.start != handed_back:
-                    rewound += 1
-                    problems.append(f"{b} after a clean revoke at {handed_back}: {a}")
-    stats = {
-        "processes": len(runs),
-        "ownerships": sum(len(o) for o in by_partition.values()),
-        "processed": sum(times.values()),
-        "duplicates": sum(n - 1 for n in times.values()),
-        "lost": sum(o.how == "lost" for owned in by_partition.values() for o in owned),
-        "rewound after a clean revoke": rewound,
-    }
-    return problems, stats
-
-
 # -- the test -------------------------------------------------------------------------------
 
 
@@ -461,7 +177,7 @@ async def test_a_group_under_kills_and_restarts_processes_everything_exclusively
         async with open_producer(bootstrap, linger=0.005) as producer:
             await produce(producer, range(BEFORE), produced)
             async with trio.open_nursery() as nursery:
-                fleet = Fleet(bootstrap, tmp_path, nursery)
+                fleet = Fleet(bootstrap, tmp_path, nursery, WORK)
                 try:
                     for slot in range(3):
                         await fleet.start(slot)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from chaos import BrokerProcess
 
 from trio_coord import (
     EARLIEST,
@@ -43,46 +44,6 @@ from trio_coord import (
 
 CLI = [sys.executable, "-m", "trio_coord"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-class BrokerProcess:
-    """``trio-coord broker`` on a data dir, in its own process (restartable, killable)."""
-
-    def __init__(self, data_dir: Path, *options: str) -> None:
-        self.data_dir = data_dir
-        self.options = options
-        self.process: subprocess.Popen[str] | None = None
-        self.bootstrap = ""
-
-    async def start(self) -> str:
-        # Popen only forks and execs; the blocking read of the first line runs in a thread.
-        self.process = subprocess.Popen(  # noqa: ASYNC220
-            [*CLI, "broker", "--data-dir", str(self.data_dir), "--port", "0", "--json",
-             *self.options],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=ENV,
-        )  # fmt: skip
-        with trio.fail_after(30):
-            line = await trio.to_thread.run_sync(self.process.stdout.readline)
-        assert line, "the broker did not start"
-        self.bootstrap = json.loads(line)["address"]
-        return self.bootstrap
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-                self.process.kill()
-                raise
 
 
 @pytest.fixture
