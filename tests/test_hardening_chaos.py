@@ -29,6 +29,7 @@ is ever reused).
 
 from __future__ import annotations
 
+import itertools
 import random
 import socket
 from dataclasses import dataclass
@@ -195,7 +196,7 @@ def flip_a_committed_bit(data_dir: Path, committed: dict[int, int]) -> tuple[int
     """
     for p in range(PARTITIONS):
         files = segments(data_dir, p)
-        for (_, path), (next_base, _) in zip(files, files[1:], strict=False):
+        for (_, path), (next_base, _) in itertools.pairwise(files):
             if next_base <= committed.get(p, 0):
                 raw = bytearray(path.read_bytes())
                 raw[len(raw) // 2] ^= 0x10
@@ -316,7 +317,7 @@ async def test_a_broker_under_kills_floods_and_damage_keeps_every_promise(tmp_pa
 
         # The damage: reported to a reader, the other partitions of the same fetch served.
         assert damaged is not None
-        partition, path, after = damaged
+        partition, path, _after = damaged
         async with open_connection(*address) as conn:
             answer = await conn.request(
                 FetchRequest([FetchPartition("t", p, 0) for p in range(PARTITIONS)], max_wait_ms=0)
@@ -340,7 +341,7 @@ async def test_a_broker_under_kills_floods_and_damage_keeps_every_promise(tmp_pa
 
 async def check_nothing_reused(bootstrap: str, sent: Sent, damaged: tuple[int, Path, int]):
     """After a repair: acknowledged records at their offsets, new ones above the old end."""
-    partition, path, after = damaged
+    partition, _path, after = damaged
     tps = [TopicPartition("t", p) for p in range(PARTITIONS)]
     async with open_admin(bootstrap) as admin:
         ends = {tp.partition: o.log_end for tp, o in (await admin.list_offsets(tps)).items()}
