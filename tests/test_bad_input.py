@@ -105,6 +105,20 @@ GOODBYE_CASES = [
         id="unknown-frame-tag",
     ),
     pytest.param(
+        # A heartbeat with a trailing field nested 1,000 deep (msgspec skips unknown
+        # trailing fields, and skipping recurses): this one frame used to end the broker.
+        _frame(b"\x93\x01\x01\x96\x05\xa1g\xa1m\x01\x90" + b"\x91" * 1000 + b"\xc0"),
+        ErrorCode.CORRUPT_MESSAGE,
+        "RecursionError",
+        id="nested-1000-deep",
+    ),
+    pytest.param(
+        _frame(b"\x93\x01\x01\x95\x05\xa1\xff\xa1m\x01\x90"),  # a group id not UTF-8
+        ErrorCode.CORRUPT_MESSAGE,
+        "UnicodeDecodeError",
+        id="invalid-utf8",
+    ),
+    pytest.param(
         _frame(msgspec.msgpack.encode([1, 1, [99, "x"]])),
         ErrorCode.UNSUPPORTED_MESSAGE,
         "unknown message type",

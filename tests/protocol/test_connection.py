@@ -467,8 +467,25 @@ async def test_garbage_frame_gets_a_goodbye_and_fails_the_peers_pending_request(
         (b"\x00\x10\x00\x01", ErrorCode.FRAME_TOO_LARGE, "1048577 bytes exceeds"),
         (b"\x00\x00\x00\x02\x91\x09", ErrorCode.UNSUPPORTED_MESSAGE, "unknown message type"),
         (b"\x00\x00\x00\x03\x92\x01\x01", ErrorCode.CORRUPT_MESSAGE, "invalid message"),
+        # What a hostile broker could answer a client: a response with a trailing field
+        # nested 1,000 deep, and one whose message is not UTF-8.
+        (
+            (1006).to_bytes(4, "big") + b"\x96\x02\x01\x00\xa0\xc0" + b"\x91" * 1000 + b"\xc0",
+            ErrorCode.CORRUPT_MESSAGE,
+            "RecursionError",
+        ),
+        (b"\x00\x00\x00\x06\x94\x02\x01\x00\xa1\xff", ErrorCode.CORRUPT_MESSAGE, "UnicodeDecode"),
     ],
-    ids=["bad-msgpack", "short-frame", "4GiB", "max+1", "unknown-tag", "missing-body"],
+    ids=[
+        "bad-msgpack",
+        "short-frame",
+        "4GiB",
+        "max+1",
+        "unknown-tag",
+        "missing-body",
+        "nested-1000-deep",
+        "invalid-utf8",
+    ],
 )
 async def test_protocol_violation_is_answered_by_one_goodbye_then_close(
     data: bytes, code: ErrorCode, message: str, autojump_clock: trio.testing.MockClock

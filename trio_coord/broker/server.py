@@ -309,6 +309,11 @@ class Broker:
         self._connections.add(conn)
         try:
             await conn.serve()
+        except Exception:
+            # Connection.serve raises nothing for what a peer does; should a bug let an
+            # exception through anyway, it costs this connection only: the handler
+            # nursery of every connection is the broker's services nursery.
+            log.exception("connection %s failed and was closed", conn.name)
         finally:
             self._connections.discard(conn)
 

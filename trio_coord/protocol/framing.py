@@ -66,7 +66,8 @@ class FrameCodec:
 
         Raises :class:`UnsupportedMessageError` for a well-formed frame whose
         message type (tag) this version does not know, and
-        :class:`CorruptMessageError` for anything else that fails to decode.
+        :class:`CorruptMessageError` for anything else that fails to decode:
+        no other exception ever leaves it, whatever the bytes.
         """
         try:
             return self._decoder.decode(body)
@@ -76,6 +77,14 @@ class FrameCodec:
             raise CorruptMessageError(f"invalid message: {exc}") from None
         except msgspec.DecodeError as exc:
             raise CorruptMessageError(f"undecodable frame: {exc}") from None
+        except Exception as exc:
+            # The body is the peer's bytes: whatever decoding them raises is the peer's
+            # mistake, never ours. msgspec raises RecursionError for nesting too deep to
+            # skip (an unknown trailing field nested 1,000 deep), UnicodeDecodeError for
+            # a string that is not UTF-8, and may raise others (OverflowError, ...).
+            raise CorruptMessageError(
+                f"undecodable frame: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
 
 
 def _is_unknown_tag(exc: msgspec.ValidationError) -> bool:
