@@ -54,10 +54,19 @@ __all__ = ["PartitionService"]
 
 logger = logging.getLogger(__name__)
 
-_FETCH_HEADROOM = 1024
-"""Bytes of a fetch answer kept for its envelope."""
-_PER_PARTITION_HEADROOM = 320
-"""Bytes of a fetch answer kept per partition for its header (names are at most 249)."""
+# A fetch answer must fit the frame it is sent in, so it is sized by what it encodes to,
+# not by its payload alone: msgpack adds a few bytes around every batch and partition
+# (many small batches once made an answer outgrow the frame, and the consumer stalled
+# for good at that offset). These are upper bounds (a test checks them against the real
+# encoder at the largest value of every field), so an answer built within them fits.
+_ENVELOPE_BYTES = 64
+"""Response and FetchResponse around the partitions (at most 28 bytes)."""
+_PARTITION_BYTES = 64
+"""A FetchedPartition but its topic name, message and batches (at most 52 bytes)."""
+_BATCH_BYTES = 24
+"""A FetchedBatch but its payload (at most 24 bytes)."""
+_MAX_MESSAGE_BYTES = 1024
+"""An error message of one partition is cut to this many bytes, or to the room left."""
 
 
 class PartitionService:
@@ -143,19 +152,29 @@ class PartitionService:
     # -- fetch -----------------------------------------------------------------------------
 
     async def fetch(self, request: FetchRequest, max_frame_size: int) -> FetchResponse:
-        """Answer once ``min_bytes`` are there, or at ``max_wait`` with what there is."""
-        limit = max_frame_size - _FETCH_HEADROOM - _PER_PARTITION_HEADROOM * len(request.partitions)
-        if limit <= 0:
+        """Answer once ``min_bytes`` are there, or at ``max_wait`` with what there is.
+
+        The answer always fits a frame of ``max_frame_size``: every batch and
+        partition is counted with its encoding. Records up to ``max_bytes``
+        (of the request, of each partition, of the broker) are returned, but
+        the first batch of an answer is returned whole even when it is larger,
+        as Kafka does, so that a consumer always makes progress.
+        """
+        headers = _ENVELOPE_BYTES + sum(
+            _PARTITION_BYTES + len(p.topic.encode()) for p in request.partitions
+        )
+        if headers > max_frame_size // 4:
             raise InvalidRequestError(
-                f"a fetch of {len(request.partitions)} partitions cannot fit in one answer; "
-                "fetch fewer partitions per request"
+                f"a fetch of {len(request.partitions)} partitions cannot fit in one answer "
+                f"with room for records; fetch fewer partitions per request"
             )
+        room = max_frame_size - headers
+        limit = self._max_fetch_bytes
         if request.max_bytes > 0:
             limit = min(limit, request.max_bytes)
-        limit = min(limit, self._max_fetch_bytes)
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
-            answer, size, failed = self._read(request.partitions, limit)
+            answer, size, failed = self._read(request.partitions, limit, room)
             if size >= request.min_bytes or failed or trio.current_time() >= deadline:
                 return answer
             woken = trio.Event()
@@ -174,25 +193,35 @@ class PartitionService:
                             del self._waiters[tp]
 
     def _read(
-        self, partitions: list[FetchPartition], limit: int
+        self, partitions: list[FetchPartition], limit: int, room: int
     ) -> tuple[FetchResponse, int, bool]:
-        """Read every partition once: (answer, payload bytes, whether any partition failed)."""
+        """Read every partition once: (answer, payload bytes, whether any partition failed).
+
+        ``limit`` bounds the records' bytes, ``room`` what batches and error
+        messages may add to the partitions' headers without outgrowing the frame.
+        """
         answers: list[FetchedPartition] = []
-        total = 0
+        total = 0  # payload bytes
+        used = 0  # encoded bytes of batches and messages
         failed = False
         for part in partitions:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
-                batches = self._read_one(log, part, max(0, limit - total), has_data=total > 0)
+                budget = min(limit - total, room - used)
+                batches = self._read_one(log, part, budget, first=used == 0, room=room - used)
             except CoordError as exc:
                 failed = True
+                message = _cut(str(exc), min(_MAX_MESSAGE_BYTES, room - used))
+                used += len(message.encode())
                 answers.append(
-                    FetchedPartition(part.topic, part.partition, exc.code, str(exc), -1, -1)
+                    FetchedPartition(part.topic, part.partition, exc.code, message, -1, -1)
                 )
                 continue
             start, end = (0, 0) if log is None else (log.start_offset, log.end_offset)
-            total += sum(len(b.records) for b in batches)
+            for batch in batches:
+                total += len(batch.records)
+                used += len(batch.records) + _BATCH_BYTES
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches
@@ -202,8 +231,14 @@ class PartitionService:
 
     @staticmethod
     def _read_one(
-        log: PartitionLog | None, part: FetchPartition, budget: int, *, has_data: bool
+        log: PartitionLog | None, part: FetchPartition, budget: int, *, first: bool, room: int
     ) -> list[FetchedBatch]:
+        """The batches of one partition within ``budget`` encoded bytes.
+
+        When nothing is in the answer yet (``first``), its first batch is taken
+        whole whatever the budgets, if it fits the frame's ``room`` (a batch
+        is at most half a frame, and headers at most a quarter: it does).
+        """
         if log is None:
             if part.offset != 0:
                 raise OffsetOutOfRangeError(
@@ -211,11 +246,11 @@ class PartitionService:
                     "which holds no records yet (valid: 0)"
                 )
             return []
-        max_bytes = min(budget, max(1, part.max_bytes))
-        if has_data and max_bytes <= 0:
+        budget = min(budget, max(1, part.max_bytes) + _BATCH_BYTES)
+        if budget <= _BATCH_BYTES and not first:
             return []
         try:
-            stored = log.read(part.offset, max(1, max_bytes))
+            stored = log.read(part.offset, max(1, budget - _BATCH_BYTES))
         except LogOffsetOutOfRangeError as exc:
             raise OffsetOutOfRangeError(
                 f"offset {exc.offset} is out of range for {part.topic}-{part.partition}: valid "
@@ -228,16 +263,14 @@ class PartitionService:
                 f"{part.topic}-{part.partition} cannot be read at offset {part.offset}: its "
                 "log is damaged on the broker (see the broker's log)"
             ) from None
-        # The log returns at least one batch so that a consumer can always make progress;
-        # but an answer that has data already must not outgrow the frame for it.
-        if has_data and stored and len(stored[0].payload) > budget:
-            return []
         batches: list[FetchedBatch] = []
         used = 0
         for batch in stored:
-            used += len(batch.payload)
-            if batches and used > budget:
+            size = len(batch.payload) + _BATCH_BYTES
+            fits = used + size <= budget or (first and not batches and size <= room)
+            if not fits:
                 break
+            used += size
             batches.append(FetchedBatch(batch.base_offset, batch.count, batch.payload))
         return batches
 
@@ -275,3 +308,11 @@ class PartitionService:
             if record.timestamp_ms >= timestamp_ms:
                 return max(batch.base_offset + index, log.start_offset)
         return batch.next_offset  # (the batch's newest record is that new; not reached)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 (whole characters only)."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: max(0, limit)].decode(errors="ignore")

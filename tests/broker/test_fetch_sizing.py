@@ -1,0 +1,131 @@
+"""A fetch answer always fits its frame, and a consumer always makes progress.
+
+An answer is sized by what it encodes to: payload, and the bytes msgpack
+adds around every batch and partition. Counting payload alone once let many
+small batches (40 producers sending at once) build an answer larger than
+the frame; the consumer was told FRAME_TOO_LARGE at that offset on every
+try, for good. The per-field bounds are checked against the real encoder at
+the largest value of every field, the stall is replayed end to end, and a
+batch larger than the fetch limit is still returned, alone.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from trio_coord import TopicPartition, open_admin, open_broker, open_consumer, open_producer
+from trio_coord.broker import partitions as sizing
+from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.errors import ErrorCode
+from trio_coord.protocol.framing import HEADER_SIZE, FrameCodec
+from trio_coord.protocol.messages import (
+    FetchedBatch,
+    FetchedPartition,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    ProduceRequest,
+    Response,
+)
+from trio_coord.protocol.records import WireRecord, encode_batch
+
+BIG = 2**63 - 1
+CODEC = FrameCodec(max_frame_size=2**31)
+
+
+def encoded(frame: object) -> int:
+    return len(CODEC.encode(frame)) - HEADER_SIZE  # type: ignore[arg-type]
+
+
+def test_the_size_bounds_hold_at_the_largest_value_of_every_field() -> None:
+    envelope = encoded(Response(2**64 - 1, ErrorCode.NONE, "", FetchResponse([])))
+    assert envelope + 4 <= sizing._ENVELOPE_BYTES  # (+ a list header of up to 2**32)
+    empty = encoded(Response(1, 0, "", FetchResponse([FetchedPartition("t", 0, 0, "", 0, 0)])))
+    for payload in (b"", b"x" * 255, b"x" * 65_535, b"x" * 70_000):
+        batch = FetchedBatch(BIG, 2**31 - 1, payload)
+        one = FetchResponse([FetchedPartition("t", 0, 0, "", 0, 0, [batch])])
+        assert encoded(Response(1, 0, "", one)) - empty <= len(payload) + sizing._BATCH_BYTES
+    for topic in ("t", "t" * 249, "é" * 124):
+        for message in ("", "m" * 1024, "ü" * 512):
+            part = FetchedPartition(
+                topic, 2**31 - 1, ErrorCode.UNKNOWN_SERVER_ERROR, message, BIG, BIG
+            )
+            one = encoded(Response(1, 0, "", FetchResponse([part])))
+            bare = len(topic.encode()) + len(message.encode())
+            assert one - encoded(Response(1, 0, "", FetchResponse([]))) <= (
+                bare + sizing._PARTITION_BYTES
+            )
+
+
+async def test_many_small_batches_never_outgrow_the_frame(tmp_path) -> None:
+    """The stall as found: a backlog of one-record batches of ~230 bytes, read from the start.
+
+    Each batch adds ~7 bytes of framing to its ~240 of payload: 4,000 of them
+    in a 1 MiB answer used to add ~28 KB that nobody counted.
+    """
+    count = 6000
+    async with open_broker(tmp_path / "data") as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 1)
+        async with open_connection(*broker.address) as conn:
+
+            async def produce(first: int) -> None:
+                for i in range(first, count, 50):  # 50 pipelined, one record per batch
+                    payload = encode_batch([WireRecord(1, None, f"{i:05d}{'x' * 230}".encode())])
+                    await conn.request(ProduceRequest("t", 0, payload, 1, 1))
+
+            async with trio.open_nursery() as nursery:
+                for first in range(50):
+                    nursery.start_soon(produce, first)
+        seen = 0
+        async with open_consumer(
+            broker.bootstrap, partitions=[TopicPartition("t", 0)], offset_reset="earliest"
+        ) as consumer:
+            with trio.fail_after(30):
+                while seen < count:
+                    seen += len(await consumer.getmany())
+    assert seen == count
+
+
+async def test_every_answer_fits_with_long_names_tiny_batches_and_errors(tmp_path) -> None:
+    frame = 64 * 1024  # a small frame, so that the test fills it quickly
+    topics = [f"{'n' * 200}-{i}" for i in range(4)]
+    async with open_broker(tmp_path / "data", max_frame_size=frame) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            for topic in topics:
+                await admin.create_topic(topic, 3)
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+
+            async def send(topic: str, value: str, partition: int) -> None:
+                await producer.send(topic, value, partition=partition)
+
+            async with trio.open_nursery() as nursery:
+                for topic in topics:
+                    for p in range(3):
+                        for i in range(40):
+                            nursery.start_soon(send, topic, f"{i}", p)
+        fetch = [FetchPartition(t, p, 0) for t in topics for p in range(3)]
+        fetch += [FetchPartition(topics[0], 9, 0), FetchPartition(topics[1], 0, 10**6)]  # errors
+        answer = await broker.partitions.fetch(FetchRequest(fetch, max_wait_ms=0), frame)
+        assert encoded(Response(2**32, 0, "", answer)) <= frame
+        errors = [p for p in answer.partitions if p.error != ErrorCode.NONE]
+        assert len(errors) == 2 and all(p.message for p in errors)
+        served = [p for p in answer.partitions if p.batches]
+        assert served, "records were returned"
+
+
+async def test_a_batch_larger_than_the_fetch_limit_is_returned_alone(tmp_path) -> None:
+    async with open_broker(tmp_path / "data") as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+        async with open_producer(broker.bootstrap, linger=0.05) as producer:
+            for p in (0, 1):
+                for _ in range(50):
+                    await producer.enqueue("t", "y" * 1000, partition=p)
+        both = [FetchPartition("t", 0, 0, max_bytes=10), FetchPartition("t", 1, 0)]
+        answer = await broker.partitions.fetch(
+            FetchRequest(both, max_wait_ms=0, max_bytes=100), broker.config.max_frame_size
+        )
+    first, second = answer.partitions
+    assert len(first.batches) == 1 and len(first.batches[0].records) > 100
+    assert second.error == ErrorCode.NONE and second.batches == [], "the limit was reached"
