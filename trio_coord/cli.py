@@ -145,6 +145,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         broker_id=args.broker_id,
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
+        max_rebalance_timeout=args.max_rebalance_timeout,
         group_retention=args.group_retention,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
@@ -660,9 +661,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-session-timeout",
         type=float,
-        default=1800.0,
+        default=300.0,
         metavar="SECONDS",
-        help="largest session timeout consumers may ask for (default: %(default)s)",
+        help="largest session timeout consumers may ask for; a member that vanishes keeps "
+        "its partitions from everyone else that long (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-rebalance-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="largest rebalance timeout consumers may ask for; a member that does not "
+        "answer holds its group's rebalance that long (default: %(default)s)",
     )
     p.add_argument(
         "--group-retention",

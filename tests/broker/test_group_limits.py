@@ -8,15 +8,26 @@ a join past ``max_group_size`` is refused with a message saying so; a join
 without a member id gets one and must join again with it; an id never used
 expires soon (at most ``PENDING_JOIN_TIMEOUT``), and the ids waiting are at
 most the group's maximum size (the oldest is forgotten past it), so retried
-first steps neither fill memory nor lock real members out.
+first steps neither fill memory nor lock real members out. A member may not
+ask for a rebalance or session timeout above the broker's bounds: one that
+never answers holds its group's rebalance for its rebalance timeout, and its
+partitions from everyone else for its session timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 
-from trio_coord import GroupMaxSizeReachedError, UnknownMemberError
+from trio_coord import (
+    GroupMaxSizeReachedError,
+    InvalidRebalanceTimeoutError,
+    InvalidSessionTimeoutError,
+    UnknownMemberError,
+)
+from trio_coord.protocol.errors import CoordError
 from trio_coord.broker.group import PENDING_JOIN_TIMEOUT
 
 from .harness import FakeMember, Recorder, connected, ephemeral_broker
@@ -119,13 +130,13 @@ async def test_a_new_member_gets_an_id_and_must_join_again_with_it(autojump_cloc
 
 async def test_unfinished_first_steps_lock_no_one_out_of_a_group(autojump_clock):
     """A client that retries the first step of a join and never comes back: its ids
-    expire within PENDING_JOIN_TIMEOUT, whatever session it asked for, and meanwhile
+    expire within PENDING_JOIN_TIMEOUT (not at the 300 s it asked for), and meanwhile
     a real member's first step evicts the oldest of them rather than being refused."""
     rec = Recorder()
     async with ephemeral_broker(on_event=rec, max_group_size=3) as broker:
         await broker.topics.create_topic("t", 2)
         retrier = FakeMember(
-            broker, "g", ["t"], session_timeout=1800.0, rebalance_timeout=1800.0, name="r"
+            broker, "g", ["t"], session_timeout=300.0, rebalance_timeout=300.0, name="r"
         )
         (real,) = fakes(broker, "real")
         async with connected(retrier), connected(real):
@@ -139,7 +150,7 @@ async def test_unfinished_first_steps_lock_no_one_out_of_a_group(autojump_clock)
             retrier.member_id = given[0]  # the oldest made room
             with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
                 await retrier.join_once()
-            await trio.sleep(PENDING_JOIN_TIMEOUT)  # the others expired, long before 1800s
+            await trio.sleep(PENDING_JOIN_TIMEOUT)  # the others expired, long before 300s
             for member_id in given[1:]:
                 retrier.member_id = member_id
                 with pytest.raises(UnknownMemberError, match="rejoin with an empty member id"):
@@ -151,3 +162,45 @@ def test_a_negative_initial_delay_is_refused():
 
     with pytest.raises(ValueError, match="initial_rebalance_delay must not be negative"):
         BrokerConfig(initial_rebalance_delay=-1.0).validate()
+
+
+async def test_a_rogue_rebalance_timeout_is_refused_and_the_bound_holds(autojump_clock):
+    """A JoinGroup asking to be waited for 292 million years used to hold its group in
+    STOPPING for ever; now it is refused, and a member at the bound that never answers
+    holds a rebalance exactly ``max_rebalance_timeout``, then is expelled."""
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, max_rebalance_timeout=60.0) as broker:
+        await broker.topics.create_topic("t", 4)
+        healthy, newcomer = fakes(broker, "healthy", "newcomer")
+        rogue = FakeMember(broker, "g", ["t"], session_timeout=S, rebalance_timeout=1.0, name="r")
+        async with connected(healthy), connected(rogue), connected(newcomer):
+            rogue.rebalance_timeout = 9_223_372_036_854_775 / 1000
+            with pytest.raises(InvalidRebalanceTimeoutError, match=r"\(0s, 60s\].*--max-rebalance"):
+                await rogue.join()
+            rogue.session_timeout = 3600.0
+            with pytest.raises(InvalidSessionTimeoutError, match=r"300s\]"):
+                await rogue.join()
+            rogue.rebalance_timeout, rogue.session_timeout = 60.0, S  # at the bounds: admitted
+            await rogue.join()
+            await healthy.join()
+            await rec.wait_for("stable", generation=2)
+            async with trio.open_nursery() as nursery:
+
+                async def keep_alive(member: FakeMember) -> None:
+                    while True:
+                        await trio.sleep(1.0)
+                        with contextlib.suppress(CoordError):
+                            await member.heartbeat()
+
+                for member in (rogue, healthy, newcomer):
+                    nursery.start_soon(keep_alive, member)
+                rogue.hold_stop = True  # it will never answer StopFetchers, yet stays connected
+                await trio.sleep_until(10.0)
+                mark = rec.mark()
+                await newcomer.join()
+                expelled = await rec.wait_for("removed", since=mark, member_id=rogue.member_id)
+                assert expelled["time"] == 10.0 + 60.0  # held exactly the bound, not for ever
+                stable = await rec.wait_for("stable", since=mark)
+                owners = set(stable["ownership"].values())
+                assert owners == {healthy.member_id, newcomer.member_id}
+                nursery.cancel_scope.cancel()

@@ -33,6 +33,7 @@ from trio_coord.core.records import (
 from trio_coord.protocol.errors import (
     GroupMaxSizeReachedError,
     InconsistentAssignorError,
+    InvalidRebalanceTimeoutError,
     InvalidRequestError,
     InvalidSessionTimeoutError,
 )
@@ -212,10 +213,12 @@ def test_session_timeout_at_the_limits_is_accepted(session_timeout) -> None:
     validate(Group("g", now=0.0), session_timeout=session_timeout)
 
 
-@pytest.mark.parametrize("rebalance_timeout", [0.0, -5.0])
-def test_rebalance_timeout_must_be_positive(rebalance_timeout) -> None:
-    with pytest.raises(InvalidRequestError, match="rebalance timeout"):
+@pytest.mark.parametrize("rebalance_timeout", [0.0, -5.0, 300.001, 9_223_372_036_854_775.0])
+def test_rebalance_timeout_must_be_within_the_brokers_bound(rebalance_timeout) -> None:
+    with pytest.raises(InvalidRebalanceTimeoutError, match="rebalance timeout .* 300s"):
         validate(Group("g", now=0.0), rebalance_timeout=rebalance_timeout)
+    assert LIMITS.max_rebalance_timeout == 300.0  # (the default)
+    validate(Group("g", now=0.0), rebalance_timeout=300.0)
 
 
 def test_a_member_must_subscribe_to_a_topic() -> None:

@@ -77,7 +77,10 @@ class BrokerConfig:
     port: int = 0
     broker_id: int = 0
     min_session_timeout: float = 1.0
-    max_session_timeout: float = 1800.0
+    max_session_timeout: float = 300.0
+    max_rebalance_timeout: float = 300.0
+    """The longest rebalance timeout a member may ask for (Kafka has no bound; one rogue
+    member that never answers would hold its group that long)."""
     max_group_size: int = 1000
     initial_rebalance_delay: float = 0.1
     """A new group's first rebalance waits this long for more joins (each join re-arms it)."""
@@ -116,6 +119,8 @@ class BrokerConfig:
             raise ValueError(
                 "min_session_timeout must be positive and not above max_session_timeout"
             )
+        if self.max_rebalance_timeout <= 0:
+            raise ValueError("max_rebalance_timeout must be positive")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not between 0 and 65535")
         for name in (
@@ -226,6 +231,7 @@ class Broker:
                     config.max_session_timeout,
                     config.max_group_size,
                     config.initial_rebalance_delay,
+                    config.max_rebalance_timeout,
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,

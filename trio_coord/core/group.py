@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from ..protocol.errors import (
     GroupMaxSizeReachedError,
     InconsistentAssignorError,
+    InvalidRebalanceTimeoutError,
     InvalidRequestError,
     InvalidSessionTimeoutError,
 )
@@ -121,10 +122,12 @@ class GroupLimits:
     """The broker's bounds on what members may ask for."""
 
     min_session_timeout: float = 1.0
-    max_session_timeout: float = 1800.0
+    max_session_timeout: float = 300.0
     max_group_size: int = 1000
     initial_rebalance_delay: float = 0.0
     """How long a group coming to life waits for more joins before its first rebalance."""
+    max_rebalance_timeout: float = 300.0
+    """The longest a member may take to answer a rebalance (the group waits that long)."""
 
 
 @dataclass(slots=True)
@@ -295,8 +298,13 @@ class Group:
                 f"[{limits.min_session_timeout:g}s, {limits.max_session_timeout:g}s]; "
                 "choose a value within them"
             )
-        if rebalance_timeout <= 0:
-            raise InvalidRequestError("rebalance timeout must be positive")
+        if not 0 < rebalance_timeout <= limits.max_rebalance_timeout:
+            raise InvalidRebalanceTimeoutError(
+                f"rebalance timeout {rebalance_timeout:g}s is outside this broker's limits "
+                f"(0s, {limits.max_rebalance_timeout:g}s]: a member that never answered would "
+                "hold its whole group that long; choose a value within them (the broker's "
+                "--max-rebalance-timeout)"
+            )
         if not list(topics):
             raise InvalidRequestError("a member must subscribe to at least one topic")
         if offset_reset not in OFFSET_RESET_POLICIES:

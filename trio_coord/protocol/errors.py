@@ -29,6 +29,7 @@ __all__ = [
     "InconsistentAssignorError",
     "InvalidGroupIdError",
     "InvalidPartitionsError",
+    "InvalidRebalanceTimeoutError",
     "InvalidRecordError",
     "InvalidRequestError",
     "InvalidSessionTimeoutError",
@@ -92,6 +93,7 @@ class ErrorCode(enum.IntEnum):
     GROUP_SUBSCRIBED_TO_TOPIC = 32
     NO_OFFSET_FOR_PARTITION = 33
     FENCED_INSTANCE_ID = 40
+    INVALID_REBALANCE_TIMEOUT = 36
 
 
 _HINTS: dict[ErrorCode, str] = {
@@ -129,6 +131,7 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "members of the group still consume that partition",
     ErrorCode.NO_OFFSET_FOR_PARTITION: "no committed offset and the reset policy is 'none'",
     ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
+    ErrorCode.INVALID_REBALANCE_TIMEOUT: "the rebalance timeout is outside the broker's limits",
 }
 
 
@@ -253,6 +256,12 @@ class InvalidSessionTimeoutError(CoordError):
     """The session timeout is outside the broker's limits."""
 
     code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class InvalidRebalanceTimeoutError(CoordError):
+    """The rebalance timeout is outside the broker's limits."""
+
+    code = ErrorCode.INVALID_REBALANCE_TIMEOUT
 
 
 class InvalidGroupIdError(CoordError):
