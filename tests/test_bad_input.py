@@ -18,11 +18,20 @@ import trio
 
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.client.admin import Admin, open_admin
+from trio_coord.client.consumer import open_consumer
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.errors import ErrorCode, FrameTooLargeError, InvalidRecordError
+from trio_coord.protocol.errors import (
+    ErrorCode,
+    FrameTooLargeError,
+    InvalidRecordError,
+    InvalidTopicError,
+    OffsetMetadataTooLargeError,
+)
 from trio_coord.protocol.framing import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, FrameCodec, FrameReader
 from trio_coord.protocol.messages import (
     Goodbye,
+    HeartbeatRequest,
+    JoinGroupRequest,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitRequest,
@@ -31,6 +40,7 @@ from trio_coord.protocol.messages import (
     PartitionOffset,
     ProduceRequest,
     Request,
+    ResetOffsetsRequest,
     Response,
     StartFetchersRequest,
     TopicInfo,
@@ -269,3 +279,48 @@ def test_batch_decoding_refuses_truncated_and_oversized_payloads() -> None:
             decode_batch(batch[:-4])
         with pytest.raises(InvalidRecordError, match=f"complete {codec} stream"):
             decode_batch(batch + b"trailing")
+
+
+async def test_offset_metadata_is_capped_wherever_offsets_enter_a_group(tmp_path: Path) -> None:
+    # 900 KB of metadata per partition used to be kept, and then made OffsetFetch and
+    # DescribeGroup too large to answer for everyone. Now Kafka's 4 KiB limit holds for
+    # commits, resets and the positions a heartbeat carries.
+    async with (
+        open_broker(tmp_path, port=0) as broker,
+        open_admin(broker.bootstrap) as bystander,
+    ):
+        with trio.fail_after(TIMEOUT):
+            await bystander.create_topic("t", 2)
+            async with open_connection(*broker.address) as conn:
+                ok = PartitionOffset("t", 0, 5, "é" * 2048)  # 4096 bytes: at the limit
+                await conn.request(OffsetCommitRequest("g", "", -1, [ok]))
+                big = PartitionOffset("t", 1, 7, "m" * 900_000)
+                with pytest.raises(OffsetMetadataTooLargeError, match=r"t-1 is 900000 bytes.*4096"):
+                    await conn.request(OffsetCommitRequest("g", "", -1, [big]))
+                with pytest.raises(OffsetMetadataTooLargeError):
+                    await conn.request(ResetOffsetsRequest("g", [big]))
+                with pytest.raises(OffsetMetadataTooLargeError):
+                    await conn.request(
+                        ResetOffsetsRequest("g", [PartitionOffset("t", 1, 7, "é" * 2049)])
+                    )
+                answer = await conn.request(OffsetFetchRequest("g"))
+                assert isinstance(answer, OffsetFetchResponse)
+                assert [(o.partition, o.offset) for o in answer.offsets] == [(0, 5)]
+            async with open_consumer(
+                broker.bootstrap, "live", ["t"], session_timeout=1.0, offset_reset="earliest"
+            ) as consumer:
+                await consumer.wait_assigned()
+                member, generation = consumer.member_id, consumer.generation
+                async with open_connection(*broker.address) as conn:
+                    with pytest.raises(OffsetMetadataTooLargeError):
+                        await conn.request(HeartbeatRequest("live", member, generation, [big]))
+            await _still_served(broker, bystander, "after-metadata")
+
+
+@pytest.mark.parametrize("entry", ["", "a" * 250, "bad/name", ".."])
+async def test_a_subscription_to_a_name_no_topic_can_have_is_refused(
+    tmp_path: Path, entry: str
+) -> None:
+    async with open_broker(tmp_path, port=0) as broker, open_connection(*broker.address) as conn:
+        with trio.fail_after(TIMEOUT), pytest.raises(InvalidTopicError, match="subscription"):
+            await conn.request(JoinGroupRequest("g", "", ["ok", entry], 10_000, 30_000, ["range"]))

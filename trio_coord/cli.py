@@ -146,6 +146,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         min_session_timeout=args.min_session_timeout,
         max_session_timeout=args.max_session_timeout,
         max_rebalance_timeout=args.max_rebalance_timeout,
+        offset_metadata_max_bytes=args.offset_metadata_max_bytes,
         group_retention=args.group_retention,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
@@ -673,6 +674,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="largest rebalance timeout consumers may ask for; a member that does not "
         "answer holds its group's rebalance that long (default: %(default)s)",
+    )
+    p.add_argument(
+        "--offset-metadata-max-bytes",
+        type=int,
+        default=4096,
+        metavar="BYTES",
+        help="most metadata one committed offset may carry; more is refused with "
+        "OFFSET_METADATA_TOO_LARGE (default: %(default)s)",
     )
     p.add_argument(
         "--group-retention",

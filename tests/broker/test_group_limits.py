@@ -27,8 +27,8 @@ from trio_coord import (
     InvalidSessionTimeoutError,
     UnknownMemberError,
 )
-from trio_coord.protocol.errors import CoordError
 from trio_coord.broker.group import PENDING_JOIN_TIMEOUT
+from trio_coord.protocol.errors import CoordError
 
 from .harness import FakeMember, Recorder, connected, ephemeral_broker
 

@@ -215,7 +215,7 @@ def test_session_timeout_at_the_limits_is_accepted(session_timeout) -> None:
 
 @pytest.mark.parametrize("rebalance_timeout", [0.0, -5.0, 300.001, 9_223_372_036_854_775.0])
 def test_rebalance_timeout_must_be_within_the_brokers_bound(rebalance_timeout) -> None:
-    with pytest.raises(InvalidRebalanceTimeoutError, match="rebalance timeout .* 300s"):
+    with pytest.raises(InvalidRebalanceTimeoutError, match=r"rebalance timeout .* 300s"):
         validate(Group("g", now=0.0), rebalance_timeout=rebalance_timeout)
     assert LIMITS.max_rebalance_timeout == 300.0  # (the default)
     validate(Group("g", now=0.0), rebalance_timeout=300.0)

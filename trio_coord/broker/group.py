@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core.assignors import Assignment, Assignor
-from ..core.fencing import check_commit, check_heartbeat
+from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..protocol.connection import Connection
@@ -363,6 +363,8 @@ class GroupRunner:
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
         member = check_heartbeat(self.group, request.member_id, request.generation)
+        if request.positions:
+            check_offset_metadata(request.positions, self._limits.offset_metadata_max_bytes)
         now = trio.current_time()
         self.group.heartbeat(now, member, request.positions, request.generation)
         self._liveness[member.member_id].deadline = now + member.session_timeout
@@ -381,6 +383,7 @@ class GroupRunner:
             raise UnknownMemberError(
                 f"member {request.member_id!r} is not in group {self.group_id}"
             )
+        check_offset_metadata(request.positions, self._limits.offset_metadata_max_bytes)
         self.group.member_stopped(member.member_id, request.positions)
         if request.stay and member.instance_id and self.group.state is GroupState.STABLE:
             conn = self._conns.pop(member.member_id, None)
@@ -449,6 +452,7 @@ class GroupRunner:
 
     async def commit(self, request: OffsetCommitRequest) -> None:
         """Validate and durably commit offsets (acknowledged only once durable)."""
+        check_offset_metadata(request.offsets, self._limits.offset_metadata_max_bytes)
         check_commit(
             self.group,
             request.member_id,
@@ -503,6 +507,7 @@ class GroupRunner:
         no position from before the reset can overwrite it, and every owner
         is restarted at the new offsets. Returns once the offsets are durable.
         """
+        check_offset_metadata(offsets, self._limits.offset_metadata_max_bytes)
         records = []
         now_ms = _wall_clock_ms()
         for o in offsets:
@@ -845,6 +850,7 @@ class GroupRunner:
         )
         if not isinstance(response, StopFetchersResponse):
             raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
+        check_offset_metadata(response.positions, self._limits.offset_metadata_max_bytes)
         if self._is_current(member):
             self.group.member_stopped(member.member_id, response.positions, partitions)
 

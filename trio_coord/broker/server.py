@@ -81,6 +81,8 @@ class BrokerConfig:
     max_rebalance_timeout: float = 300.0
     """The longest rebalance timeout a member may ask for (Kafka has no bound; one rogue
     member that never answers would hold its group that long)."""
+    offset_metadata_max_bytes: int = 4096
+    """The most metadata one committed offset may carry (Kafka's offset.metadata.max.bytes)."""
     max_group_size: int = 1000
     initial_rebalance_delay: float = 0.1
     """A new group's first rebalance waits this long for more joins (each join re-arms it)."""
@@ -129,6 +131,7 @@ class BrokerConfig:
             "max_frame_size",
             "max_in_flight",
             "max_fetch_bytes",
+            "offset_metadata_max_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -232,6 +235,7 @@ class Broker:
                     config.max_group_size,
                     config.initial_rebalance_delay,
                     config.max_rebalance_timeout,
+                    config.offset_metadata_max_bytes,
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,

@@ -30,7 +30,7 @@ import re2
 import trio
 
 from ..core.records import TopicRecord, supersedes
-from ..core.validation import validate_topic_name
+from ..core.validation import PATTERN_PREFIX, validate_topic_name
 from ..protocol.errors import (
     CoordinatorNotAvailableError,
     InvalidPartitionsError,
@@ -43,9 +43,6 @@ from ..store.base import NodeExistsError
 from .persistence import RecordWriter
 
 __all__ = ["PATTERN_PREFIX", "TopicManager", "subscription_patterns"]
-
-PATTERN_PREFIX = "re:"
-"""A subscription entry starting with this is a regular expression over topic names."""
 
 
 MAX_PATTERN_LENGTH = 1000

@@ -18,6 +18,7 @@ from ..protocol.errors import (
     IllegalGenerationError,
     InvalidPartitionsError,
     InvalidRequestError,
+    OffsetMetadataTooLargeError,
     OffsetRegressionError,
     PartitionNotOwnedError,
     RebalanceInProgressError,
@@ -27,7 +28,13 @@ from ..protocol.errors import (
 from ..protocol.messages import PartitionOffset
 from .group import Group, GroupState, Member
 
-__all__ = ["STANDALONE_GENERATION", "check_commit", "check_heartbeat", "check_member"]
+__all__ = [
+    "STANDALONE_GENERATION",
+    "check_commit",
+    "check_heartbeat",
+    "check_member",
+    "check_offset_metadata",
+]
 
 STANDALONE_GENERATION = -1
 """The generation a standalone committer (not a group member) sends, with member id ""."""
@@ -164,4 +171,22 @@ def check_commit(
             raise OffsetRegressionError(
                 f"committing {offset.offset} for {offset.tp} would move the group's offset "
                 f"back from {current.offset}; pass allow_regression=True to rewind on purpose"
+            )
+
+
+def check_offset_metadata(offsets: Sequence[PartitionOffset], limit: int) -> None:
+    """Raise OFFSET_METADATA_TOO_LARGE if an offset carries more than ``limit`` bytes.
+
+    Metadata is kept with the committed offset and returned in every
+    OffsetFetch and DescribeGroup, so it is bounded like Kafka's
+    ``offset.metadata.max.bytes``. Checked wherever offsets enter a group:
+    commits, resets, and the positions heartbeats, leaves and stop
+    acknowledgements carry. O(len(offsets)); nothing for an empty list.
+    """
+    for o in offsets:
+        if len(o.metadata) * 4 > limit and len(o.metadata.encode()) > limit:
+            raise OffsetMetadataTooLargeError(
+                f"the metadata of the offset for {o.topic}-{o.partition} is "
+                f"{len(o.metadata.encode())} bytes, more than this broker's limit of {limit} "
+                "(--offset-metadata-max-bytes); keep offset metadata short"
             )

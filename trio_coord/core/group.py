@@ -60,6 +60,7 @@ from .records import (
     Record,
     supersedes,
 )
+from .validation import validate_subscription
 
 __all__ = [
     "MAX_USER_DATA",
@@ -128,6 +129,8 @@ class GroupLimits:
     """How long a group coming to life waits for more joins before its first rebalance."""
     max_rebalance_timeout: float = 300.0
     """The longest a member may take to answer a rebalance (the group waits that long)."""
+    offset_metadata_max_bytes: int = 4096
+    """The most metadata (UTF-8 bytes) one committed offset may carry (Kafka's default)."""
 
 
 @dataclass(slots=True)
@@ -305,8 +308,10 @@ class Group:
                 "hold its whole group that long; choose a value within them (the broker's "
                 "--max-rebalance-timeout)"
             )
-        if not list(topics):
+        topics = list(topics)
+        if not topics:
             raise InvalidRequestError("a member must subscribe to at least one topic")
+        validate_subscription(topics)
         if offset_reset not in OFFSET_RESET_POLICIES:
             raise InvalidRequestError(
                 f"offset reset policy {offset_reset!r} is not one of "

@@ -1,4 +1,4 @@
-"""Validation of the names users choose: topic names and group ids.
+"""Validation of the names users choose: topic names, group ids and subscriptions.
 
 The rules are Kafka's, so that names move between the systems: 1 to 249
 characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They also keep
@@ -11,9 +11,17 @@ import re
 
 from ..protocol.errors import InvalidGroupIdError, InvalidTopicError
 
-__all__ = ["MAX_NAME_LENGTH", "validate_group_id", "validate_topic_name"]
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "PATTERN_PREFIX",
+    "validate_group_id",
+    "validate_subscription",
+    "validate_topic_name",
+]
 
 MAX_NAME_LENGTH = 249
+PATTERN_PREFIX = "re:"
+"""A subscription entry starting with this is a regular expression over topic names."""
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 
@@ -43,3 +51,20 @@ def validate_group_id(group_id: str) -> str:
     if problem:
         raise InvalidGroupIdError(f"group id {group_id!r} {problem}")
     return group_id
+
+
+def validate_subscription(entries: list[str]) -> None:
+    """Raise INVALID_TOPIC for a subscription entry that is no legal topic name.
+
+    Entries starting with :data:`PATTERN_PREFIX` are patterns, checked where
+    they are compiled. A name that could never be a topic would otherwise
+    sit in the group's state and records, and in every answer that lists it.
+    """
+    for entry in entries:
+        if not entry.startswith(PATTERN_PREFIX):
+            problem = _problem(entry)
+            if problem:
+                raise InvalidTopicError(
+                    f"subscription entry {entry[:300]!r} {problem}: subscribe to topic names, "
+                    f"or to patterns written {PATTERN_PREFIX}PATTERN"
+                )

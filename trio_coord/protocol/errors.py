@@ -39,6 +39,7 @@ __all__ = [
     "NonEmptyGroupError",
     "NotCoordinatorError",
     "NotLeaderForPartitionError",
+    "OffsetMetadataTooLargeError",
     "OffsetOutOfRangeError",
     "OffsetRegressionError",
     "PartitionNotOwnedError",
@@ -92,8 +93,9 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = 31
     GROUP_SUBSCRIBED_TO_TOPIC = 32
     NO_OFFSET_FOR_PARTITION = 33
-    FENCED_INSTANCE_ID = 40
+    OFFSET_METADATA_TOO_LARGE = 34
     INVALID_REBALANCE_TIMEOUT = 36
+    FENCED_INSTANCE_ID = 40
 
 
 _HINTS: dict[ErrorCode, str] = {
@@ -130,8 +132,9 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.INVALID_RECORD: "the record batch is malformed",
     ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "members of the group still consume that partition",
     ErrorCode.NO_OFFSET_FOR_PARTITION: "no committed offset and the reset policy is 'none'",
-    ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
+    ErrorCode.OFFSET_METADATA_TOO_LARGE: "the offset's metadata is over the broker's limit",
     ErrorCode.INVALID_REBALANCE_TIMEOUT: "the rebalance timeout is outside the broker's limits",
+    ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
 }
 
 
@@ -374,6 +377,12 @@ class NoOffsetForPartitionError(CoordError):
     """A partition has no committed offset and the consumer's reset policy is "none"."""
 
     code = ErrorCode.NO_OFFSET_FOR_PARTITION
+
+
+class OffsetMetadataTooLargeError(CoordError):
+    """An offset's metadata is larger than the broker keeps."""
+
+    code = ErrorCode.OFFSET_METADATA_TOO_LARGE
 
 
 class FencedInstanceIdError(CoordError):
