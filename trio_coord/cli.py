@@ -151,6 +151,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
         initial_rebalance_delay=args.initial_rebalance_delay,
+        repair=args.repair,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -725,6 +726,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=LogConfig().segment_bytes,
         metavar="BYTES",
         help="roll a partition's log to a new segment file past this size (default: %(default)s)",
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="while starting, repair damaged partition segments and a damaged metadata log: "
+        "move the damaged bytes aside, keep every intact batch and record, never reuse an "
+        "offset (what the damaged bytes held is lost; the log says what)",
     )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.set_defaults(func=cmd_broker, log_default="INFO")

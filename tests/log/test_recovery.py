@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_coord.log import LogConfig, LogError, StoredBatch, open_log_manager
+from trio_coord.log import LogConfig, LogCorruptError, LogError, StoredBatch, open_log_manager
 from trio_coord.log.segment import INDEX_ENTRY, NO_TIMESTAMP
 
 from .util import append_all, frame_size, log_files, read_all, truncate
@@ -85,9 +85,7 @@ async def test_a_cut_is_logged_with_the_bytes_it_cut(
         await _reopen_and_check(tmp_path, NO_RETENTION, batches[:1])
     (message,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     cut = frame_size(batches[1]) - 7
-    assert f"cut a torn or corrupt tail of {cut} bytes at position {frame_size(batches[0])}" in (
-        message
-    )
+    assert f"cut a torn tail of {cut} bytes at position {frame_size(batches[0])}" in (message)
     assert str(path) in message
 
 
@@ -108,18 +106,54 @@ async def test_a_corrupt_byte_anywhere_in_the_last_batch_cuts_that_batch(tmp_pat
         shutil.rmtree(work)
 
 
-async def test_corruption_inside_the_last_segment_cuts_from_there_and_keeps_the_bytes(
-    tmp_path: Path,
+@pytest.mark.parametrize("where", ["payload", "header"])
+async def test_damage_inside_the_last_segment_refuses_the_partition_not_cut_it(
+    tmp_path: Path, where: str
 ) -> None:
+    """A flipped bit mid-file used to be cut as a "torn tail": 6 acknowledged batches
+    dropped and their offsets given out again. Intact data after it proves it is damage."""
     batches = await _build(tmp_path, NO_RETENTION, [30] * 10)
     path = log_files(tmp_path / "t" / "0")[-1]
-    data = bytearray(path.read_bytes())
+    original = path.read_bytes()
+    data = bytearray(original)
     at = sum(frame_size(b) for b in batches[:4])
-    data[at + 40] ^= 1  # in the payload of batch 4
+    data[at + (40 if where == "payload" else 3)] ^= 1  # batch 4's payload, or its base offset
     path.write_bytes(bytes(data))
-    await _reopen_and_check(tmp_path, NO_RETENTION, batches[:4])
-    kept = path.with_name(f"{path.name}.cut-{at}")
-    assert kept.read_bytes() == bytes(data[at:])
+    async with open_log_manager(tmp_path, NO_RETENTION) as manager:
+        assert manager.get("t", 0) is None
+        damage = manager.damage("t", 0)
+        assert isinstance(damage, LogCorruptError)
+        assert (damage.path, damage.position, damage.offset) == (path, at, batches[4].base_offset)
+        assert f"{path} is damaged at byte {at}" in str(damage) and "--repair" in str(damage)
+        with pytest.raises(LogCorruptError):
+            await manager.create("t", 0)  # never afresh: that would reuse offsets 0..
+    assert path.read_bytes() == bytes(data), "a refused partition's files are left alone"
+
+    # --repair: every intact batch kept, the damaged one a gap, no offset given out again.
+    repair = LogConfig(retention_seconds=None, repair=True)
+    async with open_log_manager(tmp_path, repair) as manager:
+        log = manager.get("t", 0)
+        assert log is not None
+        assert read_all(log) == batches[:4] + batches[5:]
+        assert log.end_offset == batches[-1].next_offset
+        assert await log.append(b"after", 1, 1) == batches[-1].next_offset
+        assert log.read(batches[4].base_offset, 10**6)[0] == batches[5]  # (in the gap)
+    kept = path.with_name(f"{path.name}.damaged-{at}")
+    assert kept.read_bytes() == bytes(data)
+    async with open_log_manager(tmp_path, NO_RETENTION) as manager:  # and it stays repaired
+        log = manager.get("t", 0)
+        assert log is not None and len(read_all(log)) == 10
+
+
+async def test_repair_keeps_a_torn_tail_cut_and_changes_nothing_intact(tmp_path: Path) -> None:
+    batches = await _build(tmp_path, NO_RETENTION, [30] * 3)
+    path = log_files(tmp_path / "t" / "0")[-1]
+    path.write_bytes(path.read_bytes()[:-5])  # a torn last write
+    repair = LogConfig(retention_seconds=None, repair=True)
+    async with open_log_manager(tmp_path, repair) as manager:
+        log = manager.get("t", 0)
+        assert log is not None and read_all(log) == batches[:2]
+    assert not list(path.parent.glob("*.damaged-*"))
 
 
 async def test_zero_filled_tail_is_cut(tmp_path: Path) -> None:
@@ -194,12 +228,23 @@ async def test_corruption_in_an_earlier_segment_is_an_error_naming_the_file(
     data = bytearray(first.read_bytes())
     data[-3] ^= 1  # its last batch: in the part after the last index entry
     first.write_bytes(bytes(data))
-    with pytest.raises(LogError) as info:
-        async with open_log_manager(tmp_path, SMALL):
-            pass  # pragma: no cover
-    message = str(info.value)
+    async with open_log_manager(tmp_path, SMALL) as manager:
+        assert manager.get("t", 0) is None  # refused; the broker serves the others
+        message = str(manager.damage("t", 0))
     assert str(first) in message and "not the last segment" in message
-    assert "move it away" in message
+    assert "--repair" in message and "backup" in message
+    second_base = int(log_files(tmp_path / "t" / "0")[1].stem)
+    repair = LogConfig(
+        segment_bytes=500, index_interval_bytes=100, retention_seconds=None, repair=True
+    )
+    async with open_log_manager(tmp_path, repair) as manager:
+        log = manager.get("t", 0)
+        assert log is not None
+        batches = read_all(log)
+        # The damaged last batch of the first segment is a gap up to the second one.
+        assert batches[0].base_offset == 0 and second_base in [b.base_offset for b in batches]
+        offsets = {o for b in batches for o in range(b.base_offset, b.next_offset)}
+        assert set(range(log.end_offset)) - offsets == set(range(7, second_base))
 
 
 async def test_corruption_an_earlier_index_vouches_for_is_found_by_reads(tmp_path: Path) -> None:
@@ -216,27 +261,20 @@ async def test_corruption_an_earlier_index_vouches_for_is_found_by_reads(tmp_pat
         assert log.read(batches[1].base_offset, 100)[0] == batches[1]
 
 
-async def test_a_missing_segment_in_the_middle_is_an_error(tmp_path: Path) -> None:
+async def test_a_missing_segment_in_the_middle_refuses_that_partition_only(
+    tmp_path: Path,
+) -> None:
     await _build(tmp_path, SMALL, [60] * 20)
     files = log_files(tmp_path / "t" / "0")
     files[1].unlink()
     _index_of(files[1]).unlink()
-    with pytest.raises(LogError, match="do not follow each other") as info:
-        async with open_log_manager(tmp_path, SMALL):
-            pass  # pragma: no cover
-    assert files[0].name in str(info.value) and files[2].name in str(info.value)
-
-
-async def test_a_corrupt_partition_does_not_leave_the_root_locked(tmp_path: Path) -> None:
-    await _build(tmp_path, SMALL, [60] * 20)
-    files = log_files(tmp_path / "t" / "0")
-    files[1].unlink()
-    with pytest.raises(LogError):
-        async with open_log_manager(tmp_path, SMALL):
-            pass  # pragma: no cover
-    shutil.rmtree(tmp_path / "t")
     async with open_log_manager(tmp_path, SMALL) as manager:
-        assert manager.partitions() == []
+        other = await manager.create("u", 0)  # the rest of the broker works
+        assert await other.append(b"x", 1, 1) == 0
+        assert manager.get("t", 0) is None
+        message = str(manager.damage("t", 0))
+    assert "do not follow each other" in message
+    assert files[0].name in message and files[2].name in message and "backup" in message
 
 
 async def test_empty_last_segment_after_a_roll_is_recovered(tmp_path: Path) -> None:

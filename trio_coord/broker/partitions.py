@@ -19,7 +19,14 @@ from collections import defaultdict
 
 import trio
 
-from ..log import LogError, LogManager, LogOffsetOutOfRangeError, PartitionLog
+from ..log import (
+    LogBusyError,
+    LogCorruptError,
+    LogError,
+    LogManager,
+    LogOffsetOutOfRangeError,
+    PartitionLog,
+)
 from ..protocol.errors import (
     CoordError,
     ErrorCode,
@@ -28,6 +35,8 @@ from ..protocol.errors import (
     NotLeaderForPartitionError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    ResourcesExhaustedError,
+    StorageError,
     UnknownServerError,
     UnknownTopicError,
 )
@@ -90,6 +99,7 @@ class PartitionService:
         # end advances (whichever request's append made it visible, even one cancelled
         # while it waited for its fsync), or when the log closes or fails.
         self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
+        self._reported: set[tuple[object, int]] = set()  # damage logged already
         logs.on_advance(self._wake)
 
     def _wake(self, topic: str, partition: int) -> None:
@@ -109,6 +119,9 @@ class PartitionService:
                 f"partition {topic}-{partition} is held by broker {leader}, not by broker "
                 f"{self._broker_id}; refresh metadata and ask that broker"
             )
+        damage = self._logs.damage(topic, partition)
+        if damage is not None:
+            raise StorageError(f"partition {topic}-{partition} is refused by the broker: {damage}")
 
     def log_offsets(self, tp: TopicPartition) -> tuple[int, int]:
         """A partition's (log start, log end) offsets; (0, 0) before its first record.
@@ -146,8 +159,11 @@ class PartitionService:
                 "(or a record has a negative timestamp)"
             )
         tp = TopicPartition(request.topic, request.partition)
-        log = self._logs.get(tp.topic, tp.partition) or await self._logs.create(*tp)
-        return ProduceResponse(await log.append(request.records, request.count, newest))
+        try:
+            log = self._logs.get(tp.topic, tp.partition) or await self._logs.create(*tp)
+            return ProduceResponse(await log.append(request.records, request.count, newest))
+        except LogBusyError as exc:
+            raise ResourcesExhaustedError(f"{tp.topic}-{tp.partition}: {exc}") from None
 
     # -- fetch -----------------------------------------------------------------------------
 
@@ -229,9 +245,8 @@ class PartitionService:
             )
         return FetchResponse(answers), total, failed
 
-    @staticmethod
     def _read_one(
-        log: PartitionLog | None, part: FetchPartition, budget: int, *, first: bool, room: int
+        self, log: PartitionLog | None, part: FetchPartition, budget: int, *, first: bool, room: int
     ) -> list[FetchedBatch]:
         """The batches of one partition within ``budget`` encoded bytes.
 
@@ -256,6 +271,14 @@ class PartitionService:
                 f"offset {exc.offset} is out of range for {part.topic}-{part.partition}: valid "
                 f"offsets are [{exc.start}, {exc.end}]; seek to a valid offset (the consumer's "
                 "reset policy does so)"
+            ) from None
+        except LogCorruptError as exc:
+            # Every reader of this batch is told; the broker's log says it once.
+            if (exc.path, exc.position) not in self._reported:
+                self._reported.add((exc.path, exc.position))
+                logger.error("reading %s-%s failed: %s", part.topic, part.partition, exc)
+            raise StorageError(
+                f"{part.topic}-{part.partition} cannot be read at offset {part.offset}: {exc}"
             ) from None
         except LogError as exc:
             logger.error("reading %s-%s failed: %s", part.topic, part.partition, exc)
@@ -301,7 +324,10 @@ class PartitionService:
     @staticmethod
     def _offset_at_time(log: PartitionLog, timestamp_ms: int) -> int:
         """The first offset whose record is at or after ``timestamp_ms`` (else the log end)."""
-        batch = log.batch_at_time(timestamp_ms)
+        try:
+            batch = log.batch_at_time(timestamp_ms)
+        except LogCorruptError as exc:
+            raise StorageError(f"{log.topic}-{log.partition} cannot be searched: {exc}") from None
         if batch is None:
             return log.end_offset
         for index, record in enumerate(decode_batch(batch.payload)):

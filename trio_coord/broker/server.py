@@ -104,6 +104,10 @@ class BrokerConfig:
     zk_session_timeout: float = 6.0
     """Cluster only: the ZooKeeper session timeout asked for; a dead broker's slots are
     re-elected this long after it died."""
+    repair: bool = False
+    """Repair damaged partition segments and a damaged embedded-store log while starting
+    (``--repair``): the damaged bytes are moved aside, every intact batch or record is
+    kept, no offset is given out again (docs/operations.md, "Corruption and recovery")."""
     claim_grace: float = 1.0
     """Cluster only: how long a vacant slot waits for the broker chosen to claim it
     before any broker may, and how still the view must be before a broker sheds a slot."""
@@ -390,7 +394,7 @@ async def _open_store(
     if isinstance(store, MetadataStore):
         yield store, None
     elif store is None:
-        async with open_embedded_store(root) as embedded:
+        async with open_embedded_store(root, repair=config.repair) as embedded:
             yield embedded, None
     else:
         require_zk_url(store)  # (a path is no store: the embedded one is the default)
@@ -432,7 +436,10 @@ async def open_broker(
     with unwrap_lone_exception():
         async with (
             _open_store(store, root, config) as (metadata, cluster_url),
-            open_log_manager(None if root is None else root / "partitions", config.log) as logs,
+            open_log_manager(
+                None if root is None else root / "partitions",
+                replace(config.log, repair=config.repair or config.log.repair),
+            ) as logs,
         ):
             broker = Broker(config, metadata, logs, cluster_url=cluster_url)
             await broker._load()

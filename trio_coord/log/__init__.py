@@ -9,7 +9,9 @@ directory and yields a :class:`LogManager`; each partition is a
 :class:`LogOffsetOutOfRangeError` for an offset the partition does not hold.
 """
 
+from .base import LogBusyError as LogBusyError
 from .base import LogConfig as LogConfig
+from .base import LogCorruptError as LogCorruptError
 from .base import LogError as LogError
 from .base import LogOffsetOutOfRangeError as LogOffsetOutOfRangeError
 from .base import StoredBatch as StoredBatch
@@ -18,7 +20,9 @@ from .manager import open_log_manager as open_log_manager
 from .partition import PartitionLog as PartitionLog
 
 __all__ = [
+    "LogBusyError",
     "LogConfig",
+    "LogCorruptError",
     "LogError",
     "LogManager",
     "LogOffsetOutOfRangeError",

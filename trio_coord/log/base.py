@@ -3,14 +3,16 @@
 Its one job is to define the types that every other module of the package
 (and its callers) speak: :class:`LogConfig` (segment size, index density,
 flush policy, retention), :class:`StoredBatch` (one batch as read back, with
-the offsets the log assigned it) and the exceptions :class:`LogError` and
-:class:`LogOffsetOutOfRangeError`. It does no I/O.
+the offsets the log assigned it) and the exceptions :class:`LogError`,
+:class:`LogOffsetOutOfRangeError`, :class:`LogBusyError` and
+:class:`LogCorruptError`. It does no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, NamedTuple
 
 __all__ = [
@@ -61,6 +63,9 @@ class LogConfig:
     retention_bytes: int | None = None
     retention_check_interval: float = 60.0
     io_threads: int = 8
+    repair: bool = False
+    """Repair damaged segments when opening (``--repair``): move the damaged bytes aside
+    and keep every intact batch before and after them; see :meth:`Segment.repair`."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that makes no sense."""
@@ -117,6 +122,30 @@ class StoredBatch(NamedTuple):
 
 class LogError(Exception):
     """Something went wrong in the partition log storage (the base of its errors)."""
+
+
+class LogBusyError(LogError):
+    """A transient lack of resources (too many open files): nothing was written; retry.
+
+    Unlike a failed write or fsync of data, after which the state of a file
+    is unknown and the partition stops taking appends, this leaves the log
+    exactly as it was.
+    """
+
+
+class LogCorruptError(LogError):
+    """A segment's bytes are damaged where a torn write cannot explain it.
+
+    ``path`` is the segment file and ``position`` the byte where the damage
+    starts; ``offset`` is the first offset the damage may have taken. The
+    message says what to do: repair (``--repair``) or restore a backup.
+    """
+
+    def __init__(self, message: str, path: Path, position: int, offset: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.position = position
+        self.offset = offset
 
 
 class LogOffsetOutOfRangeError(LogError):

@@ -17,6 +17,7 @@ the lock file.)
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ from .._aio import unwrap_lone_exception
 from .._files import lock_directory
 from ..core.validation import validate_topic_name
 from ..protocol.errors import InvalidTopicError
-from .base import LogConfig, LogError
+from .base import LogBusyError, LogConfig, LogCorruptError, LogError
 from .partition import PartitionLog, recover_segments
 from .segment import Segment, fsync_dir
 
@@ -113,6 +114,7 @@ class LogManager:
         self._lock_fd = -1
         self._closed = False
         self._listeners: list[Callable[[str, int], None]] = []
+        self._damaged: dict[_Key, LogCorruptError] = {}
 
     def __repr__(self) -> str:
         return f"<LogManager {self.root} with {len(self._logs)} partitions>"
@@ -132,6 +134,15 @@ class LogManager:
         """The log of ``topic``/``partition``, or None if this manager has none."""
         return self._logs.get((topic, partition))
 
+    def damage(self, topic: str, partition: int) -> LogCorruptError | None:
+        """Why the partition was refused at start-up (its files are damaged), or None.
+
+        A damaged partition has no log: it is neither served nor created
+        afresh (that would give its offsets out again) until the broker is
+        restarted with ``--repair`` or its directory restored.
+        """
+        return self._damaged.get((topic, partition))
+
     async def create(self, topic: str, partition: int) -> PartitionLog:
         """The log of ``topic``/``partition``, created (durably, empty) if it does not exist.
 
@@ -146,6 +157,8 @@ class LogManager:
         if partition < 0:
             raise ValueError(f"partition must be 0 or more, not {partition}")
         key = (topic, partition)
+        if key in self._damaged:
+            raise self._damaged[key]
         async with self._create_lock:
             existing = self._logs.get(key)
             if existing is not None:
@@ -158,7 +171,8 @@ class LogManager:
                     self._make_partition, directory, limiter=self._limiter
                 )
             except OSError as exc:
-                raise LogError(
+                error = LogBusyError if exc.errno in (errno.EMFILE, errno.ENFILE) else LogError
+                raise error(
                     f"cannot create partition {topic}-{partition} in {directory}: {exc}"
                 ) from exc
             # From here on no checkpoint: even if cancelled, the log is registered.
@@ -223,6 +237,11 @@ class LogManager:
                 segments = await trio.to_thread.run_sync(
                     recover_segments, directory, self.config, limiter=self._limiter
                 )
+            except LogCorruptError as exc:
+                # This partition only: the broker serves every other one.
+                logger.error("partition %s-%d is refused: %s", topic, partition, exc)
+                self._damaged[(topic, partition)] = exc
+                return
             except OSError as exc:
                 raise LogError(f"cannot recover partition {topic}-{partition}: {exc}") from exc
             recovered[(topic, partition)] = (directory, segments)

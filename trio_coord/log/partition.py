@@ -65,7 +65,14 @@ from typing import NoReturn
 
 import trio
 
-from .base import LogConfig, LogError, LogOffsetOutOfRangeError, StoredBatch
+from .base import (
+    LogBusyError,
+    LogConfig,
+    LogCorruptError,
+    LogError,
+    LogOffsetOutOfRangeError,
+    StoredBatch,
+)
 from .segment import (
     HEADER,
     MAX_RELATIVE_OFFSET,
@@ -84,11 +91,12 @@ def recover_segments(directory: Path, config: LogConfig) -> list[Segment]:
     """Open the segments of the partition in ``directory`` after a start or crash (worker thread).
 
     Every segment but the last is loaded as trusted (index rebuilt if
-    missing or broken); the last is validated in full and its torn or
-    corrupt tail cut. Index files without a log are removed. The offsets
-    must run on from one segment to the next. A directory without segments
-    gets an empty one at offset 0. Raises :class:`LogError` if the
-    partition cannot be served as it is on disk.
+    missing or broken); the last is validated in full and its torn
+    tail cut. Index files without a log are removed. The offsets must run
+    on from one segment to the next. A directory without segments gets an
+    empty one at offset 0. Raises :class:`LogCorruptError` for damage (or,
+    with ``config.repair``, repairs it: :meth:`Segment.repair`), and
+    :class:`LogError` if the partition cannot be served as it is on disk.
     """
     interval = config.index_interval_bytes
     names = os.listdir(directory)
@@ -109,17 +117,27 @@ def recover_segments(directory: Path, config: LogConfig) -> list[Segment]:
         return [segment]
     segments: list[Segment] = []
     try:
-        for base in bases[:-1]:
-            segments.append(Segment.load(directory, base, interval))
-        segments.append(Segment.recover(directory, bases[-1], interval))
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            opener = Segment.recover if last else Segment.load
+            try:
+                segments.append(opener(directory, base, interval))
+            except LogCorruptError:
+                if not config.repair:
+                    raise
+                Segment.repair(directory, base, interval, None if last else bases[i + 1])
+                segments.append(opener(directory, base, interval))
         for before, after in pairwise(segments):
             if before.next_offset != after.base_offset:
-                raise LogError(
+                raise LogCorruptError(
                     f"segments {before.log_path.name} and {after.log_path.name} in {directory} "
                     f"do not follow each other: the first ends at offset {before.next_offset}, "
                     f"the second starts at {after.base_offset} (a segment file is missing or "
-                    "was altered). Restore the partition directory from a backup, or move it "
-                    "away to start the partition afresh (its records are lost)"
+                    "was altered). Restore the partition directory from a backup (--repair "
+                    "cannot bring back a missing file)",
+                    after.log_path,
+                    0,
+                    before.next_offset,
                 )
         fsync_dir(directory)  # a truncation, a cut file or an index rewritten above
     except BaseException:
@@ -127,6 +145,10 @@ def recover_segments(directory: Path, config: LogConfig) -> list[Segment]:
             segment.close()
         raise
     return segments
+
+
+class _RollUndone(Exception):
+    """A roll failed after the old segment's data was durable, and was undone."""
 
 
 def _delete_segments(segments: list[Segment]) -> None:
@@ -426,7 +448,11 @@ class PartitionLog:
 
         In one worker-thread call: fsync the old segment and write its
         index, then create the new segment and fsync the directory. So a
-        segment that has a successor is complete on disk.
+        segment that has a successor is complete on disk. A failed fsync of
+        the old segment's data fails the partition (its state on disk is
+        unknown); anything failing after it (too many open files, most
+        often) only undoes the roll: :class:`LogBusyError`, and the next
+        append tries again.
         """
         async with self._io_lock:
             if self._failure is not None:
@@ -436,6 +462,14 @@ class PartitionLog:
                 new = await trio.to_thread.run_sync(
                     self._roll_files, old, base, limiter=self._limiter
                 )
+            except _RollUndone as undone:
+                self.fsync_count += 1
+                self._mark_synced(base)
+                logger.warning("%s: could not roll to a new segment: %s", self._where, undone)
+                raise LogBusyError(
+                    f"{self._where} could not start a new segment ({undone}); nothing was "
+                    "written, retry"
+                ) from undone
             except OSError as exc:
                 self._fail(exc)
                 raise self._failed_error() from exc
@@ -445,15 +479,24 @@ class PartitionLog:
             self._mark_synced(base)
 
     def _roll_files(self, old: Segment, base: int) -> Segment:
-        """The file work of a roll (worker thread)."""
-        old.sync()
-        old.write_index()
-        new = Segment.create(self.directory, base)
+        """The file work of a roll (worker thread); :class:`_RollUndone` if only undone."""
+        old.sync()  # (a failure here is a data failure: it propagates as OSError)
+        new: Segment | None = None
         try:
+            old.write_index()
+            new = Segment.create(self.directory, base)
             fsync_dir(self.directory)
-        except BaseException:
-            new.close()
-            raise
+        except OSError as exc:
+            # The old segment stays the active one; a new file must not outlive this
+            # (a restart would take it for the last segment, after the old one).
+            try:
+                if new is not None:
+                    new.close()
+                    new.log_path.unlink(missing_ok=True)
+                old.index_path.unlink(missing_ok=True)
+            except OSError as cleanup:
+                raise cleanup from exc
+            raise _RollUndone(exc) from exc
         return new
 
     def _undo_write(self, segment: Segment, exc: OSError) -> NoReturn:

@@ -4,7 +4,8 @@ Its one job is the file format and the I/O on one segment: :class:`Segment`
 appends a batch (one ``pwritev`` to the page cache), finds and reads
 batches by offset or by timestamp through an in-memory copy of the sparse
 index, and recovers itself at start-up: the last segment of a partition is
-scanned in full and a torn or corrupt tail cut off; an earlier segment is
+scanned in full and a torn tail cut off (damage followed by intact data
+raises :class:`LogCorruptError` instead); an earlier segment is
 trusted, its index loaded from disk (and rebuilt if missing or broken).
 
 The ``.log`` file is a sequence of frames, each a fixed header and the
@@ -18,7 +19,19 @@ payload::
     crc        u32   CRC32 of the 25 header bytes above and the payload
     payload    length bytes, opaque to the log
 
-all big-endian. The ``.index`` file holds one 16-byte entry per
+all big-endian. A frame of format :data:`GAP` (no payload) is a *gap*:
+``--repair`` writes one in place of damaged bytes, covering exactly the
+offsets they held, so that offsets run on and none is ever given out again;
+reads skip it.
+
+Recovery tells a torn write from damage. A torn write is an incomplete
+*last* write: nothing intact follows it. Bytes that fail their checks but
+are followed by an intact frame further on (found by resynchronising on the
+frame format and CRC) are damage, and cutting there would drop acknowledged
+records and give their offsets out again: :class:`LogCorruptError` is
+raised instead, and the partition is refused until it is repaired.
+
+The ``.index`` file holds one 16-byte entry per
 ``index_interval_bytes`` of log (and always one for the first batch):
 ``(relative offset u32, file position u32, ts_before i64)``, where
 ``ts_before`` is the largest timestamp of the segment's batches before that
@@ -46,10 +59,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
-from .base import LogError, StoredBatch
+from .base import LogCorruptError, StoredBatch
 
 __all__ = [
     "FORMAT",
+    "GAP",
     "HEADER",
     "INDEX_ENTRY",
     "MAX_COUNT",
@@ -66,7 +80,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT: Final = 1
-"""The frame format byte this code writes (and the only one it reads)."""
+"""The frame format byte of a batch."""
+GAP: Final = 2
+"""The frame format byte of a gap: offsets lost to damage, no payload (see ``repair``)."""
 
 _PREFIX: Final = struct.Struct(">Bqiqi")  # the header up to the CRC
 _CRC: Final = struct.Struct(">I")
@@ -190,13 +206,50 @@ class _Cursor:
 _Frame = tuple[int, int, int, int, int]  # position, base offset, count, max timestamp, length
 
 
+def _next_intact_frame(cursor: _Cursor, pos: int, min_base: int) -> _Frame | None:
+    """The first intact frame at or after ``pos`` holding offsets from ``min_base`` on.
+
+    Resynchronises byte by byte on the format byte, then the header's
+    sanity and the CRC; used only after a frame failed its checks, to tell
+    a torn tail (None: nothing intact follows) from damage in the middle.
+    """
+    marker = bytes([FORMAT])
+    size = HEADER.size
+    while True:
+        chunk = cursor.get(pos, size)
+        if chunk is None:
+            return None
+        at = bytes(chunk).find(marker)
+        if at < 0:
+            pos += size
+            continue
+        pos += at
+        header = cursor.get(pos, size)
+        if header is None:
+            return None
+        _fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
+        if base >= min_base and 1 <= count and length >= 0:
+            payload = cursor.get(pos + size, length)
+            if payload is not None and (
+                zlib.crc32(payload, zlib.crc32(header[: _PREFIX.size])) == crc
+            ):
+                return pos, base, count, max_ts, length
+        pos += 1
+
+
+def _gap_frame(base: int, count: int, max_timestamp: int) -> bytes:
+    """A frame with no payload standing for ``count`` offsets lost from ``base`` on."""
+    prefix = _PREFIX.pack(GAP, base, count, max_timestamp, 0)
+    return prefix + _CRC.pack(zlib.crc32(prefix))
+
+
 def _valid_frames(cursor: _Cursor, pos: int, expected_base: int) -> Iterator[_Frame]:
     """The leading run of intact frames from ``pos``, each starting where the last one ended.
 
     A frame is intact if its header is complete and well formed, its
     payload fits in the file, its base offset follows the previous frame's
     records (the first one's is ``expected_base``) and its CRC matches. The
-    run ends at the first frame that is not: a torn or corrupt tail.
+    run ends at the first frame that is not (a torn tail, or damage).
     """
     size = HEADER.size
     while True:
@@ -204,7 +257,9 @@ def _valid_frames(cursor: _Cursor, pos: int, expected_base: int) -> Iterator[_Fr
         if header is None:
             return
         fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
-        if fmt != FORMAT or base != expected_base or count < 1 or length < 0:
+        if fmt not in (FORMAT, GAP) or base != expected_base or count < 1 or length < 0:
+            return
+        if fmt == GAP and length:
             return
         payload = cursor.get(pos + size, length)
         if payload is None:
@@ -288,23 +343,27 @@ class Segment:
         """Open the last segment of a partition for appends after validating all of it.
 
         Every frame is checked (format, length, CRC, contiguous offsets). A
-        torn or corrupt tail is cut off: its bytes are kept beside the log as
+        torn tail is cut off: its bytes are kept beside the log as
         ``<name>.log.cut-<position>`` for a post-mortem, then the log is
-        truncated, with a warning. The index is rebuilt from the scan. The
-        file is fsynced before returning, since its batches become visible
-        to readers.
+        truncated, with a warning. Damage followed by intact frames raises
+        :class:`LogCorruptError` (see the module docstring). The index is
+        rebuilt from the scan. The file is fsynced before returning, since
+        its batches become visible to readers.
         """
         segment = cls(directory, base_offset)
         fd = os.open(segment.log_path, os.O_RDWR)
         segment._fd = fd
         try:
             file_size = os.fstat(fd).st_size
-            end = segment._scan(_Cursor(fd, file_size, _SCAN_READAHEAD), 0, index_interval)
+            cursor = _Cursor(fd, file_size, _SCAN_READAHEAD)
+            end = segment._scan(cursor, 0, index_interval)
+            if end < file_size and _next_intact_frame(cursor, end + 1, segment.next_offset):
+                raise segment._damaged(end, file_size, "intact data follows")
             if end < file_size:
                 kept = segment.log_path.with_name(f"{segment.log_path.name}.cut-{end}")
                 _write_file(kept, _pread_full(fd, file_size - end, end))
                 logger.warning(
-                    "%s: cut a torn or corrupt tail of %d bytes at position %d; %d bytes "
+                    "%s: cut a torn tail of %d bytes at position %d; %d bytes "
                     "of intact batches kept, offsets [%d, %d) (the cut bytes are in %s)",
                     segment.log_path,
                     file_size - end,
@@ -359,17 +418,85 @@ class Segment:
             segment._reset_extent()
             end = segment._scan(cursor, 0, index_interval)
             if end != file_size:
-                raise LogError(
-                    f"segment {segment.log_path} is corrupt at position {end} of {file_size} "
-                    f"({segment.next_offset - segment.base_offset} good record(s) before it); "
-                    "it is not the last segment of its partition, so this is not a torn "
-                    f"write. Restore the partition directory {directory} from a backup, or "
-                    "move it away to start the partition afresh (its records are lost)"
-                )
+                # Not the last segment: it was fsynced whole before the next one was
+                # made, so damage anywhere in it is no torn write.
+                raise segment._damaged(end, file_size, "it is not the last segment")
             segment.write_index()
             return segment
         finally:
             os.close(fd)
+
+    @classmethod
+    def repair(
+        cls, directory: Path, base_offset: int, index_interval: int, next_base: int | None
+    ) -> tuple[Segment, list[tuple[int, int]]]:
+        """Rewrite a damaged segment without its damage; returns it and the offsets lost.
+
+        Every intact frame is kept, before and after each damaged stretch,
+        and each stretch becomes a gap frame covering exactly the offsets
+        between the intact frames around it (for a stretch at the end of a
+        segment that is not the last, up to ``next_base``; at the end of the
+        last segment nothing follows, so that is a torn tail and is cut). The
+        original file is kept as ``<name>.log.damaged-<position>`` (never
+        deleted), the new one replaces it atomically, and its index is
+        rewritten. Returns the lost offset ranges ``[(first, end), ...)``.
+        The caller opens the result as usual (:meth:`load` or :meth:`recover`).
+        """
+        segment = cls(directory, base_offset)
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            file_size = os.fstat(fd).st_size
+            cursor = _Cursor(fd, file_size, _SCAN_READAHEAD)
+            parts: list[bytes] = []
+            lost: list[tuple[int, int]] = []
+            pos, expected, max_ts, first_damage = 0, base_offset, NO_TIMESTAMP, -1
+            while pos < file_size:
+                for at, base, count, ts, length in _valid_frames(cursor, pos, expected):
+                    parts.append(bytes(cursor.get(at, HEADER.size + length) or b""))
+                    pos, expected, max_ts = at + HEADER.size + length, base + count, max(max_ts, ts)
+                if pos >= file_size:
+                    break
+                first_damage = pos if first_damage < 0 else first_damage
+                found = _next_intact_frame(cursor, pos + 1, expected)
+                resume = found[1] if found is not None else next_base
+                if resume is not None and resume > expected:
+                    parts.append(_gap_frame(expected, resume - expected, max_ts))
+                    lost.append((expected, resume))
+                    expected = resume
+                if found is None:
+                    break
+                pos = found[0]
+        finally:
+            os.close(fd)
+        if first_damage < 0:
+            return cls.load(directory, base_offset, index_interval), []
+        kept = segment.log_path.with_name(f"{segment.log_path.name}.damaged-{first_damage}")
+        os.replace(segment.log_path, kept)
+        _write_file(segment.log_path, b"".join(parts))
+        segment.index_path.unlink(missing_ok=True)
+        fsync_dir(directory)
+        logger.error(
+            "%s: repaired: the damaged original is kept as %s; offsets lost: %s",
+            segment.log_path,
+            kept,
+            ", ".join(f"[{a}, {b})" for a, b in lost) or "none (a torn tail was cut)",
+        )
+        return segment, lost
+
+    def _damaged(self, position: int, file_size: int, why: str) -> LogCorruptError:
+        """The error for damage at ``position`` that no torn write can explain (``why``)."""
+        return LogCorruptError(
+            f"segment {self.log_path} is damaged at byte {position} of {file_size} (offset "
+            f"{self.next_offset} on; {self.next_offset - self.base_offset} intact record(s) "
+            f"before it) and {why}, so it is no torn write: the partition is "
+            "refused rather than cut there, which would lose acknowledged records and give "
+            "their offsets out again. Restore the partition directory from a backup, or "
+            "restart the broker with --repair to move the damaged bytes aside and keep every "
+            "intact batch (the records in the damaged bytes are lost)",
+            self.log_path,
+            position,
+            self.next_offset,
+        )
 
     def sync(self) -> None:
         """Make every byte written to the log durable: fdatasync (worker thread)."""
@@ -520,6 +647,9 @@ class Segment:
             _fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
             if base >= end_offset:
                 return used, False
+            if _fmt == GAP:  # offsets lost to damage (see repair): nothing to read
+                pos += size
+                continue
             if base + count > offset:
                 if out and used + length > max_bytes:
                     return used, False
@@ -546,10 +676,10 @@ class Segment:
             header = cursor.get(pos, size)
             if header is None:
                 raise self._corrupt(pos, "a header is cut short")
-            _fmt, base, count, max_ts, length, _crc = HEADER.unpack(header)
+            fmt, base, count, max_ts, length, _crc = HEADER.unpack(header)
             if base >= end_offset:
                 return None
-            if max_ts >= timestamp:
+            if max_ts >= timestamp and fmt != GAP:
                 payload = cursor.get(pos + size, length)
                 if payload is None:
                     raise self._corrupt(pos, "a payload is cut short")
@@ -557,8 +687,15 @@ class Segment:
             pos += size + length
         return None
 
-    def _corrupt(self, pos: int, what: str) -> LogError:
-        return LogError(f"segment {self.log_path} is corrupt at position {pos}: {what}")
+    def _corrupt(self, pos: int, what: str) -> LogCorruptError:
+        return LogCorruptError(
+            f"segment {self.log_path} is damaged at byte {pos}: {what}; stop the broker and "
+            "restart it with --repair to move the damaged bytes aside (their records are "
+            "lost), or restore the partition directory from a backup",
+            self.log_path,
+            pos,
+            -1,
+        )
 
 
 def check_batch(payload: bytes, count: int, max_timestamp: int) -> None:

@@ -46,6 +46,8 @@ __all__ = [
     "RebalanceInProgressError",
     "RecordTooLargeError",
     "RequestTimedOutError",
+    "ResourcesExhaustedError",
+    "StorageError",
     "TopicAlreadyExistsError",
     "UnknownMemberError",
     "UnknownServerError",
@@ -94,7 +96,9 @@ class ErrorCode(enum.IntEnum):
     GROUP_SUBSCRIBED_TO_TOPIC = 32
     NO_OFFSET_FOR_PARTITION = 33
     OFFSET_METADATA_TOO_LARGE = 34
+    STORAGE_ERROR = 35
     INVALID_REBALANCE_TIMEOUT = 36
+    RESOURCES_EXHAUSTED = 37
     FENCED_INSTANCE_ID = 40
 
 
@@ -133,7 +137,9 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC: "members of the group still consume that partition",
     ErrorCode.NO_OFFSET_FOR_PARTITION: "no committed offset and the reset policy is 'none'",
     ErrorCode.OFFSET_METADATA_TOO_LARGE: "the offset's metadata is over the broker's limit",
+    ErrorCode.STORAGE_ERROR: "the partition's files are damaged on the broker; see its log",
     ErrorCode.INVALID_REBALANCE_TIMEOUT: "the rebalance timeout is outside the broker's limits",
+    ErrorCode.RESOURCES_EXHAUSTED: "the broker is out of connections, files or memory; retry",
     ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
 }
 
@@ -383,6 +389,27 @@ class OffsetMetadataTooLargeError(CoordError):
     """An offset's metadata is larger than the broker keeps."""
 
     code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+
+
+class StorageError(CoordError):
+    """A partition's files on the broker are damaged: it cannot be read (or written) there.
+
+    The message names the file and byte, and what the operator can do
+    (``--repair``, or restore a backup). Not retriable: it stays so until then.
+    """
+
+    code = ErrorCode.STORAGE_ERROR
+
+
+class ResourcesExhaustedError(CoordError):
+    """The broker is out of a resource (connections, file descriptors, request memory).
+
+    Nothing was done; retry later (or elsewhere). The message says which
+    limit was reached.
+    """
+
+    code = ErrorCode.RESOURCES_EXHAUSTED
+    retriable = True
 
 
 class FencedInstanceIdError(CoordError):

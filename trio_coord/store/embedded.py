@@ -11,6 +11,7 @@ session) off disk. Open it with :func:`open_embedded_store`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -156,11 +157,32 @@ def _frame(payload: bytes) -> bytes:
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+def _next_intact_record(buf: bytes, pos: int, after_lsn: int) -> int | None:
+    """Where the first intact, decodable record with an lsn above ``after_lsn`` starts.
+
+    Searched byte by byte from ``pos`` (only after a frame failed its
+    checks): None means nothing intact follows, a torn tail; a position
+    means damage in the middle of the log, which must not be cut.
+    """
+    header = _FRAME.size
+    while pos + header <= len(buf):
+        length, crc = _FRAME.unpack_from(buf, pos)
+        end = pos + header + length
+        if 0 < length and end <= len(buf) and zlib.crc32(buf[pos + header : end]) == crc:
+            try:
+                if _record_decoder.decode(buf[pos + header : end]).lsn > after_lsn:
+                    return pos
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass
+        pos += 1
+    return None
+
+
 def _scan_frames(buf: bytes) -> tuple[list[bytes], int]:
     """Split ``buf`` into framed payloads.
 
     Returns the payloads of the leading run of intact frames and the offset
-    where that run ends; anything after it is a torn or corrupt tail.
+    where that run ends; after it is a torn tail, or damage (see ``_next_intact_record``).
     """
     payloads: list[bytes] = []
     pos = 0
@@ -232,6 +254,34 @@ def _apply(nodes: dict[str, _Node], op: _LogOp) -> None:
     else:
         node = nodes[op.path]
         node.cversion, node.seq, node.neph = op.cversion, op.seq, op.neph
+
+
+class _SnapshotNotWritten(Exception):
+    """A snapshot could not be written, and nothing on disk changed (see ``__cause__``)."""
+
+
+def _copy_node(node: _Node) -> _Node:
+    return dataclasses.replace(node, children=set(node.children))
+
+
+def _apply_atomically(nodes: dict[str, _Node], ops: Sequence[_LogOp]) -> bool:
+    """Apply a record's operations, all or none; False (tree unchanged) if one fails."""
+    saved: dict[str, _Node | None] = {}
+    try:
+        for op in ops:
+            for path in (op.path, parent_path(op.path) if op.path != "/" else "/"):
+                if path not in saved:
+                    node = nodes.get(path)
+                    saved[path] = None if node is None else _copy_node(node)
+            _apply(nodes, op)
+    except (KeyError, ValueError):
+        for path, node in saved.items():
+            if node is None:
+                nodes.pop(path, None)
+            else:
+                nodes[path] = node
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +468,7 @@ class EmbeddedStore(MetadataStore):
     :class:`StoreClosedError`). Once the log holds ``compact_bytes`` bytes or
     ``compact_records`` records the flusher writes ``data_dir/snapshot``
     (temp file, fsync, ``os.replace``, directory fsync) and empties the log.
-    On open the snapshot is loaded, the log replayed and a torn or corrupt
+    On open the snapshot is loaded, the log replayed and a torn
     tail cut off with a warning.
 
     Ephemeral nodes are never written to disk; only their parents'
@@ -447,6 +497,7 @@ class EmbeddedStore(MetadataStore):
         *,
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
         compact_records: int = DEFAULT_COMPACT_RECORDS,
+        repair: bool = False,
     ) -> None:
         """Set up an unopened store; no I/O happens until :func:`open_embedded_store`."""
         if compact_bytes <= 0 or compact_records <= 0:
@@ -455,6 +506,9 @@ class EmbeddedStore(MetadataStore):
         """Where the tree is persisted; None for an in-memory store (nothing survives)."""
         self.compact_bytes = compact_bytes
         self.compact_records = compact_records
+        self.repair = repair
+        """Repair a damaged log when opening (``--repair``), instead of refusing to open."""
+        self._compact_after = 0  # records in the log before compaction is tried again
         self.flush_count = 0
         self.compaction_count = 0
         self._session_id = secrets.randbits(63) or 1
@@ -533,14 +587,29 @@ class EmbeddedStore(MetadataStore):
         created = not log_path.exists()
         buf = b"" if created else log_path.read_bytes()
         payloads, end = _scan_frames(buf)
+        if end < len(buf):
+            last = max([snap_lsn, *(_record_decoder.decode(p).lsn for p in payloads[-1:])])
+            if _next_intact_record(buf, end + 1, last) is not None:
+                if not self.repair:
+                    raise StoreError(
+                        f"the metadata store's log {log_path} is damaged at byte {end} of "
+                        f"{len(buf)} (after record {last}) and intact records follow, so it "
+                        "is no torn write; the store is not opened rather than cut there, "
+                        "which would silently drop the topics, groups and offsets recorded "
+                        "after it. Restore the data directory from a backup, or start the "
+                        "broker with --repair to keep every intact record and move the "
+                        "damaged log aside (what the damaged bytes held is lost)"
+                    )
+                payloads, buf = self._repair_log(buf, end, snap_lsn)
+                end = len(buf)
         self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if end < len(buf):
-            # After a crash the tail is the last, unacknowledged batch, torn. Bit rot
-            # could also put it mid-log; keep the bytes for a post-mortem, then cut.
+            # After a crash the tail is the last, unacknowledged batch, torn: nothing
+            # intact follows it. Keep the bytes for a post-mortem, then cut.
             kept = data_dir / f"{LOG_FILE}.cut-{end}"
             _write_durably(kept, buf[end:])
             logger.warning(
-                "%s: cut a torn or corrupt tail of %d bytes at offset %d (%d intact "
+                "%s: cut a torn tail of %d bytes at offset %d (%d intact "
                 "records kept; the cut bytes are in %s)",
                 log_path,
                 len(buf) - end,
@@ -596,18 +665,76 @@ class EmbeddedStore(MetadataStore):
             self._log_bytes += len(data)
             self._log_records += 1
 
+    def _repair_log(self, buf: bytes, end: int, snap_lsn: int) -> tuple[list[bytes], bytes]:
+        """Keep every intact record of a damaged log, renumbered; move the original aside.
+
+        The records before the damage and every intact run after it (found
+        by resynchronising) are kept if they still apply in order, on top of
+        the snapshot; one that depended on what the damage took is dropped,
+        and said so. Returns the records kept and the new log's bytes,
+        written in place of the old log (kept as ``log.damaged-<position>``).
+        """
+        data_dir = self.data_dir
+        assert data_dir is not None
+        records = [_record_decoder.decode(p) for p in _scan_frames(buf)[0]]
+        damaged: list[tuple[int, int]] = []
+        pos = end
+        while pos < len(buf):
+            last = max([snap_lsn, *(r.lsn for r in records[-1:])])
+            found = _next_intact_record(buf, pos + 1, last)
+            if found is None:
+                damaged.append((pos, len(buf)))
+                break
+            damaged.append((pos, found))
+            more, run = _scan_frames(buf[found:])
+            records.extend(_record_decoder.decode(p) for p in more)
+            pos = found + run
+        scratch = {path: _copy_node(node) for path, node in self._nodes.items()}
+        kept: list[_Record] = []
+        dropped: list[int] = []
+        for record in records:
+            if record.lsn <= snap_lsn:
+                continue  # in the snapshot already
+            if _apply_atomically(scratch, record.ops):
+                kept.append(_Record(snap_lsn + 1 + len(kept), record.ops))
+            else:
+                dropped.append(record.lsn)
+        new = b"".join(_frame(_encoder.encode(r)) for r in kept)
+        log_path = self._log_path
+        aside = data_dir / f"{LOG_FILE}.damaged-{end}"
+        os.replace(log_path, aside)
+        _write_durably(log_path, new)
+        _fsync_dir(data_dir)
+        logger.error(
+            "%s: repaired: damaged bytes %s moved aside with the whole log (kept as %s); "
+            "%d intact record(s) kept%s",
+            log_path,
+            ", ".join(f"[{a}, {b})" for a, b in damaged),
+            aside,
+            len(kept),
+            f", {len(dropped)} dropped that depended on what was lost (lsn {dropped})"
+            if dropped
+            else "",
+        )
+        return [_encoder.encode(r) for r in kept], new
+
     def _load_snapshot(self, path: Path) -> int:
         try:
             buf = path.read_bytes()
         except FileNotFoundError:
             return 0
+        # A snapshot replaced the log it was made from: nothing can rebuild it.
+        fix = (
+            "; restore the data directory from a backup (the snapshot replaced the log it was "
+            "made from, so --repair cannot rebuild it)"
+        )
         payloads, end = _scan_frames(buf)
         if len(payloads) != 1 or end != len(buf):
-            raise StoreError(f"snapshot {path} is corrupt (bad length or checksum)")
+            raise StoreError(f"snapshot {path} is damaged (bad length or checksum){fix}")
         try:
             snap = _snapshot_decoder.decode(payloads[0])
         except msgspec.DecodeError as exc:
-            raise StoreError(f"snapshot {path} is undecodable: {exc}") from exc
+            raise StoreError(f"snapshot {path} is undecodable: {exc}{fix}") from exc
         if snap.format != _FORMAT:
             raise StoreError(f"snapshot {path} has unsupported format {snap.format}")
         nodes = self._nodes
@@ -730,8 +857,18 @@ class EmbeddedStore(MetadataStore):
                     if (
                         self._log_bytes >= self.compact_bytes
                         or self._log_records >= self.compact_records
-                    ):
-                        await self._compact()
+                    ) and self._log_records >= self._compact_after:
+                        try:
+                            await self._compact()
+                        except _SnapshotNotWritten as exc:
+                            # Nothing changed on disk: the log stays, compaction waits.
+                            self._compact_after = self._log_records + 1000
+                            logger.warning(
+                                "%s: could not write a snapshot (%s); will try again after "
+                                "1000 more records",
+                                self.data_dir,
+                                exc.__cause__,
+                            )
                 except OSError as exc:
                     self._fail(exc)
                 except BaseException as exc:
@@ -772,17 +909,27 @@ class EmbeddedStore(MetadataStore):
         _fdatasync(self._log_fd)
 
     def _write_snapshot(self, data: bytes) -> None:
-        """Atomically replace the snapshot, then empty the log (worker thread)."""
+        """Atomically replace the snapshot, then empty the log (worker thread).
+
+        A failure before the new snapshot replaces the old one (too many
+        open files, a full disk) changes nothing that matters: it raises
+        :class:`_SnapshotNotWritten` and the store goes on with its log.
+        """
         assert self.data_dir is not None
         tmp = self.data_dir / _SNAPSHOT_TMP
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise _SnapshotNotWritten() from exc
         os.replace(tmp, self.data_dir / SNAPSHOT_FILE)
         _fsync_dir(self.data_dir)
         # A crash before this truncation is harmless: replay skips records
@@ -1087,6 +1234,7 @@ async def open_embedded_store(
     *,
     compact_bytes: int = DEFAULT_COMPACT_BYTES,
     compact_records: int = DEFAULT_COMPACT_RECORDS,
+    repair: bool = False,
 ) -> AsyncIterator[EmbeddedStore]:
     """Open (creating if needed) the store in ``data_dir`` for the duration of the block.
 
@@ -1095,12 +1243,15 @@ async def open_embedded_store(
     on Trio's virtual clock).
 
     Takes the directory's lock (:class:`StoreError` if another process holds
-    it), recovers the persisted tree, and runs the group-commit flusher in a
+    it), recovers the persisted tree (a damaged log is a :class:`StoreError`
+    naming it, unless ``repair``), and runs the group-commit flusher in a
     nursery. On exit the session ends: ephemeral nodes are removed, pending
     writes flushed and the lock released. A lone exception from the block is
     re-raised as is, not wrapped in an exception group.
     """
-    store = EmbeddedStore(data_dir, compact_bytes=compact_bytes, compact_records=compact_records)
+    store = EmbeddedStore(
+        data_dir, compact_bytes=compact_bytes, compact_records=compact_records, repair=repair
+    )
     await store._open()
     try:
         with unwrap_lone_exception():
