@@ -147,6 +147,11 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         max_session_timeout=args.max_session_timeout,
         max_rebalance_timeout=args.max_rebalance_timeout,
         offset_metadata_max_bytes=args.offset_metadata_max_bytes,
+        max_connections=args.max_connections,
+        max_connections_per_ip=args.max_connections_per_ip,
+        connections_max_idle=args.connections_max_idle,
+        request_read_timeout=args.request_read_timeout,
+        queued_max_request_bytes=args.queued_max_request_bytes,
         group_retention=args.group_retention,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
@@ -726,6 +731,45 @@ def build_parser() -> argparse.ArgumentParser:
         default=LogConfig().segment_bytes,
         metavar="BYTES",
         help="roll a partition's log to a new segment file past this size (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="client connections at once; more are refused (default: 10000, or fewer if "
+        "ulimit -n cannot hold that many; an explicit value it cannot hold stops start-up)",
+    )
+    p.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=BrokerConfig().max_connections_per_ip,
+        metavar="N",
+        help="client connections at once from one address (default: %(default)s)",
+    )
+    p.add_argument(
+        "--connections-max-idle",
+        type=float,
+        default=BrokerConfig().connections_max_idle,
+        metavar="SECONDS",
+        help="close a connection with nothing in flight that sent nothing for this long "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=BrokerConfig().request_read_timeout,
+        metavar="SECONDS",
+        help="close a connection whose frame does not arrive whole within this long of its "
+        "first byte (default: %(default)s)",
+    )
+    p.add_argument(
+        "--queued-max-request-bytes",
+        type=int,
+        default=BrokerConfig().queued_max_request_bytes,
+        metavar="BYTES",
+        help="memory all connections' requests (and fetch answers) may hold at once; "
+        "readers wait beyond it (default: %(default)s)",
     )
     p.add_argument(
         "--repair",

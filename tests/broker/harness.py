@@ -11,6 +11,7 @@ a member that hangs, and records when it owned what.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -247,6 +248,10 @@ async def ephemeral_broker(**settings: Any) -> AsyncIterator[Broker]:
     """A broker on an in-memory store, safe to use on the virtual clock."""
     settings.setdefault("min_session_timeout", 0.01)
     settings.setdefault("initial_rebalance_delay", 0.0)  # exact times: no debounce unless asked
+    # No idle or slow-frame reaping unless asked: while a worker thread runs, the autojump
+    # clock would race to the reaper's deadlines and close connections merely waiting.
+    settings.setdefault("connections_max_idle", math.inf)
+    settings.setdefault("request_read_timeout", math.inf)
     async with open_broker(None, **settings) as broker:
         yield broker
 

@@ -90,6 +90,14 @@ class BrokerHandler(RequestHandler):
             MetadataRequest: self._metadata_after_reading_topics,
         }
 
+    def cost(self, body: RequestBody) -> int:
+        """A fetch may be answered with up to a frame of records: charge it while it waits."""
+        if type(body) is not FetchRequest:
+            return 0
+        config = self._broker.config
+        limit = min(config.max_fetch_bytes, config.max_frame_size)
+        return min(limit, body.max_bytes) if body.max_bytes > 0 else limit
+
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
         """Answer the cheap, synchronous requests inline."""
         answer = self._now.get(type(body))

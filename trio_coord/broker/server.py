@@ -20,8 +20,12 @@ slot elections, the coordinator services of the slots it holds).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
+import resource
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -35,10 +39,11 @@ from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord
 from ..log import LogConfig, LogManager, open_log_manager
+from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
-from ..protocol.errors import CoordinatorNotAvailableError
-from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
+from ..protocol.errors import CoordinatorNotAvailableError, ErrorCode, RequestTimedOutError
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
+from ..protocol.messages import BrokerInfo, Goodbye, MetadataRequest, MetadataResponse
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
@@ -50,9 +55,17 @@ from .partitions import PartitionService
 from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
 
-__all__ = ["Broker", "BrokerConfig", "open_broker"]
+__all__ = ["Broker", "BrokerConfig", "connection_limit", "open_broker"]
 
 log = logging.getLogger(__name__)
+
+_DEFAULT_MAX_CONNECTIONS = 10_000
+_MIN_CONNECTIONS = 64
+"""The default limit shrinks to fit ``ulimit -n``, but not below this."""
+_RESERVED_FDS = 1024
+"""File descriptors kept for everything but connections: logs, the store, listeners."""
+_REFUSAL_GRACE = 1.0
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +104,21 @@ class BrokerConfig:
     position_flush_interval: float = 1.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
+    max_connections: int | None = None
+    """Connections at once; more are refused (RESOURCES_EXHAUSTED). None: 10,000, or
+    fewer if the process's file-descriptor limit (``ulimit -n``) cannot hold that many."""
+    max_connections_per_ip: int = 1000
+    """Connections at once from one address; more are refused (RESOURCES_EXHAUSTED)."""
+    connections_max_idle: float = 600.0
+    """A connection with nothing in flight that sent nothing for this long is closed."""
+    request_read_timeout: float = 30.0
+    """A frame must arrive whole within this long of its first byte, or its connection
+    is closed (a slowloris peer holding half-sent frames)."""
+    max_connection_bytes: int = 4 * DEFAULT_MAX_FRAME_SIZE
+    """Bytes one connection's requests may hold while handled, answers included (a fetch
+    counts its largest answer); its reader waits beyond that (the connection is muted)."""
+    queued_max_request_bytes: int = 256 * DEFAULT_MAX_FRAME_SIZE
+    """The same for all connections together (Kafka's queued.max.request.bytes)."""
     max_batch_bytes: int | None = None
     max_fetch_bytes: int = 16 * 1024 * 1024
     shutdown_grace: float = 5.0
@@ -136,6 +164,7 @@ class BrokerConfig:
             "max_in_flight",
             "max_fetch_bytes",
             "offset_metadata_max_bytes",
+            "max_connections_per_ip",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -146,6 +175,17 @@ class BrokerConfig:
                 f"max_batch_bytes ({self.max_batch_bytes}) must be positive and at most half "
                 f"of max_frame_size ({self.max_frame_size}), so that a batch fits in any frame"
             )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        for name in ("connections_max_idle", "request_read_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive (seconds)")
+        for name in ("max_connection_bytes", "queued_max_request_bytes"):
+            if getattr(self, name) < self.max_frame_size:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must be at least max_frame_size "
+                    f"({self.max_frame_size}), so that any one request can be received"
+                )
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
         if self.coordinator_slots < 1:
@@ -223,6 +263,14 @@ class Broker:
         self.address: tuple[str, int] = (config.host, config.port)
         self.shutting_down = False
         self._connections: set[Connection] = set()
+        self._per_ip: Counter[str] = Counter()
+        self._shared_bytes = ByteBudget(config.queued_max_request_bytes)
+        self.max_connections = config.max_connections or _DEFAULT_MAX_CONNECTIONS
+        """The connection limit in force (``config.max_connections``, or what fits the
+        file-descriptor limit: see :func:`connection_limit`)."""
+        self._codec = FrameCodec(config.max_frame_size)  # (for refusals; connections own theirs)
+        self._refused = 0
+        self._refusals_logged = -math.inf
         self._services = trio.CancelScope()
         self._listening = trio.CancelScope()
 
@@ -314,13 +362,28 @@ class Broker:
         application can hand it other streams (TLS, UNIX sockets), and tests
         hand it in-memory streams so that they can run on a virtual clock.
         """
+        ip = _peer_ip(stream)
+        config = self.config
+        if len(self._connections) >= self.max_connections:
+            why = f"{len(self._connections)} open (max_connections {self.max_connections})"
+            await self._refuse(stream, why)
+            return
+        if ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
+            limit = config.max_connections_per_ip
+            why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
+            await self._refuse(stream, why)
+            return
         conn = Connection(
             stream,
-            max_frame_size=self.config.max_frame_size,
-            max_in_flight=self.config.max_in_flight,
+            max_frame_size=config.max_frame_size,
+            max_in_flight=config.max_in_flight,
+            max_bytes=config.max_connection_bytes,
+            shared=self._shared_bytes,
         )
         conn.handler = BrokerHandler(self, conn)
         self._connections.add(conn)
+        if ip is not None:
+            self._per_ip[ip] += 1
         try:
             await conn.serve()
         except Exception:
@@ -330,6 +393,60 @@ class Broker:
             log.exception("connection %s failed and was closed", conn.name)
         finally:
             self._connections.discard(conn)
+            if ip is not None:
+                self._per_ip[ip] -= 1
+                if not self._per_ip[ip]:
+                    del self._per_ip[ip]
+
+    async def _refuse(self, stream: trio.abc.Stream, why: str) -> None:
+        """Tell a connection beyond the limits why it is closed (bounded wait), and log it
+        at most every 10 s (a flood must not flood the log too)."""
+        self._refused += 1
+        now = trio.current_time()
+        if now - self._refusals_logged >= _REFUSAL_LOG_INTERVAL:
+            log.warning("refusing connections: %s (%d refused)", why, self._refused)
+            self._refusals_logged, self._refused = now, 0
+        refusal = Goodbye(
+            ErrorCode.RESOURCES_EXHAUSTED,
+            f"too many connections: {why}; retry later, or raise the limit on the broker",
+        )
+        with trio.move_on_after(_REFUSAL_GRACE):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(self._codec.encode(refusal))
+
+    async def _reap_connections(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Close idle connections and those sending a frame too slowly (one task, one scan).
+
+        One periodic scan of all connections instead of a deadline per
+        connection and per frame: receiving a heartbeat costs nothing extra.
+        """
+        config = self.config
+        idle, slow = config.connections_max_idle, config.request_read_timeout
+        task_status.started()
+        if math.isinf(idle) and math.isinf(slow):
+            return  # (both off: nothing to reap)
+        period = min(max(min(idle, slow) / 4, 0.01), 5.0)
+        async with trio.open_nursery() as closing:
+            while True:
+                await trio.sleep(period)
+                now = trio.current_time()
+                for conn in list(self._connections):
+                    if conn.closed:
+                        continue
+                    started = conn.receiving_since
+                    if started is not None and now - started > slow:
+                        closing.start_soon(
+                            conn.close_with,
+                            RequestTimedOutError(
+                                f"a frame did not arrive whole within {slow:g}s "
+                                "(request_read_timeout)"
+                            ),
+                        )
+                    elif conn.idle and now - conn.last_active > idle:
+                        log.info("closing %s: idle for %gs (connections_max_idle)", conn.name, idle)
+                        closing.start_soon(conn.aclose)
 
     async def _serve(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -342,6 +459,7 @@ class Broker:
         with self._services:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
+                await nursery.start(self._reap_connections)
                 for service in self.coordinator.services.values():
                     await nursery.start(service.run)
                 listeners = await nursery.start(self._listen, nursery)
@@ -384,6 +502,51 @@ class Broker:
     def connection_count(self) -> int:
         """How many client connections are open."""
         return len(self._connections)
+
+
+def connection_limit(config: BrokerConfig) -> int:
+    """The connection limit a broker can keep within the process's file-descriptor limit.
+
+    Raises the soft limit toward the hard one if that is what it takes. A
+    ``max_connections`` that was asked for and cannot be kept is a
+    ValueError naming ``ulimit -n``; the default (10,000) shrinks to fit,
+    with a log line.
+    """
+    wanted = config.max_connections or _DEFAULT_MAX_CONNECTIONS
+    need = wanted + _RESERVED_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted
+    room = soft - _RESERVED_FDS
+    if config.max_connections is None and room >= _MIN_CONNECTIONS:
+        log.info(
+            "max_connections is %d, not %d: this process may open %d files (ulimit -n); "
+            "raise that limit to admit more",
+            room,
+            wanted,
+            soft,
+        )
+        return room
+    raise ValueError(
+        f"max_connections {wanted} needs {need} file descriptors ({_RESERVED_FDS} kept for "
+        f"logs and the store), but this process may open only {soft} (ulimit -n; hard limit "
+        f"{hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
+    )
+
+
+def _peer_ip(stream: trio.abc.Stream) -> str | None:
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return None
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return None
 
 
 @asynccontextmanager
@@ -432,6 +595,7 @@ async def open_broker(
     """
     config = replace(config or BrokerConfig(), host=host, port=port, **settings)
     config.validate()
+    max_connections = connection_limit(config)
     root = None if data_dir is None else Path(data_dir)
     with unwrap_lone_exception():
         async with (
@@ -442,6 +606,7 @@ async def open_broker(
             ) as logs,
         ):
             broker = Broker(config, metadata, logs, cluster_url=cluster_url)
+            broker.max_connections = max_connections
             await broker._load()
             async with trio.open_nursery() as nursery:
                 await nursery.start(broker._serve)

@@ -8,7 +8,13 @@ waiting on their correlation id; requests go to a :class:`RequestHandler`,
 answered inline when the handler can do so at once (``handle_now``: a
 heartbeat is O(1) and spawns no task) and otherwise in a handler task, at most
 ``max_in_flight`` at a time (the reader stops reading beyond that, which is
-the per-connection memory bound). Writes are serialized by one lock. A
+the per-connection memory bound). Writes are serialized by one lock.
+Optionally (a broker's connections) each request is charged its *cost* in
+bytes (its frame, plus what its answer may hold: ``RequestHandler.cost``)
+against a per-connection :class:`~.budget.ByteBudget` and a shared one,
+from when it is read until its answer is written; the reader waits while
+either is spent, so a peer that does not read its answers stops being read
+(Kafka mutes such a channel) and memory stays bounded. A
 protocol violation (a frame too large, truncated, undecodable or of an
 unknown type) is answered with a :class:`~.messages.Goodbye` naming the error
 and closes this connection only. When the connection ends, every waiting
@@ -27,6 +33,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from .._aio import unwrap_lone_exception
+from .budget import ByteBudget
 from .errors import (
     ConnectionClosedError,
     CoordError,
@@ -36,7 +43,7 @@ from .errors import (
     UnsupportedMessageError,
     error_for,
 )
-from .framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec, FrameReader
+from .framing import DEFAULT_MAX_FRAME_SIZE, SMALL_FRAME, FrameCodec, FrameReader
 from .messages import Goodbye, Request, RequestBody, Response, ResponseBody
 
 __all__ = ["Connection", "RequestHandler", "connect_tcp", "open_connection", "serving"]
@@ -58,6 +65,10 @@ class RequestHandler:
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
         """Answer ``body`` at once, or return None to have :meth:`handle` called in a task."""
         return None
+
+    def cost(self, body: RequestBody) -> int:
+        """Bytes the answer to ``body`` may hold beyond its frame (charged while it is handled)."""
+        return 0
 
     async def handle(self, body: RequestBody) -> ResponseBody:
         """Answer ``body``; may wait (it runs in its own task)."""
@@ -92,11 +103,13 @@ class Connection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_in_flight: int = 64,
         name: str = "",
+        max_bytes: int | None = None,
+        shared: ByteBudget | None = None,
     ) -> None:
         self._stream = stream
         self.handler = handler if handler is not None else RequestHandler()
         self._codec = FrameCodec(max_frame_size)
-        self._reader = FrameReader(stream, max_frame_size)
+        self._reader = FrameReader(stream, max_frame_size, shared)
         self._send_lock = trio.Lock()
         self._slots = trio.Semaphore(max_in_flight)
         self._corr_ids = itertools.count(1)
@@ -105,6 +118,25 @@ class Connection:
         self._close_reason: CoordError | None = None
         self.name = name or _peer_name(stream)
         self.peer = _peer_name(stream)
+        self._own = None if max_bytes is None else ByteBudget(max_bytes)
+        self._shared = shared
+        self.last_active = trio.current_time()
+        """When a frame last arrived or an answer was last written (for idle timeouts)."""
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is in flight either way (no request handled, none awaited)."""
+        return not self._waiters and (self._own is None or not self._own.used)
+
+    @property
+    def receiving_since(self) -> float | None:
+        """When the frame being received began to arrive (None: between frames)."""
+        return self._reader.started
+
+    @property
+    def charged(self) -> int:
+        """Bytes of this connection's requests being handled and answers not yet written."""
+        return 0 if self._own is None else self._own.used
 
     def __repr__(self) -> str:
         return f"<Connection {self.name}{' closed' if self.closed else ''}>"
@@ -181,6 +213,8 @@ class Connection:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            self._discharge((0, self._reader.taken))  # a frame cut short, or undecodable
+            self._reader.taken = 0
             self._fail(ConnectionClosedError(f"connection to {self.name} closed"))
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self._stream)
@@ -202,13 +236,18 @@ class Connection:
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
+            self.last_active = trio.current_time()
+            if not isinstance(frame, Request):
+                self._discharge((0, self._reader.taken))
+                self._reader.taken = 0
             if isinstance(frame, Response):
                 waiter = self._waiters.get(frame.corr_id)
                 if waiter is not None and not waiter.done.is_set():
                     waiter.response = frame
                     waiter.done.set()
             elif isinstance(frame, Request):
-                if not await self._dispatch(frame, nursery):
+                charge = await self._charge(len(body), frame.body)
+                if not await self._dispatch(frame, nursery, charge):
                     return
             else:
                 reason = error_for(frame.error, frame.message)
@@ -216,19 +255,46 @@ class Connection:
                 self._fail(reason)
                 return
 
-    async def _dispatch(self, request: Request, nursery: trio.Nursery) -> bool:
+    async def _charge(self, size: int, body: RequestBody) -> tuple[int, int]:
+        """Take a request's cost from the budgets (waiting while spent); what to give back."""
+        shared, self._reader.taken = self._reader.taken, 0  # (taken for the frame itself)
+        if self._own is None:
+            return (0, shared)
+        extra = self.handler.cost(body)
+        own = await self._own.take(size + extra)
+        # Small requests (heartbeats, commits, joins) do not wait for the shared budget,
+        # so that a flood of large ones cannot expel live members; the connection's own
+        # budget bounds them.
+        if self._shared is not None and extra > SMALL_FRAME:
+            shared += await self._shared.take(extra)
+        return (own, shared)
+
+    def _discharge(self, charge: tuple[int, int]) -> None:
+        own, shared = charge
+        if self._own is not None and own:
+            self._own.give(own)
+        if self._shared is not None and shared:
+            self._shared.give(shared)
+
+    async def _dispatch(
+        self, request: Request, nursery: trio.Nursery, charge: tuple[int, int]
+    ) -> bool:
         """Answer inline if the handler can; else spawn. False if the connection broke."""
         try:
-            body = self.handler.handle_now(request.body)
-        except Exception as exc:
-            return await self._reply_error(request.corr_id, exc)
-        if body is None:
-            await self._slots.acquire()
-            nursery.start_soon(self._handle_in_task, request)
-            return True
-        return await self._reply(request.corr_id, body)
+            try:
+                body = self.handler.handle_now(request.body)
+            except Exception as exc:
+                return await self._reply_error(request.corr_id, exc)
+            if body is None:
+                await self._slots.acquire()
+                nursery.start_soon(self._handle_in_task, request, charge)
+                charge = (0, 0)  # the task gives it back
+                return True
+            return await self._reply(request.corr_id, body)
+        finally:
+            self._discharge(charge)
 
-    async def _handle_in_task(self, request: Request) -> None:
+    async def _handle_in_task(self, request: Request, charge: tuple[int, int]) -> None:
         try:
             try:
                 body = await self.handler.handle(request.body)
@@ -238,6 +304,7 @@ class Connection:
                 await self._reply(request.corr_id, body)
         finally:
             self._slots.release()
+            self._discharge(charge)
 
     async def _reply(self, corr_id: int, body: ResponseBody) -> bool:
         """Send an answer; one that cannot be encoded (too large) is answered as an error."""
@@ -247,6 +314,7 @@ class Connection:
             return False
         except Exception as exc:  # nothing was sent; the connection is intact
             return await self._reply_error(corr_id, exc)
+        self.last_active = trio.current_time()
         return True
 
     async def _reply_error(self, corr_id: int, exc: Exception) -> bool:
@@ -279,6 +347,12 @@ class Connection:
                 waiter.error = type(reason)(str(reason))
                 waiter.done.set()
         self._closed.set()
+
+    async def close_with(self, reason: CoordError) -> None:
+        """Say goodbye with ``reason`` (bounded wait), then close (for a broker's policies)."""
+        log.info("closing %s: %s", self.name, reason)
+        await self._say_goodbye(reason)
+        await trio.aclose_forcefully(self._stream)
 
     async def aclose(self) -> None:
         """Close the connection; the reader task ends and waiting requests fail."""

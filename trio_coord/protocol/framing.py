@@ -15,12 +15,14 @@ from __future__ import annotations
 import msgspec
 import trio
 
+from .budget import ByteBudget
 from .errors import CorruptMessageError, FrameTooLargeError, UnsupportedMessageError
 from .messages import Frame
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "HEADER_SIZE",
+    "SMALL_FRAME",
     "FrameCodec",
     "FrameReader",
     "TruncatedFrameError",
@@ -28,6 +30,8 @@ __all__ = [
 
 HEADER_SIZE = 4
 DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
+SMALL_FRAME = 4096
+"""Frames up to this size do not wait for a shared byte budget (heartbeats stay live)."""
 _RECEIVE_CHUNK = 64 * 1024
 
 
@@ -100,12 +104,27 @@ class FrameReader:
     None at a clean end of stream (between frames). It raises
     :class:`FrameTooLargeError` for a length over the limit (before reading
     the body) and :class:`TruncatedFrameError` when the stream ends mid-frame.
+    With a ``budget`` (a broker's shared :class:`~.budget.ByteBudget`), a
+    frame larger than :data:`SMALL_FRAME` takes its size from it once its
+    header is read, before its body is buffered, waiting while it is spent.
     """
 
-    def __init__(self, stream: trio.abc.ReceiveStream, max_frame_size: int) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.ReceiveStream,
+        max_frame_size: int,
+        budget: ByteBudget | None = None,
+    ) -> None:
         self._stream = stream
         self._max = max_frame_size
         self._buf = bytearray()
+        self._budget = budget
+        self.taken = 0
+        """Bytes of ``budget`` taken for the frame last read (or being read); the caller
+        gives them back (or takes them over) once it is done with the frame."""
+        self.started: float | None = None
+        """When the first byte of the frame being received arrived (None between frames):
+        how a broker finds a peer that sends a frame too slowly (slowloris)."""
 
     async def _fill(self, needed: int) -> bool:
         """Receive until the buffer holds ``needed`` bytes; False at end of stream."""
@@ -113,6 +132,8 @@ class FrameReader:
             chunk = await self._stream.receive_some(max(_RECEIVE_CHUNK, needed - len(self._buf)))
             if not chunk:
                 return False
+            if not self._buf:
+                self.started = trio.current_time()
             self._buf += chunk
         return True
 
@@ -130,10 +151,14 @@ class FrameReader:
                 f"frame of {size} bytes exceeds the maximum frame size of {self._max} bytes"
             )
         total = HEADER_SIZE + size
+        if self._budget is not None and size > SMALL_FRAME and not self.taken:
+            # Before buffering the body: a peer's announced size is what it may cost.
+            self.taken = await self._budget.take(size)
         if not await self._fill(total):
             raise TruncatedFrameError(
                 f"stream ended inside a frame ({len(self._buf) - HEADER_SIZE} of {size} bytes)"
             )
         body = bytes(self._buf[HEADER_SIZE:total])
         del self._buf[:total]
+        self.started = trio.current_time() if self._buf else None
         return body

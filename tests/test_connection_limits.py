@@ -1,0 +1,148 @@
+"""Invariant 6 (Bounded) for connections: how many, how idle, how slow, how much memory.
+
+Over real sockets against a real broker, the connection limits Kafka's broker
+has (``max.connections``, ``max.connections.per.ip``, ``connections.max.idle.ms``,
+``queued.max.request.bytes``) and what a peer that never reads, or sends a
+frame a byte at a time, can make a broker hold. Every test checks that a
+well-behaved client is served meanwhile and afterwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from trio_coord import open_admin, open_broker, open_producer
+from trio_coord.broker.server import BrokerConfig, connection_limit
+from trio_coord.protocol.errors import ErrorCode
+from trio_coord.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
+from trio_coord.protocol.messages import FetchPartition, FetchRequest, Goodbye, Request, TopicInfo
+
+TIMEOUT = 10
+
+
+async def _goodbye(stream: trio.SocketStream) -> Goodbye | None:
+    """The Goodbye the broker sent before closing, or None if it just closed."""
+    data = b""
+    with trio.fail_after(TIMEOUT):
+        try:
+            while chunk := await stream.receive_some():
+                data += chunk
+        except trio.BrokenResourceError:
+            pass
+    if len(data) < 4:
+        return None
+    frame = FrameCodec().decode(data[4 : 4 + int.from_bytes(data[:4], "big")])
+    assert isinstance(frame, Goodbye)
+    return frame
+
+
+async def _served(bootstrap: str, topic: str) -> None:
+    async with open_admin(bootstrap) as admin:
+        assert await admin.create_topic(topic, 1) == TopicInfo(topic, 1)
+
+
+@pytest.mark.parametrize("limit", ["max_connections", "max_connections_per_ip"])
+async def test_connections_beyond_the_limit_are_refused_and_told_why(tmp_path, limit) -> None:
+    async with open_broker(tmp_path, **{limit: 5}) as broker:
+        streams = [await trio.open_tcp_stream(*broker.address) for _ in range(8)]
+        with trio.fail_after(TIMEOUT):
+            while broker.connection_count() < 5:
+                await trio.sleep(0.01)
+        refusals = []
+        for stream in streams[5:]:
+            goodbye = await _goodbye(stream)
+            assert goodbye is not None and goodbye.error == ErrorCode.RESOURCES_EXHAUSTED
+            refusals.append(goodbye.message)
+        assert all(f"({limit} 5)" in m and "too many connections" in m for m in refusals)
+        assert broker.connection_count() == 5
+        for stream in streams:
+            await stream.aclose()
+        with trio.fail_after(TIMEOUT):
+            while broker.connection_count():
+                await trio.sleep(0.01)
+        await _served(broker.bootstrap, "after-the-flood")
+
+
+def test_an_explicit_limit_the_fd_limit_cannot_hold_stops_start_up() -> None:
+    with pytest.raises(ValueError, match=r"ulimit -n .* lower --max-connections"):
+        connection_limit(BrokerConfig(max_connections=10**9))
+    assert connection_limit(BrokerConfig()) >= 64  # the default shrinks to fit instead
+
+
+async def test_a_frame_sent_too_slowly_closes_its_connection(tmp_path) -> None:
+    async with open_broker(tmp_path, request_read_timeout=0.3) as broker:
+        slow = await trio.open_tcp_stream(*broker.address)
+        await slow.send_all((1000).to_bytes(4, "big") + b"\x93\x01")  # and nothing more
+        started = trio.current_time()
+        goodbye = await _goodbye(slow)
+        assert goodbye is not None and goodbye.error == ErrorCode.REQUEST_TIMED_OUT
+        assert "request_read_timeout" in goodbye.message
+        assert trio.current_time() - started < 0.3 + 5 * 0.075 + 2  # (reaped within a scan)
+        await _served(broker.bootstrap, "after-slowloris")
+
+
+async def test_an_idle_connection_is_closed_a_busy_one_is_not(tmp_path) -> None:
+    async with open_broker(tmp_path, connections_max_idle=0.4) as broker:
+        idle = await trio.open_tcp_stream(*broker.address)
+        async with open_admin(broker.bootstrap) as busy:
+            for i in range(6):  # 1.2 s of activity, every 0.2 s
+                await busy.create_topic(f"t{i}", 1)
+                await trio.sleep(0.2)
+            assert await _goodbye(idle) is None  # closed, silently (as Kafka does)
+            assert len(await busy.list_topics()) == 6
+
+
+async def test_a_peer_that_never_reads_its_answers_is_muted_with_bounded_memory(tmp_path) -> None:
+    """64 fetches of a full frame each, answers never read: the broker used to hold them
+    all (~50 MB per connection). Now the connection's budget bounds what it holds, its
+    reader stops reading, and everyone else is served."""
+    budget = 3 * DEFAULT_MAX_FRAME_SIZE
+    async with open_broker(tmp_path, max_connection_bytes=budget) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("big", 4)
+        async with open_producer(broker.bootstrap) as producer:
+            for i in range(600):
+                await producer.enqueue("big", "x" * 8000, partition=i % 4)
+        codec = FrameCodec()
+        hog = await trio.open_tcp_stream(*broker.address)
+        fetch = FetchRequest([FetchPartition("big", p, 0) for p in range(4)], max_wait_ms=0)
+        await hog.send_all(b"".join(codec.encode(Request(n, fetch)) for n in range(1, 65)))
+        (conn,) = [
+            c for c in broker._connections if c.peer.endswith(str(hog.socket.getsockname()[1]))
+        ]
+        with trio.fail_after(TIMEOUT):
+            while not conn.charged:
+                await trio.sleep(0.01)
+        for _ in range(20):  # it stays bounded while the peer does not read
+            assert conn.charged <= budget
+            assert broker._shared_bytes.used <= broker._shared_bytes.total
+            await trio.sleep(0.05)
+        assert conn.charged > DEFAULT_MAX_FRAME_SIZE, "answers are held: the reader is muted"
+        await _served(broker.bootstrap, "beside-the-hog")
+        await hog.aclose()
+        with trio.fail_after(TIMEOUT):
+            while broker._shared_bytes.used:
+                await trio.sleep(0.01)
+
+
+async def test_half_sent_frames_take_from_the_shared_budget_and_give_it_back(tmp_path) -> None:
+    total = 4 * DEFAULT_MAX_FRAME_SIZE
+    async with open_broker(
+        tmp_path, queued_max_request_bytes=total, request_read_timeout=0.5
+    ) as broker:
+        streams = []
+        for _ in range(8):  # 8 frames announcing 1 MiB each: 4 fit, the rest wait
+            stream = await trio.open_tcp_stream(*broker.address)
+            await stream.send_all(DEFAULT_MAX_FRAME_SIZE.to_bytes(4, "big") + b"\x93")
+            streams.append(stream)
+        with trio.fail_after(TIMEOUT):
+            while broker._shared_bytes.used < total:
+                await trio.sleep(0.01)
+        assert broker._shared_bytes.used == total
+        await _served(broker.bootstrap, "small-frames-still-go")  # heartbeats, joins...
+        for stream in streams:
+            await _goodbye(stream)  # each is closed at its read timeout
+        with trio.fail_after(TIMEOUT):
+            while broker._shared_bytes.used:
+                await trio.sleep(0.01)
