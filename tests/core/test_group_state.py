@@ -311,6 +311,7 @@ def test_full_rebalance_walk() -> None:
                 [TP("t", 0), TP("t", 1), TP("t", 2), TP("u", 0), TP("u", 1)],
             )
         ],
+        topics={"t": 3, "u": 2},  # the partition counts the group has seen
     )
     assert plan.starts == [
         StartPlan(

@@ -41,6 +41,7 @@ what each live member fetches, and its fences cover what departed ones may.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -365,6 +366,8 @@ class GroupProtocol(RuleBasedStateMachine):
                 return False  # waiting for frozen members to time out
             self.commit_positions()
             generation = group.generation
+            # The partition counts the group had seen (its last durable generation's).
+            seen = dict(group.record.topics) if group.record is not None else {}
             plan = group.plan_assignment(
                 self.now,
                 partitions=self.subscribed_partitions(),
@@ -372,6 +375,10 @@ class GroupProtocol(RuleBasedStateMachine):
                 log_offsets=log_offsets,
                 computed=self.computed,
             )
+            expected_seen = dict(seen)
+            for topic, count in self.subscribed_partitions().items():
+                expected_seen[topic] = max(expected_seen.get(topic, 0), count)
+            assert plan.record.topics == expected_seen
             assert group.state is S.ASSIGNING and group.generation == generation
             assert all(s.incremental == (self.computed is not None) for s in plan.starts)
             assert plan.record.generation == generation + 1
@@ -381,9 +388,13 @@ class GroupProtocol(RuleBasedStateMachine):
                 assert start.not_before >= self.now
                 for po in start.partitions:
                     committed = group.offsets.get(po.tp)
+                    # A partition created since the group subscribed starts at its log
+                    # start; any other follows the member's reset policy.
+                    created_since = po.partition >= seen.get(po.topic, math.inf)
                     reset = (
                         LOG_START
-                        if self.consumers[start.member_id].offset_reset == "earliest"
+                        if created_since
+                        or self.consumers[start.member_id].offset_reset == "earliest"
                         else LOG_END
                     )
                     assert po.offset == (committed.offset if committed else reset)

@@ -679,6 +679,7 @@ class Group:
                 )
                 for member_id, fence in sorted(self.fences.items())
             ],
+            self._topics_seen(members, partitions),
         )
         starts = []
         if cooperative is None:
@@ -696,15 +697,37 @@ class Group:
             )
         return AssignmentPlan(record, starts)
 
+    def _topics_seen(
+        self, members: Iterable[Member], partitions: Mapping[str, int]
+    ) -> dict[str, int]:
+        """The partition counts this group has seen of the topics it subscribed to (merged)."""
+        seen = dict(self.record.topics) if self.record is not None else {}
+        for topic in {t for m in members for t in m.topics}:
+            count = partitions.get(topic)
+            if count is not None and count > seen.get(topic, 0):
+                seen[topic] = count
+        return seen
+
     def _start_offset(
         self,
         tp: TopicPartition,
         reset: str,
         log_offsets: Callable[[TopicPartition], tuple[int, int]],
     ) -> PartitionOffset:
+        """Where a member starts ``tp``: its committed offset, else the reset policy's.
+
+        A partition with no committed offset that was created after the group
+        subscribed to its topic starts at its log start, whatever the policy:
+        its records were written for this group, and ``latest`` would skip
+        those written before the partition's first assignment (seed 000's
+        rule; the Spark source does the same).
+        """
         committed = self.offsets.get(tp)
         if committed is not None:
             return PartitionOffset(tp.topic, tp.partition, committed.offset, committed.metadata)
+        seen = self.record.topics.get(tp.topic) if self.record is not None else None
+        if seen is not None and tp.partition >= seen:
+            reset = "earliest"  # a partition created since the group subscribed
         if reset == "none":
             return PartitionOffset(tp.topic, tp.partition, NO_OFFSET)
         start, end = log_offsets(tp)

@@ -62,7 +62,11 @@ class GroupRecord(_Rec, tag="group"):
 
     ``departed`` lists the members gone without acknowledging a stop whose
     partitions were still fenced when the generation was planned, so that a
-    coordinator loading it after a restart fences them too.
+    coordinator loading it after a restart fences them too. ``topics`` maps
+    every topic the group has subscribed to (in this generation or before)
+    to the most partitions it has seen it with: a partition numbered at or
+    above that, with no committed offset, was created after the group
+    subscribed, and starts at its log start whatever the reset policy.
     """
 
     group_id: str
@@ -70,6 +74,7 @@ class GroupRecord(_Rec, tag="group"):
     assignor: str
     members: list[MemberRecord]
     departed: list[MemberRecord] = []
+    topics: dict[str, int] = {}
 
 
 class OffsetRecord(_Rec, tag="offset"):
