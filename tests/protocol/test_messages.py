@@ -83,7 +83,7 @@ MEMBER = MemberDescription(
 
 # One instance of every body type, every defaulted field set to a non-default value.
 REQUEST_SAMPLES: list[messages.RequestBody] = [
-    MetadataRequest(["orders", "payments"], group="billing"),
+    MetadataRequest(["orders", "payments"], group="billing", after="orders"),
     CreateTopicRequest("orders", 12),
     AddPartitionsRequest("orders", 24),
     JoinGroupRequest(
@@ -104,9 +104,11 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
     LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),
     OffsetCommitRequest("billing", "m-1", 4, [OFFSET], allow_regression=True),
-    OffsetFetchRequest("billing", partitions=[TopicPartition("orders", 3)]),
-    ListGroupsRequest(),
-    DescribeGroupRequest("billing"),
+    OffsetFetchRequest(
+        "billing", partitions=[TopicPartition("orders", 3)], after=TopicPartition("orders", 1)
+    ),
+    ListGroupsRequest(after="audit"),
+    DescribeGroupRequest("billing", offsets_after=TopicPartition("orders", 2)),
     CreateGroupRequest("billing"),
     DeleteGroupRequest("billing"),
     ProduceRequest("orders", 3, b"\x00\x91\x94\x01\xc0\xc4\x01x\x90", 1, 1),
@@ -132,16 +134,19 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
 ]
 
 RESPONSE_SAMPLES: list[messages.ResponseBody] = [
-    MetadataResponse([BROKER], [TOPIC], coordinator=BROKER),
+    MetadataResponse([BROKER], [TOPIC], coordinator=BROKER, next="orders"),
     CreateTopicResponse(TOPIC),
     AddPartitionsResponse(TopicInfo("orders", 24, leaders=[7] * 24)),
     JoinGroupResponse("m-1", 5, 15_000, rejoin=True),
     HeartbeatResponse(),
     LeaveGroupResponse(),
     OffsetCommitResponse(),
-    OffsetFetchResponse([OFFSET]),
-    ListGroupsResponse([GroupSummary("billing", "STABLE", 5, 2)]),
-    DescribeGroupResponse(GroupDescription("billing", "STABLE", 5, "range", [MEMBER], [OFFSET])),
+    OffsetFetchResponse([OFFSET], next=TopicPartition("orders", 3)),
+    ListGroupsResponse([GroupSummary("billing", "STABLE", 5, 2)], next="billing"),
+    DescribeGroupResponse(
+        GroupDescription("billing", "STABLE", 5, "range", [MEMBER], [OFFSET]),
+        offsets_next=TopicPartition("orders", 3),
+    ),
     CreateGroupResponse(),
     DeleteGroupResponse(),
     ProduceResponse(1234),

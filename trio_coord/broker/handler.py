@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..protocol.connection import Connection, RequestHandler
 from ..protocol.errors import BrokerShuttingDownError, UnsupportedMessageError
 from ..protocol.messages import (
@@ -30,6 +32,7 @@ from ..protocol.messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchRequest,
+    GroupSummary,
     HeartbeatRequest,
     HeartbeatResponse,
     JoinGroupRequest,
@@ -43,12 +46,15 @@ from ..protocol.messages import (
     OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    PartitionOffset,
     ProduceRequest,
     RequestBody,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
     ResponseBody,
+    TopicPartition,
 )
+from .paging import page
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -56,6 +62,14 @@ if TYPE_CHECKING:
 __all__ = ["BrokerHandler"]
 
 _HEARTBEAT_OK = HeartbeatResponse()
+
+
+def _group_id(summary: GroupSummary) -> str:
+    return summary.group_id
+
+
+def _tp(offset: PartitionOffset) -> TopicPartition:
+    return offset.tp
 
 
 class BrokerHandler(RequestHandler):
@@ -131,13 +145,27 @@ class BrokerHandler(RequestHandler):
         return [t for t in topics if t not in self._topics.partitions]
 
     def _list_groups(self, body: ListGroupsRequest) -> ResponseBody:
-        return ListGroupsResponse(self._coordinator.list_groups())
+        groups = (g for g in self._coordinator.list_groups() if g.group_id > body.after)
+        listed, following = page(groups, _group_id, self._broker.page_bytes)
+        return ListGroupsResponse(listed, following or "")
 
     def _describe_group(self, body: DescribeGroupRequest) -> ResponseBody:
-        return DescribeGroupResponse(self._coordinator.describe_group(body.group))
+        group = self._coordinator.describe_group(body.group)
+        after = body.offsets_after
+        offsets = (o for o in group.offsets if after is None or o.tp > after)
+        bare = msgspec.structs.replace(group, offsets=[])
+        room = self._broker.page_bytes - len(msgspec.msgpack.encode(bare))
+        listed, following = page(offsets, _tp, max(room, 1))
+        return DescribeGroupResponse(msgspec.structs.replace(group, offsets=listed), following)
 
     def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
-        return OffsetFetchResponse(self._coordinator.fetch_offsets(body.group, body.partitions))
+        offsets = self._coordinator.fetch_offsets(body.group, body.partitions)
+        if body.partitions is not None:
+            return OffsetFetchResponse(offsets)
+        after = body.after
+        wanted = (o for o in offsets if after is None or o.tp > after)
+        listed, following = page(wanted, _tp, self._broker.page_bytes)
+        return OffsetFetchResponse(listed, following)
 
     # -- in a task -----------------------------------------------------------------
 

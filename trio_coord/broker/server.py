@@ -43,7 +43,13 @@ from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
 from ..protocol.errors import CoordinatorNotAvailableError, ErrorCode, RequestTimedOutError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
-from ..protocol.messages import BrokerInfo, Goodbye, MetadataRequest, MetadataResponse
+from ..protocol.messages import (
+    BrokerInfo,
+    Goodbye,
+    MetadataRequest,
+    MetadataResponse,
+    TopicInfo,
+)
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
@@ -51,6 +57,7 @@ from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .group import EventCallback
 from .handler import BrokerHandler
+from .paging import page
 from .partitions import PartitionService
 from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
@@ -298,11 +305,22 @@ class Broker:
         )
 
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
-        """Live brokers, the topics asked for and the coordinator of the group asked about."""
-        topics = self.topics.describe(request.topics)
+        """Live brokers, the topics asked for and the coordinator of the group asked about.
+
+        All topics (``topics=None``) come a page at a time, from ``after`` on.
+        """
+        following = ""
+        if request.topics is None:
+            names = (n for n in sorted(self.topics.partitions) if n > request.after)
+            topics, cursor = page(
+                (self.topics.info(n) for n in names), _topic_name, self.page_bytes
+            )
+            following = cursor or ""
+        else:
+            topics = self.topics.describe(request.topics)
         if self.member is None:
             info = self.info
-            return MetadataResponse([info], topics, info if request.group else None)
+            return MetadataResponse([info], topics, info if request.group else None, following)
         if self.coordinator.suspended:
             # Its view may be stale, and its slots gone: send the client to another broker.
             raise CoordinatorNotAvailableError(
@@ -319,7 +337,12 @@ class Broker:
         coordinator = None
         if request.group:
             coordinator = self.member.coordinator_of(self.coordinator.slot_of(request.group))
-        return MetadataResponse(brokers, topics, coordinator)
+        return MetadataResponse(brokers, topics, coordinator, following)
+
+    @property
+    def page_bytes(self) -> int:
+        """How much of a frame one page of a listing may fill (the rest is its envelope)."""
+        return self.config.max_frame_size // 2
 
     @property
     def bootstrap(self) -> str:
@@ -537,6 +560,10 @@ def connection_limit(config: BrokerConfig) -> int:
         f"logs and the store), but this process may open only {soft} (ulimit -n; hard limit "
         f"{hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
     )
+
+
+def _topic_name(info: TopicInfo) -> str:
+    return info.name
 
 
 def _peer_ip(stream: trio.abc.Stream) -> str | None:

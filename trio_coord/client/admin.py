@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
@@ -122,10 +123,15 @@ class Admin:
     # -- cluster and topics ------------------------------------------------------------
 
     async def metadata(self, topics: Sequence[str] | None = None) -> MetadataResponse:
-        """Live brokers and topics (``topics=None``: all topics)."""
-        return await self._ask(
-            MetadataRequest(list(topics) if topics is not None else None), MetadataResponse
-        )
+        """Live brokers and topics (``topics=None``: all topics, asked for page by page)."""
+        if topics is not None:
+            return await self._ask(MetadataRequest(list(topics)), MetadataResponse)
+        response = await self._ask(MetadataRequest(None), MetadataResponse)
+        listed = list(response.topics)
+        while response.next:
+            response = await self._ask(MetadataRequest(None, after=response.next), MetadataResponse)
+            listed.extend(response.topics)
+        return msgspec.structs.replace(response, topics=listed, next="")
 
     async def brokers(self) -> list[BrokerInfo]:
         """The live brokers."""
@@ -186,8 +192,13 @@ class Admin:
         groups: dict[str, GroupSummary] = {}
         for broker in await self.brokers():
             async with open_connection(broker.host, broker.port) as conn:
-                response = await self._ask(ListGroupsRequest(), ListGroupsResponse, conn)
-            groups.update((g.group_id, g) for g in response.groups)
+                after = ""
+                while True:
+                    response = await self._ask(ListGroupsRequest(after), ListGroupsResponse, conn)
+                    groups.update((g.group_id, g) for g in response.groups)
+                    if not response.next:
+                        break
+                    after = response.next
         return [groups[g] for g in sorted(groups)]
 
     async def describe_group(self, group_id: str) -> GroupDescription:
@@ -195,17 +206,29 @@ class Admin:
         response = await self._ask_coordinator(
             group_id, DescribeGroupRequest(group_id), DescribeGroupResponse
         )
-        return response.group
+        group, offsets = response.group, list(response.group.offsets)
+        while response.offsets_next is not None:  # (a page at a time)
+            response = await self._ask_coordinator(
+                group_id,
+                DescribeGroupRequest(group_id, response.offsets_next),
+                DescribeGroupResponse,
+            )
+            offsets.extend(response.group.offsets)
+        return msgspec.structs.replace(group, offsets=offsets)
 
     async def committed_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, int]:
         """A group's committed offsets (all, or for ``partitions``)."""
         wanted = None if partitions is None else [TopicPartition(*tp) for tp in partitions]
-        response = await self._ask_coordinator(
-            group_id, OffsetFetchRequest(group_id, wanted), OffsetFetchResponse
-        )
-        return {o.tp: o.offset for o in response.offsets}
+        request = OffsetFetchRequest(group_id, wanted)
+        response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
+        offsets = {o.tp: o.offset for o in response.offsets}
+        while response.next is not None:  # all of them, a page at a time
+            request = OffsetFetchRequest(group_id, None, response.next)
+            response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
+            offsets.update((o.tp, o.offset) for o in response.offsets)
+        return offsets
 
     async def group_lag(self, group_id: str) -> list[PartitionLag]:
         """Per partition the group consumes or has offsets for: committed, log end, lag, owner."""

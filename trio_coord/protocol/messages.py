@@ -193,10 +193,15 @@ class GroupDescription(_Wire):
 
 
 class MetadataRequest(_Wire, tag=1):
-    """Ask for live brokers, topics (None: all) and, if ``group`` is set, its coordinator."""
+    """Ask for live brokers, topics (None: all) and, if ``group`` is set, its coordinator.
+
+    All topics come a page at a time: those named after ``after``, as many
+    as fit; the answer's ``next`` is where the next page starts ("": done).
+    """
 
     topics: list[str] | None = None
     group: str = ""
+    after: str = ""
 
 
 class CreateTopicRequest(_Wire, tag=2):
@@ -277,20 +282,29 @@ class OffsetCommitRequest(_Wire, tag=7):
 
 
 class OffsetFetchRequest(_Wire, tag=8):
-    """Read a group's committed offsets (``partitions=None``: all of them)."""
+    """Read a group's committed offsets (``partitions=None``: all of them, a page at a time:
+    those after ``after``, in (topic, partition) order; the answer's ``next`` continues)."""
 
     group: str
     partitions: list[TopicPartition] | None = None
+    after: TopicPartition | None = None
 
 
 class ListGroupsRequest(_Wire, tag=9):
-    """List the groups this broker coordinates."""
+    """List the groups this broker coordinates, a page at a time (those after ``after``)."""
+
+    after: str = ""
 
 
 class DescribeGroupRequest(_Wire, tag=10):
-    """Describe one group: state, generation, members, assignment, offsets."""
+    """Describe one group: state, generation, members, assignment, offsets.
+
+    Offsets come a page at a time (those after ``offsets_after``); the
+    answer's ``offsets_next`` continues, with the same members again.
+    """
 
     group: str
+    offsets_after: TopicPartition | None = None
 
 
 class CreateGroupRequest(_Wire, tag=11):
@@ -466,6 +480,8 @@ class MetadataResponse(_Wire, tag=1):
     brokers: list[BrokerInfo]
     topics: list[TopicInfo]
     coordinator: BrokerInfo | None = None
+    next: str = ""
+    """All topics did not fit: ask again with ``after=next`` for the rest ("": complete)."""
 
 
 class CreateTopicResponse(_Wire, tag=2):
@@ -506,18 +522,24 @@ class OffsetFetchResponse(_Wire, tag=8):
     """Committed offsets (partitions with none are omitted)."""
 
     offsets: list[PartitionOffset]
+    next: TopicPartition | None = None
+    """More remain: ask again with ``after=next``."""
 
 
 class ListGroupsResponse(_Wire, tag=9):
     """The groups this broker coordinates."""
 
     groups: list[GroupSummary]
+    next: str = ""
+    """More remain: ask again with ``after=next``."""
 
 
 class DescribeGroupResponse(_Wire, tag=10):
     """The group, described."""
 
     group: GroupDescription
+    offsets_next: TopicPartition | None = None
+    """More offsets remain: ask again with ``offsets_after=offsets_next``."""
 
 
 class CreateGroupResponse(_Wire, tag=11):

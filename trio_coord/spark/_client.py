@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+import msgspec
+
 from ..client._bootstrap import parse_bootstrap
 from ..protocol.errors import (
     ConnectionClosedError,
@@ -264,10 +266,15 @@ class BlockingClient:
         """Live brokers and the topics asked for (None: all); raises UnknownTopicError."""
         request = MetadataRequest(None if topics is None else sorted(set(topics)), group)
         response = self._call(lambda: None, request, MetadataResponse)
+        listed = list(response.topics)
+        while response.next:  # all topics, a page at a time
+            request = MetadataRequest(None, group, response.next)
+            response = self._call(lambda: None, request, MetadataResponse)
+            listed.extend(response.topics)
         self._brokers = {b.broker_id: b for b in response.brokers}
-        for info in response.topics:
+        for info in listed:
             self._topics[info.name] = info
-        return response
+        return msgspec.structs.replace(response, topics=listed, next="")
 
     def partition_counts(self, topics: Iterable[str] | None = None) -> dict[str, int]:
         """Partition count per topic (None: every topic), from fresh metadata."""
@@ -330,7 +337,12 @@ class BlockingClient:
         """The group's committed offsets (partitions without one are left out)."""
         request = OffsetFetchRequest(group, None)
         response = self._call(lambda: self._coordinator(group), request, OffsetFetchResponse)
-        return {o.tp: o.offset for o in response.offsets if o.offset != NO_OFFSET}
+        offsets = list(response.offsets)
+        while response.next is not None:  # a page at a time
+            request = OffsetFetchRequest(group, None, response.next)
+            response = self._call(lambda: self._coordinator(group), request, OffsetFetchResponse)
+            offsets.extend(response.offsets)
+        return {o.tp: o.offset for o in offsets if o.offset != NO_OFFSET}
 
     def commit(self, group: str, offsets: dict[TopicPartition, int], metadata: str = "") -> None:
         """Commit ``offsets`` to ``group`` as a standalone committer (not a member).
