@@ -146,3 +146,24 @@ async def test_half_sent_frames_take_from_the_shared_budget_and_give_it_back(tmp
         with trio.fail_after(TIMEOUT):
             while broker._shared_bytes.used:
                 await trio.sleep(0.01)
+
+
+async def test_a_connection_closed_while_muted_gives_back_everything(tmp_path) -> None:
+    """A peer hangs up while its reader waits for budget (muted behind a long poll):
+    once the poll ends, everything the connection took is given back, and it goes."""
+    async with open_broker(tmp_path, max_connection_bytes=DEFAULT_MAX_FRAME_SIZE) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("big", 1)
+        hog = await trio.open_tcp_stream(*broker.address)
+        fetch = FetchRequest([FetchPartition("big", 0, 0)], max_wait_ms=500, min_bytes=10**9)
+        codec = FrameCodec()
+        big = FetchRequest([FetchPartition("big", 0, 0, max_bytes=8000)] * 1500, max_wait_ms=0)
+        # A long poll holds the budget; a large request then waits for it, holding shared bytes.
+        await hog.send_all(codec.encode(Request(1, fetch)) + codec.encode(Request(2, big)))
+        with trio.fail_after(TIMEOUT):
+            while not broker._shared_bytes.used:
+                await trio.sleep(0.01)
+        await hog.aclose()
+        with trio.fail_after(TIMEOUT):
+            while broker._shared_bytes.used or broker.connection_count():
+                await trio.sleep(0.01)

@@ -260,13 +260,18 @@ class Connection:
         shared, self._reader.taken = self._reader.taken, 0  # (taken for the frame itself)
         if self._own is None:
             return (0, shared)
-        extra = self.handler.cost(body)
-        own = await self._own.take(size + extra)
-        # Small requests (heartbeats, commits, joins) do not wait for the shared budget,
-        # so that a flood of large ones cannot expel live members; the connection's own
-        # budget bounds them.
-        if self._shared is not None and extra > SMALL_FRAME:
-            shared += await self._shared.take(extra)
+        own = 0
+        try:
+            extra = self.handler.cost(body)
+            own = await self._own.take(size + extra)
+            # Small requests (heartbeats, commits, joins) do not wait for the shared
+            # budget, so that a flood of large ones cannot expel live members; the
+            # connection's own budget bounds them.
+            if self._shared is not None and extra > SMALL_FRAME:
+                shared += await self._shared.take(extra)
+        except BaseException:  # cancelled while waiting (the connection is closing)
+            self._discharge((own, shared))
+            raise
         return (own, shared)
 
     def _discharge(self, charge: tuple[int, int]) -> None:
