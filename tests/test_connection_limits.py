@@ -70,6 +70,17 @@ def test_an_explicit_limit_the_fd_limit_cannot_hold_stops_start_up() -> None:
     assert connection_limit(BrokerConfig()) >= 64  # the default shrinks to fit instead
 
 
+def test_the_default_fits_a_low_file_descriptor_limit(monkeypatch) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))
+    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)
+    assert connection_limit(BrokerConfig()) == 768  # a quarter kept for files
+    assert connection_limit(BrokerConfig(max_connections=500)) == 500
+    with pytest.raises(ValueError, match=r"needs 1256 file descriptors \(256 kept"):
+        connection_limit(BrokerConfig(max_connections=1000))
+
+
 async def test_a_frame_sent_too_slowly_closes_its_connection(tmp_path) -> None:
     async with open_broker(tmp_path, request_read_timeout=0.3) as broker:
         slow = await trio.open_tcp_stream(*broker.address)

@@ -545,7 +545,11 @@ def connection_limit(config: BrokerConfig) -> int:
             soft = target
     if soft == resource.RLIM_INFINITY or soft >= need:
         return wanted
-    room = soft - _RESERVED_FDS
+    # Under a low limit (1024 is common), keep a quarter for files rather than 1024.
+    reserve = min(_RESERVED_FDS, soft // 4)
+    room = soft - reserve
+    if wanted <= room:
+        return wanted
     if config.max_connections is None and room >= _MIN_CONNECTIONS:
         log.info(
             "max_connections is %d, not %d: this process may open %d files (ulimit -n); "
@@ -556,9 +560,9 @@ def connection_limit(config: BrokerConfig) -> int:
         )
         return room
     raise ValueError(
-        f"max_connections {wanted} needs {need} file descriptors ({_RESERVED_FDS} kept for "
-        f"logs and the store), but this process may open only {soft} (ulimit -n; hard limit "
-        f"{hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
+        f"max_connections {wanted} needs {wanted + reserve} file descriptors ({reserve} kept "
+        f"for logs and the store), but this process may open only {soft} (ulimit -n; hard "
+        f"limit {hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
     )
 
 
