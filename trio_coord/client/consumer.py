@@ -18,7 +18,11 @@ The application reads records with ``async for record in consumer`` or
 :meth:`Consumer.getmany`. A StopFetchers first stops handing out records of
 the partitions (none is handed out after ``on_revoked`` returns), then calls
 ``on_revoked``, then hands back what the application has *consumed* (see
-``_fetcher``). In a cooperative group a StopFetchers names just the
+``_fetcher``). An application that has not asked for records within
+``max_poll_interval`` loses its place the same way, cleanly: the consumer
+revokes, leaves the group saying why, and rejoins when it is asked again.
+Joining when the block is entered gives up after ``api_timeout``. In a
+cooperative group a StopFetchers names just the
 partitions that move away and the rest keep flowing, and an incremental
 StartFetchers adds partitions (``on_assigned`` hears only of those). A
 consumer may bring assignors of its own: it computes the group's
@@ -306,7 +310,13 @@ class Consumer(EnterOnce):
     async def _run_for_block(self) -> AsyncIterator[Consumer]:
         with unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
-                cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                cluster = ClusterView(
+                    self._bootstrap,
+                    nursery,
+                    name=self.client_id,
+                    timeout=self.api_timeout,
+                    timeout_setting="api_timeout",
+                )
                 self._fetcher.attach(cluster)
                 nursery.start_soon(self._fetcher.run)
                 if self.static_partitions is not None:
@@ -1038,6 +1048,17 @@ def open_consumer(
 
     ``bootstrap`` is ``"host:port[,host:port...]"``. Options (with defaults):
     ``session_timeout=10.0`` and ``rebalance_timeout=30.0`` seconds,
+    ``max_poll_interval=300.0`` seconds (Kafka's ``max.poll.interval.ms``:
+    if the application has not asked for records for this long, not
+    counting the time it waits inside a call, the consumer revokes its
+    partitions, calling ``on_revoked``, and leaves the group so that they go
+    to other members at once; the next request for records rejoins, and
+    until then :meth:`Consumer.commit` raises UnknownMemberError saying so),
+    ``request_timeout=30.0`` seconds (the longest wait for one answer) and
+    ``api_timeout=60.0`` seconds (Kafka's ``default.api.timeout.ms``: the
+    longest the join on entering the block, or finding the coordinator for
+    a commit, may take; then RequestTimedOutError names every broker
+    address that could not be reached and why),
     ``auto_commit=True``, ``offset_reset="latest"`` (or ``"earliest"``,
     ``"none"``), ``rebalance_protocol="eager"`` (or ``"cooperative"``:
     rebalances stop only the partitions that move, and the callbacks hear
@@ -1054,9 +1075,11 @@ def open_consumer(
 
     The block is entered once the consumer has joined (use
     :meth:`Consumer.wait_assigned` for its partitions); while no broker is
-    reachable it keeps retrying, so bound it with ``trio.fail_after`` if you
-    must. A setting the broker refuses (say, a session timeout outside its
-    limits) raises the typed error at once. Leaving the block leaves the
+    reachable it keeps retrying, for at most ``api_timeout``. Once in the
+    block, a consumer whose coordinator becomes unreachable keeps trying to
+    rejoin until the block ends (its partitions are dropped when its lease
+    runs out). A setting the broker refuses (say, a session timeout outside
+    its limits) raises the typed error at once. Leaving the block leaves the
     group cleanly. (The :class:`Consumer` this returns is itself the async
     context manager, so callbacks can refer to it before it is entered.)
     """
