@@ -499,7 +499,8 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         on_assigned=lambda ps: emit("assigned", ps),
         on_revoked=lambda ps: emit("revoked", ps),
         on_lost=lambda ps: emit("lost", ps),
-        **_timeouts(args),
+        api_timeout=args.timeout,
+        request_timeout=min(30.0, args.timeout),
     )
     async with consumer:
         emit("joined", pid=os.getpid())
