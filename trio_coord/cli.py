@@ -120,15 +120,15 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
 # -- commands ------------------------------------------------------------------------------
 
 
+def _timeouts(args: argparse.Namespace) -> dict[str, float]:
+    """``--timeout`` as the deadlines of an admin client: each wait at most that long."""
+    return {"api_timeout": args.timeout, "request_timeout": min(30.0, args.timeout)}
+
+
 async def _ask_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[_T]]) -> _T:
-    """Run one admin call against ``--bootstrap``; give up after ``--timeout`` seconds."""
-    with trio.move_on_after(args.timeout):
-        async with open_admin(args.bootstrap) as admin:
-            return await call(admin)
-    raise UsageError(
-        f"no broker answered at {args.bootstrap} within {args.timeout:g}s; "
-        "is one running? (start one with: trio-coord broker)"
-    )
+    """Run one admin call against ``--bootstrap``; no wait in it lasts over ``--timeout`` s."""
+    async with open_admin(args.bootstrap, **_timeouts(args)) as admin:
+        return await call(admin)
 
 
 def _say(args: argparse.Namespace, as_json: Any, text: str) -> None:
@@ -424,7 +424,14 @@ async def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
 async def cmd_produce(args: argparse.Namespace) -> None:
     """Send each line of stdin as one record."""
     sent = 0
-    async with open_producer(args.bootstrap, compression=args.compression) as producer:
+    async with open_producer(
+        args.bootstrap,
+        compression=args.compression,
+        delivery_timeout=args.timeout,
+        max_block=args.timeout,
+        request_timeout=min(30.0, args.timeout),
+        close_timeout=args.timeout,
+    ) as producer:
         deliveries: list[Delivery] = []
         stdin = trio.wrap_file(sys.stdin)
         async for line in stdin:
@@ -500,10 +507,12 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         on_assigned=lambda ps: emit("assigned", ps),
         on_revoked=lambda ps: emit("revoked", ps),
         on_lost=lambda ps: emit("lost", ps),
+        api_timeout=args.timeout,
+        request_timeout=min(30.0, args.timeout),
     )
     async with consumer:
         emit("joined", pid=os.getpid())
-        async with open_admin(args.bootstrap) as admin:
+        async with open_admin(args.bootstrap, **_timeouts(args)) as admin:
             existing = {t.name for t in await admin.list_topics()}
         for topic in sorted(t for t in set(args.topics) - existing if not t.startswith("re:")):
             print(
@@ -578,10 +587,21 @@ def _add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> 
     if timeout:
         p.add_argument(
             "--timeout",
-            type=float,
+            type=_positive_seconds,
             default=10.0,
+            metavar="SECONDS",
             help="give up if no broker answers within this many seconds (default: %(default)s)",
         )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -911,6 +931,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compression", choices=["zlib", "lzma"], help="compress batches (default: none)"
     )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="fail if a record is not stored within this many seconds, or no broker answers "
+        "within it (default: %(default)s)",
+    )
     _add_client_options(p, timeout=False)
     p.set_defaults(func=cmd_produce)
 
@@ -982,6 +1010,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="leave the group after N records (N >= 1)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="fail if the group cannot be joined within this many seconds; once joined, the "
+        "consumer keeps reconnecting to its coordinator until stopped (default: %(default)s)",
     )
     _add_client_options(p, timeout=False)
     p.set_defaults(func=cmd_consume)

@@ -4,7 +4,8 @@
 joins a group, obeys its coordinator and fetches the partitions it owns (or
 reads fixed partitions); ``open_admin`` manages topics, groups and offsets.
 All find brokers through a bootstrap list and retry with backoff while none
-answers.
+answers, up to a deadline, after which the error names every address they
+could not reach and why.
 """
 
 from .admin import Admin, PartitionLag, open_admin

@@ -15,12 +15,13 @@ import logging
 
 import trio
 
-from ..protocol.connection import Connection, connect_tcp
+from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
     CoordinatorNotAvailableError,
     NotLeaderForPartitionError,
+    RequestTimedOutError,
     UnknownTopicError,
 )
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
@@ -51,8 +52,12 @@ class ClusterView:
         *,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         name: str = "client",
+        timeout: float = 60.0,
+        timeout_setting: str = "",
     ) -> None:
         self._bootstrap = bootstrap
+        self._timeout = timeout  # how long one metadata lookup may retry
+        self._timeout_setting = timeout_setting  # the option that set it, for the error
         self._nursery = nursery
         self._max_frame_size = max_frame_size
         self._name = name
@@ -64,8 +69,14 @@ class ClusterView:
     # -- metadata ----------------------------------------------------------------------
 
     async def refresh(self, topics: list[str]) -> None:
-        """Ask for fresh metadata about ``topics`` (retrying while no broker answers)."""
-        self._update(await self._bootstrap.metadata(MetadataRequest(sorted(set(topics)))))
+        """Ask for fresh metadata about ``topics`` (retrying while no broker answers).
+
+        Raises RequestTimedOutError, naming the brokers it could not reach,
+        once no broker has answered for the view's ``timeout``.
+        """
+        request = MetadataRequest(sorted(set(topics)))
+        with self._bootstrap.fail_after(self._timeout, "no broker answered", self._timeout_setting):
+            self._update(await self._bootstrap.metadata(request))
 
     def _update(self, response: MetadataResponse) -> None:
         self._brokers = {b.broker_id: b for b in response.brokers}
@@ -150,7 +161,7 @@ class ClusterView:
         """
         try:
             return await self._connect(broker)
-        except ConnectionClosedError:
+        except (ConnectionClosedError, RequestTimedOutError):
             with contextlib.suppress(CoordError), trio.move_on_after(_REFRESH_TIMEOUT):
                 self._update(
                     await self._bootstrap.metadata_once(MetadataRequest(sorted(self._topics)))
@@ -170,7 +181,7 @@ class ClusterView:
             conn = self._conns.get(address)
             if conn is not None and not conn.closed:
                 return conn
-            stream = await connect_tcp(*address)
+            stream = await self._bootstrap.connect(address)  # (within request_timeout)
             conn = Connection(
                 stream,
                 max_frame_size=self._max_frame_size,

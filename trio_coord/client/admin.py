@@ -24,6 +24,7 @@ from ..protocol.errors import (
     ConnectionClosedError,
     CoordinatorNotAvailableError,
     NotCoordinatorError,
+    RequestTimedOutError,
 )
 from ..protocol.messages import (
     LATEST,
@@ -97,28 +98,47 @@ _MOVED = (
 class Admin:
     """Administrative operations on a cluster; create it with :func:`open_admin`."""
 
-    def __init__(self, bootstrap: Bootstrap, conn: Connection, cluster: ClusterView) -> None:
+    def __init__(
+        self,
+        bootstrap: Bootstrap,
+        conn: Connection,
+        cluster: ClusterView,
+        *,
+        api_timeout: float = 60.0,
+    ) -> None:
         self._bootstrap = bootstrap
         self._conn = conn
         self._cluster = cluster
+        self._api_timeout = api_timeout
 
     async def _ask(
         self, request: RequestBody, expected: type[_R], conn: Connection | None = None
     ) -> _R:
-        response = await (conn or self._conn).request(request)
-        assert isinstance(response, expected), f"unexpected answer {response!r}"
-        return response
+        conn = conn or self._conn
+        timeout = self._bootstrap.request_timeout
+        with trio.move_on_after(timeout):
+            response = await conn.request(request)
+            assert isinstance(response, expected), f"unexpected answer {response!r}"
+            return response
+        raise RequestTimedOutError(
+            f"{conn.name} did not answer {type(request).__name__} within request_timeout "
+            f"({timeout:g}s); is the broker overloaded or stuck? (see its log)"
+        )
 
     async def _ask_coordinator(self, group_id: str, request: RequestBody, expected: type[_R]) -> _R:
-        """Ask the group's coordinator, finding it again while it moves (a cluster's failover)."""
+        """Ask the group's coordinator, finding it again while it moves (a cluster's failover),
+        for at most ``api_timeout``."""
         backoff = Backoff()
-        while True:
-            coordinator = await self._bootstrap.find_coordinator(group_id)
-            try:
-                async with open_connection(coordinator.host, coordinator.port) as conn:
-                    return await self._ask(request, expected, conn)
-            except _MOVED:
-                await backoff.sleep()
+        what = f"the coordinator of group {group_id!r} did not answer"
+        with self._bootstrap.fail_after(self._api_timeout, what, "api_timeout"):
+            while True:
+                coordinator = await self._bootstrap.find_coordinator(group_id)
+                try:
+                    async with open_connection(coordinator.host, coordinator.port) as conn:
+                        return await self._ask(request, expected, conn)
+                except _MOVED:
+                    await backoff.sleep()
+        raise AssertionError("unreachable")  # (fail_after raises when the time is up)
 
     # -- cluster and topics ------------------------------------------------------------
 
@@ -279,22 +299,33 @@ class Admin:
 
 
 @asynccontextmanager
-async def open_admin(bootstrap: str | Sequence[str]) -> AsyncIterator[Admin]:
+async def open_admin(
+    bootstrap: str | Sequence[str], *, request_timeout: float = 30.0, api_timeout: float = 60.0
+) -> AsyncIterator[Admin]:
     """Connect to a bootstrap broker for administrative calls, for the life of the block.
 
-    Retries with backoff while no bootstrap broker accepts a connection;
-    bound it with ``trio.fail_after`` to give up.
+    Retries with backoff while no bootstrap broker accepts a connection, for
+    at most ``api_timeout`` seconds (Kafka's ``default.api.timeout.ms``), then
+    raises RequestTimedOutError naming every address it could not reach and
+    why. Each request waits at most ``request_timeout`` for its answer;
+    finding a group's coordinator (or topic metadata) retries for at most
+    ``api_timeout``.
     """
-    boot = Bootstrap(bootstrap)
-    stream, (host, port) = await boot.connect_any()
+    if not api_timeout > 0:
+        raise ValueError(f"api_timeout must be positive (seconds), not {api_timeout}")
+    boot = Bootstrap(bootstrap, request_timeout=request_timeout)
+    with boot.fail_after(api_timeout, "no broker accepted a connection", "api_timeout"):
+        stream, (host, port) = await boot.connect_any()
     with unwrap_lone_exception():
         async with (
             serving(Connection(stream, name=f"{host}:{port}")) as conn,
             trio.open_nursery() as nursery,
         ):
-            cluster = ClusterView(boot, nursery, name="admin")
+            cluster = ClusterView(
+                boot, nursery, name="admin", timeout=api_timeout, timeout_setting="api_timeout"
+            )
             try:
-                yield Admin(boot, conn, cluster)
+                yield Admin(boot, conn, cluster, api_timeout=api_timeout)
             finally:
                 await cluster.aclose()
                 nursery.cancel_scope.cancel()

@@ -18,7 +18,11 @@ The application reads records with ``async for record in consumer`` or
 :meth:`Consumer.getmany`. A StopFetchers first stops handing out records of
 the partitions (none is handed out after ``on_revoked`` returns), then calls
 ``on_revoked``, then hands back what the application has *consumed* (see
-``_fetcher``). In a cooperative group a StopFetchers names just the
+``_fetcher``). An application that has not asked for records within
+``max_poll_interval`` loses its place the same way, cleanly: the consumer
+revokes, leaves the group saying why, and rejoins when it is asked again.
+Joining when the block is entered gives up after ``api_timeout``. In a
+cooperative group a StopFetchers names just the
 partitions that move away and the rest keep flowing, and an incremental
 StartFetchers adds partitions (``on_assigned`` hears only of those). A
 consumer may bring assignors of its own: it computes the group's
@@ -52,7 +56,7 @@ from trio_util import AsyncValue
 from .._aio import EnterOnce, unwrap_lone_exception
 from ..core.assignors import Assignor, GroupSpec, MemberSpec, make_registry
 from ..core.group import OFFSET_RESET_POLICIES, REBALANCE_PROTOCOLS
-from ..protocol.connection import Connection, RequestHandler, open_connection
+from ..protocol.connection import Connection, RequestHandler, serving
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
@@ -194,6 +198,9 @@ class Consumer(EnterOnce):
         fetch_max_wait: float = 0.5,
         fetch_min_bytes: int = 1,
         max_partition_fetch_bytes: int = 1024 * 1024,
+        max_poll_interval: float = 300.0,
+        request_timeout: float = 30.0,
+        api_timeout: float = 60.0,
     ) -> None:
         self.topics = sorted(set([topics] if isinstance(topics, str) else topics))
         self.static_partitions = (
@@ -215,6 +222,13 @@ class Consumer(EnterOnce):
             )
         if session_timeout <= 0 or rebalance_timeout <= 0:
             raise ValueError("session_timeout and rebalance_timeout must be positive (seconds)")
+        for name, value in (
+            ("max_poll_interval", max_poll_interval),
+            ("request_timeout", request_timeout),
+            ("api_timeout", api_timeout),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive (seconds), not {value}")
         if offset_reset not in OFFSET_RESET_POLICIES:
             raise ValueError(
                 f"offset_reset must be one of {', '.join(OFFSET_RESET_POLICIES)}, "
@@ -245,10 +259,13 @@ class Consumer(EnterOnce):
         self.instance_id = instance_id or ""
         self.user_data = user_data
         self.client_id = client_id
+        self.max_poll_interval = max_poll_interval
+        self.request_timeout = request_timeout
+        self.api_timeout = api_timeout
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._on_lost = on_lost
-        self._bootstrap = Bootstrap(bootstrap)
+        self._bootstrap = Bootstrap(bootstrap, request_timeout=request_timeout)
         self.member_id = ""
         self.generation = -1
         self._state = AsyncValue(ConsumerState.UNJOINED)
@@ -257,7 +274,11 @@ class Consumer(EnterOnce):
         # carried them may have been dropped by a rebalance restarted meanwhile.
         self._handed_back: list[PartitionOffset] = []
         self._fetch_settings = FetchSettings(
-            offset_reset, fetch_max_wait, fetch_min_bytes, max_partition_fetch_bytes
+            offset_reset,
+            fetch_max_wait,
+            fetch_min_bytes,
+            max_partition_fetch_bytes,
+            request_timeout,
         )
         self._fetcher = Fetcher(self._fetch_settings)
         self._lease_end = -math.inf
@@ -274,6 +295,13 @@ class Consumer(EnterOnce):
         self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
         self._started = False
         self._tasks = trio.CancelScope()
+        # The poll clock (max_poll_interval): while no application task is asking for
+        # records, it must ask again by _poll_deadline, or the consumer leaves the group.
+        self._asking = 0  # application calls waiting for records right now
+        self._poll_deadline = math.inf
+        self._poll_moved = trio.Event()
+        self._poll_left = False  # left for the poll interval; rejoins when asked again
+        self._asked_again = trio.Event()
 
     def __repr__(self) -> str:
         return f"<Consumer {self.group_id}/{self.member_id or '?'} {self.state}>"
@@ -282,7 +310,13 @@ class Consumer(EnterOnce):
     async def _run_for_block(self) -> AsyncIterator[Consumer]:
         with unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
-                cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                cluster = ClusterView(
+                    self._bootstrap,
+                    nursery,
+                    name=self.client_id,
+                    timeout=self.api_timeout,
+                    timeout_setting="api_timeout",
+                )
                 self._fetcher.attach(cluster)
                 nursery.start_soon(self._fetcher.run)
                 if self.static_partitions is not None:
@@ -290,7 +324,10 @@ class Consumer(EnterOnce):
                     if self.group_id and self.auto_commit:
                         nursery.start_soon(self._auto_commit_standalone)
                 else:
-                    await nursery.start(self._run)
+                    what = f"the consumer could not join group {self.group_id!r}"
+                    with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
+                        await nursery.start(self._run)
+                    self._move_poll_deadline(trio.current_time() + self.max_poll_interval)
                 clean = False
                 try:
                     yield self
@@ -414,7 +451,7 @@ class Consumer(EnterOnce):
         Coming back for the next record marks the previous one consumed: it
         is what auto-commit, :meth:`commit` and a rebalance hand on.
         """
-        return (await self._engine().next_records(1))[0]
+        return (await self._records(1))[0]
 
     async def getone(self) -> ConsumerRecord:
         """The next record (the same as ``await anext(consumer)``)."""
@@ -428,7 +465,36 @@ class Consumer(EnterOnce):
         """
         if max_records < 1:
             raise ValueError("max_records must be at least 1")
-        return await self._engine().next_records(max_records)
+        return await self._records(max_records)
+
+    async def _records(self, limit: int) -> list[ConsumerRecord]:
+        """Every way of reading records comes here: it keeps the poll clock.
+
+        While an application task waits in here the clock stands still; once
+        none does, the application must ask again within ``max_poll_interval``
+        (see :meth:`_poll_watchdog`). Asking again after the consumer left for
+        that reason makes it rejoin; this call then waits for records of its
+        new assignment, as it would after any rebalance.
+        """
+        if self._poll_left and not self._asked_again.is_set():
+            log.info(
+                "consumer of %s: the application asks for records again; rejoining the group",
+                self.group_id,
+            )
+            self._asked_again.set()
+        self._asking += 1
+        self._move_poll_deadline(math.inf)
+        try:
+            return await self._engine().next_records(limit)
+        finally:
+            self._asking -= 1
+            if not self._asking:
+                self._move_poll_deadline(trio.current_time() + self.max_poll_interval)
+
+    def _move_poll_deadline(self, when: float) -> None:
+        self._poll_deadline = when
+        self._poll_moved.set()
+        self._poll_moved = trio.Event()
 
     async def batches(self, max_records: int = 500) -> AsyncIterator[list[ConsumerRecord]]:
         """``async for batch in consumer.batches()``: :meth:`getmany` in a loop."""
@@ -446,12 +512,15 @@ class Consumer(EnterOnce):
         if self._lifetime is None or self._left:
             raise UnknownMemberError("use the consumer inside its async with block")
         if self._conn is None or self._conn.closed:
-            coordinator = await self._bootstrap.find_coordinator(self.group_id)
+            what = f"no coordinator of group {self.group_id!r} was found"
+            with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
+                coordinator = await self._bootstrap.find_coordinator(self.group_id)
             self._conn = await self._fetcher.cluster.connection(coordinator)
             self.member_id, self.generation = "", -1  # a standalone committer
         return self._conn
 
     def _coordinator(self) -> Connection:
+        self._check_poll_membership()
         if self._lifetime is None or self._left:
             raise UnknownMemberError(
                 "the consumer has left its group (or has not joined it yet): use it inside "
@@ -483,6 +552,7 @@ class Consumer(EnterOnce):
         (retriable) while the consumer reconnects to its coordinator, and
         :class:`~trio_coord.UnknownMemberError` outside its ``async with`` block.
         """
+        self._check_poll_membership()
         if offsets is None:
             engine = self._engine()
             engine.mark_consumed()
@@ -492,14 +562,15 @@ class Consumer(EnterOnce):
         if not items:
             return
         conn = await self._committer()
-        await conn.request(
+        await self._request(
+            conn,
             OffsetCommitRequest(
                 self.group_id,
                 self.member_id,
                 self.generation,
                 [PartitionOffset(tp.topic, tp.partition, off) for tp, off in sorted(items)],
                 allow_regression,
-            )
+            ),
         )
 
     async def committed(
@@ -508,9 +579,30 @@ class Consumer(EnterOnce):
         """The group's committed offsets (default: for this consumer's assignment)."""
         wanted = sorted(TopicPartition(*tp) for tp in (partitions or self._assignment))
         conn = await self._committer()
-        response = await conn.request(OffsetFetchRequest(self.group_id, wanted))
+        response = await self._request(conn, OffsetFetchRequest(self.group_id, wanted))
         assert isinstance(response, OffsetFetchResponse)
         return {o.tp: o.offset for o in response.offsets}
+
+    async def _request(self, conn: Connection, body: RequestBody) -> ResponseBody | None:
+        """``conn.request(body)``, waiting at most ``request_timeout`` for the answer."""
+        with trio.move_on_after(self.request_timeout):
+            return await conn.request(body)
+        raise RequestTimedOutError(
+            f"{conn.name} did not answer {type(body).__name__} within request_timeout "
+            f"({self.request_timeout:g}s); retry, and see the broker's log if it persists"
+        )
+
+    def _check_poll_membership(self) -> None:
+        """Commits after leaving for ``max_poll_interval`` fail, saying so (as Kafka's do)."""
+        if self._poll_left and self._left:
+            raise UnknownMemberError(
+                f"this consumer left group {self.group_id!r} because the application did not "
+                f"ask for records within max_poll_interval ({self.max_poll_interval:g}s): its "
+                "partitions may belong to another member now, which delivers the records not "
+                "handed back again. Ask for records to rejoin; to stay in the group, process "
+                "each batch faster, lower the batch (getmany(max_records=...)) or raise "
+                "max_poll_interval"
+            )
 
     # -- answering the coordinator -----------------------------------------------------------
 
@@ -700,15 +792,21 @@ class Consumer(EnterOnce):
         with self._tasks, unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watchdog)
+                nursery.start_soon(self._poll_watchdog)
                 while True:
                     if self._assignor_failure is not None:  # (left, or lost the connection)
                         raise self._assignor_failure
+                    if self._poll_left:  # left for max_poll_interval: rejoin once asked again
+                        await self._asked_again.wait()
+                        self._poll_left = self._left = False
+                        self.member_id = ""
                     with trio.CancelScope() as self._session_scope:
                         try:
                             await self._session(task_status)
                         except _AssignorFailed as exc:
                             raise exc.error from None
                         except _Reconnect as exc:
+                            self._bootstrap.saw(exc)
                             log.info("consumer %s: %s; rejoining", self.member_id or "?", exc)
                             if exc.forget_member:
                                 await self._lose(str(exc))
@@ -725,6 +823,7 @@ class Consumer(EnterOnce):
                         except CoordError as exc:
                             if not exc.retriable:
                                 raise  # a setting the broker refuses: tell the application
+                            self._bootstrap.saw(exc)
                             log.info("consumer %s: %s; reconnecting", self.member_id or "?", exc)
                     self._conn = None
                     self._member_ready = trio.Event()
@@ -732,9 +831,13 @@ class Consumer(EnterOnce):
 
     async def _session(self, task_status: trio.TaskStatus[None]) -> None:
         """One connection to the coordinator: join, then heartbeat until it breaks."""
-        coordinator = await self._bootstrap.find_coordinator(self.group_id)
+        what = f"no coordinator of group {self.group_id!r} was found"
+        with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
+            coordinator = await self._bootstrap.find_coordinator(self.group_id)
+        stream = await self._bootstrap.connect((coordinator.host, coordinator.port))
+        conn = Connection(stream, self._handler, name=coordinator.address)
         with unwrap_lone_exception():
-            async with open_connection(coordinator.host, coordinator.port, self._handler) as conn:
+            async with serving(conn):
                 self._conn = conn
                 await self._join(conn)
                 if not self._started:
@@ -757,7 +860,8 @@ class Consumer(EnterOnce):
         while True:
             sent_at = trio.current_time()
             try:
-                response = await conn.request(
+                response = await self._request(
+                    conn,
                     JoinGroupRequest(
                         self.group_id,
                         self.member_id,
@@ -772,7 +876,7 @@ class Consumer(EnterOnce):
                         self.instance_id,
                         self.user_data,
                         sorted(self._local_assignors),
-                    )
+                    ),
                 )
             except UnknownMemberError as exc:
                 raise _Reconnect(str(exc), forget_member=True) from None
@@ -828,6 +932,50 @@ class Consumer(EnterOnce):
                 if self._session_scope is not None:
                     self._session_scope.cancel()
             await self._lease_moved.wait()
+
+    async def _poll_watchdog(self) -> None:
+        """Leave the group once the application has not asked for records within
+        ``max_poll_interval`` (Kafka's ``max.poll.interval.ms``).
+
+        Heartbeats run on their own task, so without this an application that
+        stopped reading (stuck, or processing one batch for too long) would
+        keep its partitions, and no one would consume them. The consumer
+        revokes them cleanly (``on_revoked``; the positions consumed so far
+        are handed back), leaves with a reason that says why, so the group
+        rebalances at once, and rejoins when the application asks again.
+        """
+        while True:
+            moved = self._poll_moved
+            with trio.move_on_at(self._poll_deadline):
+                await moved.wait()
+                continue
+            await self._leave_for_poll_interval()
+            await self._asked_again.wait()
+
+    async def _leave_for_poll_interval(self) -> None:
+        log.warning(
+            "consumer %s of group %s: the application has not asked for records for %gs "
+            "(max_poll_interval); leaving the group so that its %d partition(s) go to other "
+            "members. It rejoins when the application asks for records again. If processing "
+            "a batch takes this long, process faster, lower the batch "
+            "(getmany(max_records=...)) or raise max_poll_interval",
+            self.member_id or "?",
+            self.group_id,
+            self.max_poll_interval,
+            len(self._assignment),
+        )
+        self._asked_again = trio.Event()
+        self._poll_left = True
+        with trio.move_on_after(_LEAVE_TIMEOUT):
+            await self._leave(
+                reason="the application did not ask for records within max_poll_interval "
+                f"({self.max_poll_interval:g}s)"
+            )
+        self._left = True
+        if self._assignment:  # not connected, so not left cleanly: what it had is lost
+            await self._lose("the application did not ask for records within max_poll_interval")
+        if self._session_scope is not None:
+            self._session_scope.cancel()
 
     async def _leave(self, *, reason: str = "") -> None:
         """Revoke, hand the positions back and leave the group (a static member, closing,
@@ -900,6 +1048,17 @@ def open_consumer(
 
     ``bootstrap`` is ``"host:port[,host:port...]"``. Options (with defaults):
     ``session_timeout=10.0`` and ``rebalance_timeout=30.0`` seconds,
+    ``max_poll_interval=300.0`` seconds (Kafka's ``max.poll.interval.ms``:
+    if the application has not asked for records for this long, not
+    counting the time it waits inside a call, the consumer revokes its
+    partitions, calling ``on_revoked``, and leaves the group so that they go
+    to other members at once; the next request for records rejoins, and
+    until then :meth:`Consumer.commit` raises UnknownMemberError saying so),
+    ``request_timeout=30.0`` seconds (the longest wait for one answer) and
+    ``api_timeout=60.0`` seconds (Kafka's ``default.api.timeout.ms``: the
+    longest the join on entering the block, or finding the coordinator for
+    a commit, may take; then RequestTimedOutError names every broker
+    address that could not be reached and why),
     ``auto_commit=True``, ``offset_reset="latest"`` (or ``"earliest"``,
     ``"none"``), ``rebalance_protocol="eager"`` (or ``"cooperative"``:
     rebalances stop only the partitions that move, and the callbacks hear
@@ -916,9 +1075,11 @@ def open_consumer(
 
     The block is entered once the consumer has joined (use
     :meth:`Consumer.wait_assigned` for its partitions); while no broker is
-    reachable it keeps retrying, so bound it with ``trio.fail_after`` if you
-    must. A setting the broker refuses (say, a session timeout outside its
-    limits) raises the typed error at once. Leaving the block leaves the
+    reachable it keeps retrying, for at most ``api_timeout``. Once in the
+    block, a consumer whose coordinator becomes unreachable keeps trying to
+    rejoin until the block ends (its partitions are dropped when its lease
+    runs out). A setting the broker refuses (say, a session timeout outside
+    its limits) raises the typed error at once. Leaving the block leaves the
     group cleanly. (The :class:`Consumer` this returns is itself the async
     context manager, so callbacks can refer to it before it is entered.)
     """

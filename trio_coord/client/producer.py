@@ -36,6 +36,7 @@ import trio
 
 from .._aio import EnterOnce, unwrap_lone_exception
 from ..protocol.errors import (
+    ConnectionClosedError,
     CoordError,
     NotLeaderForPartitionError,
     RecordTooLargeError,
@@ -165,6 +166,7 @@ class Producer(EnterOnce):
         compression: str | None = None,
         delivery_timeout: float = 120.0,
         request_timeout: float = 30.0,
+        max_block: float = 60.0,
         close_timeout: float = 30.0,
         client_id: str = "trio-coord-producer",
     ) -> None:
@@ -182,10 +184,11 @@ class Producer(EnterOnce):
         for name, value in (
             ("delivery_timeout", delivery_timeout),
             ("request_timeout", request_timeout),
+            ("max_block", max_block),
             ("close_timeout", close_timeout),
         ):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive (seconds)")
+            if not value > 0:
+                raise ValueError(f"{name} must be positive (seconds), not {value}")
         self.linger = linger
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
@@ -194,9 +197,10 @@ class Producer(EnterOnce):
         self.compression = compression
         self.delivery_timeout = delivery_timeout
         self.request_timeout = request_timeout
+        self.max_block = max_block
         self.close_timeout = close_timeout
         self.client_id = client_id
-        self._bootstrap = Bootstrap(bootstrap)
+        self._bootstrap = Bootstrap(bootstrap, request_timeout=request_timeout)
         self._cluster: ClusterView | None = None
         self._nursery: trio.Nursery | None = None
         self._queues: dict[TopicPartition, _PartitionQueue] = {}
@@ -221,7 +225,13 @@ class Producer(EnterOnce):
             with unwrap_lone_exception():
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    self._cluster = ClusterView(self._bootstrap, nursery, name=self.client_id)
+                    self._cluster = ClusterView(
+                        self._bootstrap,
+                        nursery,
+                        name=self.client_id,
+                        timeout=self.max_block,
+                        timeout_setting="max_block",
+                    )
                     try:
                         yield self
                     finally:
@@ -274,8 +284,8 @@ class Producer(EnterOnce):
         ``value`` and ``key`` are bytes (str is UTF-8 encoded) or None;
         ``partition`` overrides the partitioner; ``timestamp`` (seconds since
         the epoch) defaults to now. Raises UnknownTopicError,
-        RecordTooLargeError, or the broker's typed error if the record could
-        not be stored within ``delivery_timeout``.
+        RecordTooLargeError, the broker's typed error, or RequestTimedOutError
+        if the record could not be stored within ``delivery_timeout``.
         """
         delivery = await self.enqueue(
             topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp
@@ -294,8 +304,10 @@ class Producer(EnterOnce):
     ) -> Delivery:
         """Add a record to its partition's batch and return its :class:`Delivery` at once.
 
-        Waits only while the producer's buffer (``buffer_bytes``) is full
-        (and, like every Trio call, lets other tasks run).
+        Waits only for the topic's metadata (the first time) and while the
+        producer's buffer (``buffer_bytes``) is full, each at most
+        ``max_block`` seconds (then RequestTimedOutError: not enqueued), and,
+        like every Trio call, lets other tasks run.
         Arguments are as for :meth:`send`; errors about the record itself
         (unknown topic or partition, too large) are raised here.
         """
@@ -323,9 +335,17 @@ class Producer(EnterOnce):
         ts_ms = round((time.time() if timestamp is None else timestamp) * 1000)
         if ts_ms < 0:
             raise ValueError(f"timestamp {timestamp} is before the epoch")
-        while self._buffered + size > self.buffer_bytes and self._buffered > 0:
-            self._space = trio.Event() if self._space.is_set() else self._space
-            await self._space.wait()
+        with trio.move_on_after(self.max_block) as waiting:
+            while self._buffered + size > self.buffer_bytes and self._buffered > 0:
+                self._space = trio.Event() if self._space.is_set() else self._space
+                await self._space.wait()
+        if waiting.cancelled_caught:
+            raise RequestTimedOutError(
+                f"the producer's buffer (buffer_bytes={self.buffer_bytes}) stayed full for "
+                f"max_block ({self.max_block:g}s): records are enqueued faster than the "
+                "brokers store them; await deliveries (or flush) before enqueuing more, or "
+                "raise buffer_bytes or max_block"
+            )
         delivery = Delivery(tp, ts_ms)
         queue = self._queues.get(tp)
         if queue is None:
@@ -431,7 +451,7 @@ class Producer(EnterOnce):
         )
         backoff = Backoff(initial=0.05, maximum=1.0)
         error: BaseException | None = None
-        with trio.move_on_at(batch.created + self.delivery_timeout):
+        with trio.move_on_at(batch.created + self.delivery_timeout) as deadline:
             while True:
                 try:
                     base = await self._send_once(tp, request)
@@ -449,10 +469,12 @@ class Producer(EnterOnce):
                 error = None
                 self.batches_sent += 1
                 break
-        if error is None and not all(d.done for d in batch.deliveries):
-            error = RequestTimedOutError(
-                f"the batch for {tp} was not stored within delivery_timeout "
-                f"({self.delivery_timeout:g}s)"
+        if deadline.cancelled_caught:  # (a retriable error is only the last of many)
+            error = self._bootstrap.deadline_error(
+                f"{len(batch.deliveries)} record(s) for {tp} were not stored",
+                self.delivery_timeout,
+                "delivery_timeout",
+                error,
             )
         if error is not None:
             self._resolve_failed(batch, error)
@@ -475,15 +497,19 @@ class Producer(EnterOnce):
         async with slots:
             conn = await self._cluster.connection(broker)
             with trio.move_on_after(self.request_timeout):
-                response = await conn.request(request)
+                try:
+                    response = await conn.request(request)
+                except ConnectionClosedError as exc:
+                    self._bootstrap.failed(address, str(exc))
+                    raise
                 assert isinstance(response, ProduceResponse)
+                self._bootstrap.answered(address)
                 return response.base_offset
         # The answer may yet arrive; not knowing, the batch is sent again (at least once).
         await conn.aclose()
-        raise RequestTimedOutError(
-            f"{broker.address} did not answer a produce within request_timeout "
-            f"({self.request_timeout:g}s)"
-        )
+        why = f"no answer to a produce within request_timeout ({self.request_timeout:g}s)"
+        self._bootstrap.failed(address, why)
+        raise RequestTimedOutError(f"{broker.address} gave {why}")
 
     def _settle(self, batch: _Batch) -> None:
         self._buffered -= batch.size
@@ -513,5 +539,15 @@ def open_producer(bootstrap: str | Sequence[str], **options: Any) -> Producer:
     ``"zlib"`` or ``"lzma"``), ``delivery_timeout=120`` s,
     ``request_timeout=30`` s, ``close_timeout=30`` s (how long leaving the
     block waits for records still in flight) and ``client_id``.
+
+    Deadlines (Kafka's ``delivery.timeout.ms``, ``request.timeout.ms`` and
+    ``max.block.ms``): a record not stored within ``delivery_timeout`` of
+    being enqueued (retries included) fails its :class:`Delivery` with
+    :class:`~trio_coord.RequestTimedOutError`, naming every broker address
+    that could not be reached and why; each produce request (and each
+    connect) waits at most ``request_timeout`` for its answer, then is sent
+    again; :meth:`Producer.enqueue` and :meth:`Producer.send` wait at most
+    ``max_block=60`` s for the topic's metadata and for buffer space, then
+    raise RequestTimedOutError (the record was not enqueued).
     """
     return Producer(bootstrap, **options)
