@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import trio
 
-from ..protocol.connection import Connection, serving
+from ..protocol.connection import Connection, os_reason, serving
 from ..protocol.errors import ConnectionClosedError, CoordError, RequestTimedOutError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
 
-__all__ = ["Backoff", "Bootstrap", "os_reason", "parse_bootstrap"]
+__all__ = ["Backoff", "Bootstrap", "lower_reason", "parse_bootstrap"]
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +58,9 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[Address]:
     return addresses
 
 
-def os_reason(exc: OSError) -> str:
-    """Why a connect failed, in the OS's words, lower-cased (``"connection refused"``).
-
-    Trio reports a failed connect as an OSError naming the address, caused by
-    a group of one error per address tried; the first of those says why.
-    """
-    cause: BaseException = exc
-    while isinstance(cause.__cause__, BaseException):
-        cause = cause.__cause__
-    if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
-        cause = cause.exceptions[0]
-    text = str(cause)
-    if isinstance(cause, OSError):
-        if cause.errno and cause.errno > 0:  # (resolver errors have negative numbers)
-            text = os.strerror(cause.errno)
-        else:
-            text = cause.strerror or str(cause)
+def lower_reason(exc: OSError) -> str:
+    """Why a connect failed, in the OS's words, lower-cased (``"connection refused"``)."""
+    text = os_reason(exc)
     return text[:1].lower() + text[1:]
 
 
@@ -182,7 +167,7 @@ class Bootstrap:
             try:
                 return await trio.open_tcp_stream(host, port)
             except OSError as exc:
-                why = os_reason(exc)
+                why = lower_reason(exc)
                 self.failed(address, why)
                 raise ConnectionClosedError(
                     f"cannot connect to {host}:{port} ({why}); is a broker running there?"

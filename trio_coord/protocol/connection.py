@@ -46,7 +46,14 @@ from .errors import (
 from .framing import DEFAULT_MAX_FRAME_SIZE, SMALL_FRAME, FrameCodec, FrameReader
 from .messages import Goodbye, Request, RequestBody, Response, ResponseBody
 
-__all__ = ["Connection", "RequestHandler", "connect_tcp", "open_connection", "serving"]
+__all__ = [
+    "Connection",
+    "RequestHandler",
+    "connect_tcp",
+    "open_connection",
+    "os_reason",
+    "serving",
+]
 
 log = logging.getLogger(__name__)
 
@@ -382,11 +389,11 @@ async def connect_tcp(host: str, port: int) -> trio.SocketStream:
         return await trio.open_tcp_stream(host, port)
     except OSError as exc:
         raise ConnectionClosedError(
-            f"cannot connect to {host}:{port} ({_reason(exc)}); is a broker running there?"
+            f"cannot connect to {host}:{port} ({os_reason(exc)}); is a broker running there?"
         ) from None
 
 
-def _reason(exc: OSError) -> str:
+def os_reason(exc: OSError) -> str:
     """What went wrong, in the words of the OS ("Connection refused").
 
     Trio reports a failed connect as an OSError naming the address, caused by

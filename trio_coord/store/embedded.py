@@ -918,14 +918,7 @@ class EmbeddedStore(MetadataStore):
         assert self.data_dir is not None
         tmp = self.data_dir / _SNAPSHOT_TMP
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_durably(tmp, data)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
