@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
@@ -87,6 +87,10 @@ class _Partition:
         return self.fetch_offset != NO_OFFSET
 
 
+def _always() -> bool:
+    return True
+
+
 class Fetcher:
     """Fetches owned partitions and hands their records out; see the module docstring."""
 
@@ -103,6 +107,10 @@ class Fetcher:
         self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
+        self.may_hand_out: Callable[[], bool] = _always
+        """Whether records may be handed out now: a group member's lease must hold (its
+        watchdog drops the partitions a moment after it ends; nothing is handed out
+        in between). Waiters are woken by :meth:`wake` when it may again."""
 
     @property
     def cluster(self) -> ClusterView:
@@ -287,8 +295,14 @@ class Fetcher:
                 raise self._errors.pop(0)
             await self._records_ready.wait()
 
+    def wake(self) -> None:
+        """Wake the application tasks waiting for records, to look again."""
+        self._records_arrived()
+
     def _take(self, limit: int) -> list[ConsumerRecord]:
         taken: list[ConsumerRecord] = []
+        if not self.may_hand_out():
+            return taken
         while self._ready and len(taken) < limit:
             tp = self._ready.popleft()
             part = self._parts.get(tp)

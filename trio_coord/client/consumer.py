@@ -281,6 +281,8 @@ class Consumer(EnterOnce):
             request_timeout,
         )
         self._fetcher = Fetcher(self._fetch_settings)
+        if self.group_id and self.static_partitions is None:  # a member: only while its lease holds
+            self._fetcher.may_hand_out = self._holds_lease
         self._lease_end = -math.inf
         self._lease_moved = trio.Event()
         self._member_ready = trio.Event()
@@ -773,12 +775,18 @@ class Consumer(EnterOnce):
                 )
                 await self._call(self._on_lost or self._on_revoked, lost)
 
+    def _holds_lease(self) -> bool:
+        return trio.current_time() < self._lease_end
+
     def _renew_lease(self, sent_at: float) -> None:
         # The lease is the session the broker granted (what its fences are measured
         # with), counted from when the accepted request was *sent*.
         if sent_at + self._granted_session > self._lease_end:
+            expired = not self._holds_lease()
             self._lease_end = sent_at + self._granted_session
             self._lease_moved.set()
+            if expired:  # records held back while it had run out may go again
+                self._fetcher.wake()
 
     # -- the tasks -------------------------------------------------------------------------
 
