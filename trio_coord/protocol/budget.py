@@ -38,6 +38,14 @@ class ByteBudget:
         """True while nothing more can be taken without waiting."""
         return self.used >= self.total
 
+    def try_take(self, size: int) -> int:
+        """Take ``size`` bytes (at most the whole budget) if free now; 0 if not (no wait)."""
+        size = min(size, self.total)
+        if self.used and self.used + size > self.total:
+            return 0
+        self.used += size
+        return size
+
     async def take(self, size: int) -> int:
         """Take ``size`` bytes (at most the whole budget), waiting until they are free.
 

@@ -253,7 +253,9 @@ class Connection:
                     waiter.response = frame
                     waiter.done.set()
             elif isinstance(frame, Request):
-                charge = await self._charge(len(body), frame.body)
+                charge = self._charge_now(len(body), frame.body)  # (no coroutine, usually)
+                if charge is None:
+                    charge = await self._charge(len(body), frame.body)
                 if not await self._dispatch(frame, nursery, charge):
                     return
             else:
@@ -261,6 +263,20 @@ class Connection:
                 log.warning("%s said goodbye: %s: %s", self.name, type(reason).__name__, reason)
                 self._fail(reason)
                 return
+
+    def _charge_now(self, size: int, body: RequestBody) -> tuple[int, int] | None:
+        """:meth:`_charge` when no budget makes it wait (the common case); else None."""
+        if self._own is None:
+            shared, self._reader.taken = self._reader.taken, 0
+            return (0, shared)
+        extra = self.handler.cost(body)
+        if extra > SMALL_FRAME and self._shared is not None:
+            return None  # (a large answer: take its shares the long way)
+        own = self._own.try_take(size + extra)
+        if not own:
+            return None
+        shared, self._reader.taken = self._reader.taken, 0
+        return (own, shared)
 
     async def _charge(self, size: int, body: RequestBody) -> tuple[int, int]:
         """Take a request's cost from the budgets (waiting while spent); what to give back."""
