@@ -3,7 +3,11 @@
 Real consumers and a real broker in this process, connected by in-memory
 streams (``memory_network``) so that the whole exchange runs on Trio's
 virtual clock and the test can check the exact time the stalled member
-leaves: ``max_poll_interval`` after its application last got records. The
+leaves: ``max_poll_interval`` after its application last got records. (As
+in ``broker/test_fetch_longpoll.py``, the log is kept off worker threads
+while the clock matters, which autojump would otherwise jump across: writes
+are acknowledged without waiting for an fsync, and the partitions' logs are
+created before the consumers start.) The
 other member takes the partitions at once (not a session timeout later) and
 gets the record the stalled one was still processing again; a commit from
 the stalled member fails, saying why; asking for records again rejoins.
@@ -17,6 +21,7 @@ import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -32,6 +37,7 @@ from trio_coord import (
     open_consumer,
     open_producer,
 )
+from trio_coord.log import LogConfig
 from trio_coord.protocol.records import ConsumerRecord
 
 
@@ -54,6 +60,24 @@ async def memory_network(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> Asy
             nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def ephemeral_broker_on(
+    partitions: int, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> AsyncIterator[Broker]:
+    """An ephemeral broker on the memory network, with topic ``t`` and its (empty) logs."""
+    async with (
+        ephemeral_broker(
+            log=LogConfig(flush_interval=3600, retention_seconds=None), **settings
+        ) as broker,
+        memory_network(broker, monkeypatch),
+    ):
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", partitions)
+        for partition in range(partitions):
+            await broker.logs.create("t", partition)  # (a worker thread: before any timer)
+        yield broker
+
+
 async def wait_until(predicate, timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
         while not predicate():
@@ -74,10 +98,8 @@ async def test_a_stalled_application_leaves_at_max_poll_interval_and_rejoins_whe
     events = Recorder()
     revoked: list[tuple[float, list[TopicPartition]]] = []
     opts = dict(session_timeout=3.0, max_poll_interval=10.0, offset_reset="earliest")
-    async with ephemeral_broker(on_event=events) as broker, memory_network(broker, monkeypatch):
+    async with ephemeral_broker_on(2, monkeypatch, on_event=events) as broker:
         bootstrap = broker.bootstrap
-        async with open_admin(bootstrap) as admin:
-            await admin.create_topic("t", 2)
         async with (
             open_producer(bootstrap) as producer,
             open_consumer(
@@ -156,15 +178,13 @@ def _where(records: list[ConsumerRecord]) -> set[tuple[int, int]]:
 
 async def test_an_application_waiting_for_records_is_never_left(autojump_clock, monkeypatch):
     # The clock runs only while no application task is inside a call: a consumer with
-    # nothing to read, waiting in getmany for an hour, stays in the group.
+    # nothing to read, waiting in getmany for 15 minutes, stays in the group.
     opts = dict(session_timeout=3.0, max_poll_interval=10.0)
-    async with ephemeral_broker() as broker, memory_network(broker, monkeypatch):
-        async with open_admin(broker.bootstrap) as admin:
-            await admin.create_topic("t", 1)
+    async with ephemeral_broker_on(1, monkeypatch) as broker:
         async with open_consumer(broker.bootstrap, "g", ["t"], **opts) as consumer:
             await consumer.wait_assigned()
             member = consumer.member_id
-            with trio.move_on_after(3600.0):
+            with trio.move_on_after(900.0):
                 await consumer.getmany()
             assert consumer.state is ConsumerState.STABLE
             assert consumer.member_id == member
