@@ -298,13 +298,14 @@ def ownerships(run: ConsumerRun) -> list[Ownership]:
     open_: dict[int, Ownership] = {}
     for event in run.events:
         if event["event"] == "assigned":
-            for owned in open_.values():
-                owned.end, owned.how = event["t"], "reassigned"
-            open_ = {
-                int(p): Ownership(run, int(p), offset, event["t"])
-                for p, offset in event["start"].items()
-            }
-            found.extend(open_.values())
+            # It names what it adds: every start of an eager rebalance follows a revoke
+            # of everything, and a staged start's later stages (docs/protocol.md) add
+            # what a fence held back to what the member keeps fetching.
+            for p, offset in event["start"].items():
+                if (owned := open_.pop(int(p), None)) is not None:
+                    owned.end, owned.how = event["t"], "reassigned"
+                open_[int(p)] = Ownership(run, int(p), offset, event["t"])
+                found.append(open_[int(p)])
         elif event["event"] in ("revoked", "lost"):
             end = event["t"]
             if event["event"] == "lost":

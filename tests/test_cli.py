@@ -97,12 +97,16 @@ class ConsumerProcess:
 
     @property
     def owned(self) -> list[tuple[str, int]]:
+        # on_assigned names what it adds (a staged start calls it again in the same
+        # generation, with the partitions a fence held back), on_revoked and on_lost
+        # what goes.
         owned: list[tuple[str, int]] = []
         for event in self.events:
+            partitions = [tuple(p) for p in event.get("partitions", [])]
             if event["event"] == "assigned":
-                owned = [tuple(p) for p in event["partitions"]]
+                owned += [p for p in partitions if p not in owned]
             elif event["event"] in ("revoked", "lost"):
-                owned = []
+                owned = [p for p in owned if p not in partitions]
         return owned
 
     @property

@@ -73,13 +73,83 @@ async def test_the_rule_survives_a_restart_and_a_new_group_still_starts_at_the_e
             await admin.add_partitions("t", 4)
         before = await _produce(broker.bootstrap, range(4), "before")
         async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=1.0) as c:
-            assignment = await c.wait_assigned()
+            await c.wait_assigned()
             # The old partitions resume where the group was (their log end then: 0); the
             # new ones from their log start: everything written to them is delivered.
             new = {v for v in before if v.split("-")[1] in ("2", "3")}
             assert new <= await _consume_until(c, new)
-            assert {tp.partition for tp in assignment} == {0, 1, 2, 3}
+            # The old partitions come once the fence over the group's member from before
+            # the restart ends (its session); the new ones did not wait for it.
+            with trio.fail_after(TIMEOUT):
+                while len(c.assignment) < 4:
+                    await trio.sleep(0.05)
+            assert {tp.partition for tp in c.assignment} == {0, 1, 2, 3}
         async with open_consumer(broker.bootstrap, "fresh", ["t"], session_timeout=1.0) as f:
             starts = await f.wait_assigned()
             ends = {tp: 5 for tp in starts}
             assert starts == ends, "a new group's partitions start at their end (latest)"
+
+
+async def test_a_new_partition_stays_new_until_the_group_commits_it(tmp_path):
+    """Its first owner goes without committing there (auto-commit off): the next owner
+    starts it at its log start again, not at its end, after a restart too."""
+    data = tmp_path / "data"
+    async with open_broker(data, min_session_timeout=0.1) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=1.0, auto_commit=False
+        ) as c:
+            await c.wait_assigned()
+            async with open_admin(broker.bootstrap) as admin:
+                await admin.add_partitions("t", 4)
+            await _produce(broker.bootstrap, range(2, 4), "early")
+            with trio.fail_after(TIMEOUT):
+                while len(c.assignment) < 4:
+                    await trio.sleep(0.05)
+        async with open_consumer(
+            broker.bootstrap, "g", ["t"], session_timeout=1.0, auto_commit=False
+        ) as first:
+            starts = await first.wait_assigned()
+            assert {starts[TopicPartition("t", p)] for p in (2, 3)} == {0}
+    async with open_broker(data, min_session_timeout=0.1) as broker:  # restarted
+        async with open_consumer(broker.bootstrap, "g", ["t"], session_timeout=1.0) as second:
+            starts = await second.wait_assigned()
+            assert {starts[TopicPartition("t", p)] for p in (2, 3)} == {0}
+
+
+async def test_a_topic_created_after_the_group_subscribed_starts_at_its_log_start(tmp_path):
+    """By name or by pattern: what was written to it before its first assignment is
+    delivered, with offset_reset='latest'."""
+    async with open_broker(tmp_path / "data", min_session_timeout=0.1) as broker:
+        created: list[str] = []
+        wanted: set[str] = set()
+
+        async def on_revoked(tps) -> None:
+            # The rebalance a topic's creation causes: records reach it before it is
+            # assigned to anyone.
+            while created:
+                topic = created.pop()
+                async with open_producer(broker.bootstrap) as producer:
+                    for i in range(3):
+                        await producer.enqueue(topic, f"{topic}-{i}", partition=0)
+                        wanted.add(f"{topic}-{i}")
+
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 1)
+            async with open_consumer(
+                broker.bootstrap,
+                "g",
+                ["t", "u", "re:v.*"],
+                session_timeout=1.0,
+                on_revoked=on_revoked,
+            ) as c:
+                await c.wait_assigned()
+                for topic in ("u", "v1"):
+                    created.append(topic)
+                    await admin.create_topic(topic, 1)
+                    with trio.fail_after(TIMEOUT):
+                        while TopicPartition(topic, 0) not in c.assignment:
+                            await trio.sleep(0.05)
+                assert len(wanted) == 6
+                assert wanted <= await _consume_until(c, wanted)

@@ -691,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         metavar="SECONDS",
         help="largest session timeout consumers may ask for; a member that vanishes keeps "
-        "its partitions from everyone else that long (default: %(default)s)",
+        "the partitions it held fenced that long (default: %(default)s)",
     )
     p.add_argument(
         "--max-rebalance-timeout",

@@ -557,14 +557,18 @@ def test_group_record_for_members_not_live_fences_their_partitions() -> None:
     assert group.knows_former_member("a") and group.knows_former_member("b")
     assert not group.knows_former_member("c")
 
-    # A new member gets the partitions only once each former owner's fence has ended.
+    # A new member gets each partition only once its former owner's fence has ended:
+    # b's at 103.5 (b's shorter session), a's at 110.
     join(group, "n", 101.0, topics=("t",))
     stop_all(group)
     plan = group.plan_assignment(
         101.0, partitions={"t": 3}, available=ASSIGNORS, log_offsets=log_offsets
     )
     assert plan.record.generation == 8
-    assert plan.starts[0].not_before == 110.0
+    assert [(s.not_before, [p.tp for p in s.partitions], s.incremental) for s in plan.starts] == [
+        (103.5, [TP("t", 1)], False),
+        (110.0, [TP("t", 0), TP("t", 1), TP("t", 2)], True),
+    ]
 
     # Fences end: forgotten once their time has passed.
     group.expire_fences(103.5)
@@ -627,9 +631,16 @@ def test_unacknowledged_removal_fences_until_the_lease_ends() -> None:
     plan = group.plan_assignment(
         6.0, partitions={"t": 2}, available=ASSIGNORS, log_offsets=log_offsets
     )
+    # b's own partition starts at once; a's waits for a's lease (not all of b's for it).
     assert plan.starts == [
-        StartPlan("b", [PartitionOffset("t", 0, 0), PartitionOffset("t", 1, 10)], 14.0)
+        StartPlan("b", [PartitionOffset("t", 1, 10)], 6.0),
+        StartPlan("b", [PartitionOffset("t", 0, 0), PartitionOffset("t", 1, 10)], 14.0, True),
     ]
+    assert plan.stages() == {"b": plan.starts}
+    group.replay(plan.record, now=6.0)
+    group.begin_starting()
+    group.member_starting("b", [TP("t", 1)])
+    assert group.members["b"].may_own == {TP("t", 1)}  # not yet what is fenced
 
 
 def test_former_member_rejoining_while_fenced_may_still_own_its_partitions() -> None:
@@ -792,3 +803,92 @@ def test_the_same_process_reconnecting_keeps_what_it_fetches() -> None:
     rebalance(group, 0.0, {"t": 2})
     assert group.resume_plan(3.0, "a", log_offsets).not_before == 3.0
     assert group.fences == {}
+
+
+# -- partitions created after the group subscribed start at their log start ----------------
+
+
+def _starts(plan) -> dict[TP, int]:
+    return {p.tp: p.offset for s in plan.starts for p in s.partitions}
+
+
+def test_a_new_partition_starts_at_its_log_start_until_the_group_commits_it() -> None:
+    # "latest" everywhere; t had 2 partitions when the group subscribed, then 3.
+    group = Group("g", now=0.0)
+    join(group, "a", 0.0, offset_reset="latest")
+    _, plan = rebalance(group, 0.0, {"t": 2})
+    assert plan.record.topics == {"t": 2}
+    assert _starts(plan) == {TP("t", 0): 100, TP("t", 1): 110}  # latest: the log end
+    _, plan = rebalance(group, 1.0, {"t": 3})
+    assert _starts(plan)[TP("t", 2)] == 20  # created since: its log start
+    assert plan.record.topics == {"t": 2}  # the count it subscribed with, kept
+    # Its first owner goes before committing anything there: the partition is still
+    # new, and its next owner starts it at its log start again, not at its end.
+    group.remove_member(2.0, "a", stopped=True)
+    join(group, "b", 3.0, offset_reset="latest")
+    _, plan = rebalance(group, 3.0, {"t": 3})
+    assert _starts(plan)[TP("t", 2)] == 20
+    # Once the group has committed an offset for it, that offset rules.
+    group.replay(OffsetRecord("g", "t", 2, 42), now=3.0)
+    _, plan = rebalance(group, 4.0, {"t": 3})
+    assert _starts(plan)[TP("t", 2)] == 42
+
+
+def test_a_topic_created_after_the_group_subscribed_to_its_name_starts_at_its_log_start() -> None:
+    group = Group("g", now=0.0)
+    join(group, "a", 0.0, topics=("t", "u"), offset_reset="latest")
+    _, plan = rebalance(group, 0.0, {"t": 1})  # u does not exist yet
+    assert plan.record.topics == {"t": 1, "u": 0}
+    _, plan = rebalance(group, 1.0, {"t": 1, "u": 2})  # u is created
+    assert _starts(plan) == {TP("t", 0): 100, TP("u", 0): 30, TP("u", 1): 40}
+    # A brand-new group on the existing topics follows its policy everywhere.
+    fresh = Group("fresh", now=0.0)
+    join(fresh, "f", 0.0, topics=("t", "u"), offset_reset="latest")
+    _, plan = rebalance(fresh, 2.0, {"t": 1, "u": 2})
+    assert _starts(plan) == {TP("t", 0): 100, TP("u", 0): 130, TP("u", 1): 140}
+
+
+def test_a_subscribed_topic_that_is_deleted_counts_as_new_when_created_again() -> None:
+    group = Group("g", now=0.0)
+    join(group, "a", 0.0, topics=("u",), offset_reset="latest")
+    _, plan = rebalance(group, 0.0, {"u": 2})
+    assert plan.record.topics == {"u": 2}
+    _, plan = rebalance(group, 1.0, {})  # deleted
+    assert plan.record.topics == {"u": 0}
+    _, plan = rebalance(group, 2.0, {"u": 2})  # created again: everything in it is new
+    assert _starts(plan) == {TP("u", 0): 30, TP("u", 1): 40}
+
+
+def test_a_topic_a_pattern_matches_only_after_the_group_subscribed_starts_at_its_log_start() -> (
+    None
+):
+    group = Group("g", now=0.0)
+    join(group, "a", 0.0, topics=("re:u|v", "u"), offset_reset="latest")  # u matched at once
+    stop_all(group)
+    plan = group.plan_assignment(
+        0.0, partitions={"u": 2}, available=ASSIGNORS, log_offsets=log_offsets
+    )
+    assert plan.record.topics == {"re:u|v": 0, "u": 2}
+    assert _starts(plan) == {TP("u", 0): 130, TP("u", 1): 140}  # existed: latest
+    group.replay(plan.record, now=0.0)
+    start_all(group, plan)
+    # v is created; the broker's matcher finds that the group's pattern, recorded in
+    # the last generation, matches it only now.
+    group.members["a"].topics |= {"v"}
+    stop_all(group)
+    plan = group.plan_assignment(
+        1.0,
+        partitions={"u": 2, "v": 1},
+        available=ASSIGNORS,
+        log_offsets=log_offsets,
+        created_since={"v"},
+    )
+    assert plan.record.topics == {"re:u|v": 0, "u": 2, "v": 0}
+    assert _starts(plan)[TP("v", 0)] == 50  # its log start, not its end (150)
+    group.replay(plan.record, now=1.0)
+    start_all(group, plan)
+    stop_all(group)
+    plan = group.plan_assignment(
+        2.0, partitions={"u": 2, "v": 1}, available=ASSIGNORS, log_offsets=log_offsets
+    )
+    assert _starts(plan)[TP("v", 0)] == 50  # and again, until the group commits there

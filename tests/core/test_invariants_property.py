@@ -41,6 +41,7 @@ what each live member fetches, and its fences cover what departed ones may.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ class GroupProtocol(RuleBasedStateMachine):
         self.computed: tuple[AssignmentInput, Assignment] | None = None  # cooperative plan
         self.revoke: dict[str, list[TP]] = {}
         self.unpersisted: AssignmentPlan | None = None
-        self.to_start: dict[str, StartPlan] = {}
+        self.to_start: dict[str, list[StartPlan]] = {}  # each member's stages, in order
         self.unacked: set[str] = set()
         self.restarts = 0
         # What the checks remember.
@@ -375,14 +376,30 @@ class GroupProtocol(RuleBasedStateMachine):
                 log_offsets=log_offsets,
                 computed=self.computed,
             )
+            # Each subscribed topic keeps the count it was first seen with (0 while it
+            # does not exist); one no longer subscribed keeps its entry.
+            subscribed = set().union(*(m.topics for m in group.members.values()))
             expected_seen = dict(seen)
-            for topic, count in self.subscribed_partitions().items():
-                expected_seen[topic] = max(expected_seen.get(topic, 0), count)
+            for topic in subscribed:
+                if topic in self.topics:
+                    expected_seen.setdefault(topic, self.topics[topic])
+                else:
+                    expected_seen[topic] = 0
             assert plan.record.topics == expected_seen
             assert group.state is S.ASSIGNING and group.generation == generation
-            assert all(s.incremental == (self.computed is not None) for s in plan.starts)
+            assert all(
+                s[0].incremental == (self.computed is not None) for s in plan.stages().values()
+            )
             assert plan.record.generation == generation + 1
-            assert [s.member_id for s in plan.starts] == sorted(group.members)
+            assert [s.member_id for s in plan.starts] == sorted(s.member_id for s in plan.starts)
+            assert set(plan.stages()) == set(group.members)
+            for stages in plan.stages().values():
+                # Stages in time order, each adding to the last; the last is everything.
+                times = [s.not_before for s in stages]
+                assert times == sorted(set(times))
+                for before, after in itertools.pairwise(stages):
+                    assert after.incremental
+                    assert {p.tp for p in before.partitions} < {p.tp for p in after.partitions}
             assert [m.member_id for m in plan.record.members] == sorted(group.members)
             for start in plan.starts:
                 assert start.not_before >= self.now
@@ -390,7 +407,7 @@ class GroupProtocol(RuleBasedStateMachine):
                     committed = group.offsets.get(po.tp)
                     # A partition created since the group subscribed starts at its log
                     # start; any other follows the member's reset policy.
-                    created_since = po.partition >= seen.get(po.topic, math.inf)
+                    created_since = po.partition >= expected_seen.get(po.topic, math.inf)
                     reset = (
                         LOG_START
                         if created_since
@@ -406,10 +423,11 @@ class GroupProtocol(RuleBasedStateMachine):
             group.replay(plan.record, now=self.now)
             group.begin_starting()
             assert group.generation == plan.record.generation
-            self.to_start = {s.member_id: s for s in plan.starts}
+            self.to_start = plan.stages()
             return True
         if group.state is S.STARTING:
-            candidates = sorted(self.to_start) + sorted(
+            # A member's next stage is sent once it acknowledged the one before.
+            candidates = sorted(m for m in self.to_start if m not in self.unacked) + sorted(
                 m for m in self.unacked if not self.consumers[m].frozen
             )
             if not candidates:
@@ -419,8 +437,8 @@ class GroupProtocol(RuleBasedStateMachine):
                 self.on_stable()
                 return True
             member_id = candidates[choice % len(candidates)]
-            if member_id in self.to_start:
-                start = self.to_start[member_id]
+            if member_id in self.to_start and member_id not in self.unacked:
+                start = self.to_start[member_id][0]
                 if start.not_before > self.now:
                     restarts = self.restarts
                     self.advance_to(start.not_before)
@@ -433,13 +451,18 @@ class GroupProtocol(RuleBasedStateMachine):
                     wanted.update(consumer.fetching)
                 else:
                     assert not consumer.fetching, "started before it was stopped"
-                group.member_starting(member_id)
-                del self.to_start[member_id]
+                group.member_starting(member_id, [po.tp for po in start.partitions])
+                self.to_start[member_id].pop(0)
+                last = not self.to_start[member_id]
+                if last:
+                    del self.to_start[member_id]
                 self.unacked.add(member_id)
                 # StartFetchers: it fetches from here on (a frozen one, maybe, too).
                 consumer.fetching = wanted
                 consumer.generation = group.generation
-                assert set(consumer.fetching) == group.members[member_id].assignment
+                assignment = group.members[member_id].assignment
+                assert set(consumer.fetching) <= assignment
+                assert set(consumer.fetching) == assignment or not last
             else:
                 group.member_started(member_id)
                 self.unacked.discard(member_id)

@@ -21,6 +21,7 @@ is already known. This is where cancel scopes replace Kafka's purgatories.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -34,6 +35,7 @@ from ..core.assignors import Assignment, Assignor
 from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
+from ..core.validation import PATTERN_PREFIX
 from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
@@ -234,6 +236,8 @@ class GroupRunner:
             protocol=request.rebalance_protocol,
             client_assignors=request.client_assignors,
             user_data=request.user_data,
+            client_id=request.client_id,
+            instance_id=request.instance_id,
         )
         if not member_id:
             prefix = request.instance_id or request.client_id or "member"
@@ -675,6 +679,7 @@ class GroupRunner:
             log_offsets=self._log_offsets,
             computed=computed,
             cooperative=cooperative,
+            created_since=self._created_since(),
         )
         with trio.CancelScope(shield=True), trio.fail_after(store_deadline):
             # Shielded from the rebalance's cancellation: a generation that reaches the
@@ -685,13 +690,13 @@ class GroupRunner:
             await self._writer.write([plan.record])
         await trio.lowlevel.checkpoint_if_cancelled()
         group.begin_starting()
-        # Phase 4: start fetchers, each member once its partitions are certainly free.
-        by_id = {s.member_id: s for s in plan.starts}
-        await self._in_parallel(
-            [group.members[s.member_id] for s in plan.starts],
-            lambda m: self._start_member(m, by_id[m.member_id], plan.record.generation),
-            not_before={s.member_id: s.not_before for s in plan.starts},
-        )
+        # Phase 4: start fetchers, each partition once it is certainly free: a member
+        # starts what is free at once, and what a fence keeps when that fence ends.
+        async with trio.open_nursery() as nursery:
+            for member_id, stages in plan.stages().items():
+                nursery.start_soon(
+                    self._start_in_stages, group.members[member_id], stages, plan.record.generation
+                )
         await trio.lowlevel.checkpoint_if_cancelled()
         group.complete_rebalance()
         self.rebalances += 1
@@ -778,6 +783,21 @@ class GroupRunner:
             raise InvalidRequestError(f"answered ComputeAssignment with {type(response).__name__}")
         return response
 
+    def _created_since(self) -> set[str]:
+        """Topics that ``re:`` entries of the group's last generation match only now.
+
+        The last generation's record lists every topic its patterns matched
+        then (:meth:`Group._topics_seen`): a topic they match now that is not
+        listed was created since, after the group subscribed to it.
+        """
+        record = self.group.record
+        if record is None:
+            return set()
+        patterns = [entry for entry in record.topics if entry.startswith(PATTERN_PREFIX)]
+        if not patterns:
+            return set()
+        return {t for t in self._topics.matching(patterns) if t not in record.topics}
+
     def _match_patterns(self) -> None:
         """Subscribe each member to the topics its ``re:`` entries match now.
 
@@ -800,12 +820,10 @@ class GroupRunner:
         self,
         members: list[Member],
         call: Callable[[Member], Awaitable[None]],
-        not_before: dict[str, float] | None = None,
     ) -> None:
         async with trio.open_nursery() as nursery:
             for member in members:
-                start_at = not_before.get(member.member_id, 0.0) if not_before else 0.0
-                nursery.start_soon(self._answer_in_time, member, call, start_at)
+                nursery.start_soon(self._answer_in_time, member, call, 0.0)
 
     async def _answer_in_time(
         self, member: Member, call: Callable[[Member], Awaitable[None]], start_at: float
@@ -854,9 +872,26 @@ class GroupRunner:
         if self._is_current(member):
             self.group.member_stopped(member.member_id, response.positions, partitions)
 
+    async def _start_in_stages(
+        self, member: Member, stages: list[StartPlan], generation: int
+    ) -> None:
+        """Phase 4 for one member: its StartFetchers in order, each not before its time.
+
+        Each stage is answered within the member's rebalance timeout, counted
+        from that stage's ``not_before``.
+        """
+        for stage in stages:
+            await self._answer_in_time(
+                member,
+                functools.partial(self._start_member, plan=stage, generation=generation),
+                stage.not_before,
+            )
+            if not self._is_current(member):
+                return
+
     async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
         conn = self._conn_of(member)
-        self.group.member_starting(member.member_id)
+        self.group.member_starting(member.member_id, [p.tp for p in plan.partitions])
         await conn.request(
             StartFetchersRequest(
                 self.group_id,

@@ -156,12 +156,17 @@ class BrokerConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that makes no sense."""
-        if not 0 < self.min_session_timeout <= self.max_session_timeout:
+        if not 0 < self.min_session_timeout <= self.max_session_timeout < math.inf:
             raise ValueError(
-                "min_session_timeout must be positive and not above max_session_timeout"
+                "min_session_timeout must be positive and not above max_session_timeout, "
+                "which must be finite (a member's partitions are fenced that long after it "
+                f"vanishes); got {self.min_session_timeout:g} and {self.max_session_timeout:g}"
             )
-        if self.max_rebalance_timeout <= 0:
-            raise ValueError("max_rebalance_timeout must be positive")
+        if not 0 < self.max_rebalance_timeout < math.inf:
+            raise ValueError(
+                "max_rebalance_timeout (--max-rebalance-timeout) must be a positive, finite "
+                f"number of seconds; got {self.max_rebalance_timeout:g}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not between 0 and 65535")
         for name in (

@@ -19,7 +19,9 @@ acknowledges a stop); a member removed without that acknowledgement leaves a
 (its last heartbeat, as received, plus its session timeout: the client drops
 its partitions one session timeout after *sending* its last successful
 heartbeat, which is no later). A partition under a fence is started on its
-new owner only after the fence ends (``StartPlan.not_before``).
+new owner only after the fence ends (``StartPlan.not_before``); the new
+owner's other partitions do not wait for it (a plan starts each member in
+stages, one per fence end).
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ from .records import (
     Record,
     supersedes,
 )
-from .validation import validate_subscription
+from .validation import MAX_NAME_LENGTH, PATTERN_PREFIX, validate_subscription
 
 __all__ = [
+    "MAX_ASSIGNORS",
     "MAX_USER_DATA",
     "OFFSET_RESET_POLICIES",
     "PREDECESSOR_SUFFIX",
@@ -84,6 +87,8 @@ REBALANCE_PROTOCOLS = ("eager", "cooperative")
 """How a member wants rebalances run: stop everything, or only what moves."""
 MAX_USER_DATA = 64 * 1024
 """The most opaque ``user_data`` a member may bring (a group holds every member's)."""
+MAX_ASSIGNORS = 32
+"""The most assignor names a member may list (preferences, and those it computes)."""
 PREDECESSOR_SUFFIX = "~previous-process"
 """Appended to a static member's id to key the fence over what its former process may
 fetch (:meth:`Group.replace_process`); no member id the coordinator hands out ends so."""
@@ -185,8 +190,10 @@ class Fence:
 class StartPlan:
     """One member's StartFetchers: its partitions with start offsets, not before a time.
 
-    ``incremental`` (cooperative): the member keeps fetching the partitions it
-    has, and starts the others from their offsets.
+    ``incremental``: the member keeps fetching the partitions it has, and
+    starts the others from their offsets (a cooperative start, or a later
+    stage of a staged one). ``partitions`` is everything the member owns once
+    this StartFetchers is done, not only what it adds.
     """
 
     member_id: str
@@ -210,10 +217,23 @@ class AssignmentInput:
 
 @dataclass(frozen=True, slots=True)
 class AssignmentPlan:
-    """The outcome of the assign phase: the record to persist, then the starts to send."""
+    """The outcome of the assign phase: the record to persist, then the starts to send.
+
+    ``starts`` holds, per member (in member-id order), its StartFetchers in
+    the order to send them, by ``not_before``: the first starts what is free
+    at once; each later one (incremental) adds the partitions a fence kept
+    until then. A member whose partitions are all free has exactly one.
+    """
 
     record: GroupRecord
     starts: list[StartPlan]
+
+    def stages(self) -> dict[str, list[StartPlan]]:
+        """``starts`` grouped by member: each member's StartFetchers, in order."""
+        staged: dict[str, list[StartPlan]] = {}
+        for start in self.starts:
+            staged.setdefault(start.member_id, []).append(start)
+        return staged
 
 
 class Group:
@@ -293,13 +313,22 @@ class Group:
         protocol: str = "eager",
         client_assignors: Iterable[str] = (),
         user_data: bytes = b"",
+        client_id: str = "",
+        instance_id: str = "",
     ) -> None:
-        """Raise the error a JoinGroup with these values deserves, if any."""
+        """Raise the error a JoinGroup with these values deserves, if any.
+
+        Every value a member brings is bounded, since the group keeps it for
+        the member's life, persists it, and repeats it in answers: timeouts by
+        the broker's limits, names by :data:`MAX_NAME_LENGTH`, the assignor
+        lists by :data:`MAX_ASSIGNORS`, ``user_data`` by :data:`MAX_USER_DATA`.
+        """
         if not (limits.min_session_timeout <= session_timeout <= limits.max_session_timeout):
             raise InvalidSessionTimeoutError(
                 f"session timeout {session_timeout:g}s is outside this broker's limits "
                 f"[{limits.min_session_timeout:g}s, {limits.max_session_timeout:g}s]; "
-                "choose a value within them"
+                "choose a value within them (the broker's --min-session-timeout and "
+                "--max-session-timeout)"
             )
         if not 0 < rebalance_timeout <= limits.max_rebalance_timeout:
             raise InvalidRebalanceTimeoutError(
@@ -317,6 +346,20 @@ class Group:
                 f"offset reset policy {offset_reset!r} is not one of "
                 f"{', '.join(OFFSET_RESET_POLICIES)}"
             )
+        for what, name in (("client id", client_id), ("instance id", instance_id)):
+            if len(name) > MAX_NAME_LENGTH:
+                raise InvalidRequestError(
+                    f"{what} {name[:40]!r}... is {len(name)} characters, more than the "
+                    f"{MAX_NAME_LENGTH} allowed; use a shorter one"
+                )
+        assignors = tuple(assignors)
+        client_assignors = tuple(client_assignors)
+        for names in (assignors, client_assignors):
+            if len(names) > MAX_ASSIGNORS or any(len(n) > MAX_NAME_LENGTH for n in names):
+                raise InvalidRequestError(
+                    f"a member may name at most {MAX_ASSIGNORS} assignors of at most "
+                    f"{MAX_NAME_LENGTH} characters each; this one named {len(names)}"
+                )
         if len(user_data) > MAX_USER_DATA:
             raise InvalidRequestError(
                 f"user data of {len(user_data)} bytes is more than the {MAX_USER_DATA} a "
@@ -333,7 +376,6 @@ class Group:
             )
         others = [m for m in self.members.values() if m.member_id != member_id]
         computable = set(available).union(client_assignors, *(m.client_assignors for m in others))
-        assignors = tuple(assignors)
         if choose_assignor([assignors, *(m.assignors for m in others)], computable) is None:
             theirs = ""
             if others:
@@ -623,6 +665,7 @@ class Group:
         log_offsets: Callable[[TopicPartition], tuple[int, int]],
         computed: tuple[AssignmentInput, Assignment] | None = None,
         cooperative: bool | None = None,
+        created_since: Collection[str] = (),
     ) -> AssignmentPlan:
         """Enter ASSIGNING and plan the next generation: its record and its starts.
 
@@ -633,8 +676,13 @@ class Group:
         otherwise a broker-side assignor computes it now. In a cooperative
         rebalance (``cooperative``, default :attr:`cooperative`) the starts
         are incremental, and only the partitions a member does not have yet
-        wait for fences. Nothing changes until the
-        returned record is replayed (after it is durable).
+        wait for fences. A partition under a fence waits for that fence
+        only: each member is started in stages (:class:`AssignmentPlan`).
+        ``created_since`` names topics that a ``re:`` entry the group had
+        already subscribed to (in its last generation) matches only now: they
+        were created since, and all their partitions count as new
+        (:meth:`_start_offset`). Nothing changes until the returned record is
+        replayed (after it is durable).
         """
         self.transition(GroupState.ASSIGNING)
         self.expire_fences(now)
@@ -679,33 +727,75 @@ class Group:
                 )
                 for member_id, fence in sorted(self.fences.items())
             ],
-            self._topics_seen(members, partitions),
+            self._topics_seen(members, partitions, created_since),
         )
         starts = []
         if cooperative is None:
             cooperative = self.cooperative
+        fenced = self._fence_ends(now)
         for m in members:
             owned = sorted(assignment.get(m.member_id, []))
-            new = [tp for tp in owned if tp not in m.may_own] if cooperative else owned
-            starts.append(
-                StartPlan(
-                    m.member_id,
-                    [self._start_offset(tp, m.offset_reset, log_offsets) for tp in owned],
-                    self._fenced_until(new, now),
-                    cooperative,
+            offsets = [
+                self._start_offset(tp, m.offset_reset, log_offsets, record.topics) for tp in owned
+            ]
+            # When each partition is free for this member: at once if it fetches it
+            # already (cooperative), else when the last fence over it ends.
+            free_at = [
+                now if cooperative and tp in m.may_own else fenced.get(tp, now) for tp in owned
+            ]
+            times = sorted(set(free_at)) or [now]
+            for stage, at in enumerate(times):
+                starts.append(
+                    StartPlan(
+                        m.member_id,
+                        [o for o, t in zip(offsets, free_at, strict=True) if t <= at],
+                        at,
+                        cooperative or stage > 0,
+                    )
                 )
-            )
         return AssignmentPlan(record, starts)
 
+    def _fence_ends(self, now: float) -> dict[TopicPartition, float]:
+        """Per fenced partition, when the last fence over it ends (only those after ``now``)."""
+        ends: dict[TopicPartition, float] = {}
+        for fence in self.fences.values():
+            if fence.until > now:
+                for tp in fence.partitions:
+                    if fence.until > ends.get(tp, now):
+                        ends[tp] = fence.until
+        return ends
+
     def _topics_seen(
-        self, members: Iterable[Member], partitions: Mapping[str, int]
+        self,
+        members: Iterable[Member],
+        partitions: Mapping[str, int],
+        created_since: Collection[str],
     ) -> dict[str, int]:
-        """The partition counts this group has seen of the topics it subscribed to (merged)."""
+        """Per topic the group subscribes to, how many partitions it had when it subscribed.
+
+        A topic keeps the count it was first seen with (0 if it did not
+        exist yet, or if a pattern already subscribed matched it only once it
+        was created: ``created_since``); so a partition above it stays "new"
+        until the group commits an offset for it, whatever happens in
+        between (a crash of its first owner, a restart). ``re:`` entries are
+        kept too (with 0), to tell later which patterns came first. A topic
+        the group no longer subscribes to keeps its entry (a resubscription
+        is not a first subscription); a subscribed topic that is gone is
+        reset to 0, so that a topic created again under its name counts as
+        created after the subscription.
+        """
         seen = dict(self.record.topics) if self.record is not None else {}
-        for topic in {t for m in members for t in m.topics}:
-            count = partitions.get(topic)
-            if count is not None and count > seen.get(topic, 0):
-                seen[topic] = count
+        subscribed = {t for m in members for t in m.topics}
+        for entry in subscribed:
+            count = partitions.get(entry)
+            if entry.startswith(PATTERN_PREFIX):
+                seen.setdefault(entry, 0)
+            elif count is None:
+                seen[entry] = 0  # not there (yet, or any more): all its partitions are new
+            elif entry in created_since:
+                seen.setdefault(entry, 0)
+            else:
+                seen.setdefault(entry, count)
         return seen
 
     def _start_offset(
@@ -713,6 +803,7 @@ class Group:
         tp: TopicPartition,
         reset: str,
         log_offsets: Callable[[TopicPartition], tuple[int, int]],
+        seen: Mapping[str, int] | None = None,
     ) -> PartitionOffset:
         """Where a member starts ``tp``: its committed offset, else the reset policy's.
 
@@ -720,13 +811,17 @@ class Group:
         subscribed to its topic starts at its log start, whatever the policy:
         its records were written for this group, and ``latest`` would skip
         those written before the partition's first assignment (seed 000's
-        rule; the Spark source does the same).
+        rule; the Spark source does the same). It is "new" while the group
+        has no committed offset for it; ``seen`` is the generation's
+        ``GroupRecord.topics`` (default: the last durable one's).
         """
         committed = self.offsets.get(tp)
         if committed is not None:
             return PartitionOffset(tp.topic, tp.partition, committed.offset, committed.metadata)
-        seen = self.record.topics.get(tp.topic) if self.record is not None else None
-        if seen is not None and tp.partition >= seen:
+        if seen is None:
+            seen = self.record.topics if self.record is not None else {}
+        first = seen.get(tp.topic)
+        if first is not None and tp.partition >= first:
             reset = "earliest"  # a partition created since the group subscribed
         if reset == "none":
             return PartitionOffset(tp.topic, tp.partition, NO_OFFSET)
@@ -766,10 +861,16 @@ class Group:
         """Enter STARTING: the new generation is durable and replayed."""
         self.transition(GroupState.STARTING)
 
-    def member_starting(self, member_id: str) -> None:
-        """StartFetchers is about to be sent: from now on the member may own its partitions."""
+    def member_starting(
+        self, member_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> None:
+        """StartFetchers is about to be sent: from now on the member may own ``partitions``.
+
+        None means its whole assignment; a staged start names the partitions
+        of the StartFetchers being sent.
+        """
         member = self.members[member_id]
-        member.may_own |= member.assignment
+        member.may_own |= member.assignment if partitions is None else set(partitions)
 
     def member_started(self, member_id: str) -> None:
         """The member acknowledged StartFetchers of the current generation."""

@@ -64,9 +64,11 @@ class GroupRecord(_Rec, tag="group"):
     partitions were still fenced when the generation was planned, so that a
     coordinator loading it after a restart fences them too. ``topics`` maps
     every topic the group has subscribed to (in this generation or before)
-    to the most partitions it has seen it with: a partition numbered at or
-    above that, with no committed offset, was created after the group
-    subscribed, and starts at its log start whatever the reset policy.
+    to the partitions it had when the group first subscribed to it (0 if it
+    did not exist then): a partition numbered at or above that, with no
+    committed offset, was created after the group subscribed, and starts at
+    its log start whatever the reset policy. The group's ``re:`` entries are
+    listed too, with 0, to tell the topics they match only later.
     """
 
     group_id: str
