@@ -24,6 +24,7 @@ from trio_coord.protocol.errors import (
     ErrorCode,
     FrameTooLargeError,
     InvalidRecordError,
+    InvalidRequestError,
     InvalidTopicError,
     OffsetMetadataTooLargeError,
 )
@@ -329,3 +330,49 @@ async def test_a_subscription_to_a_name_no_topic_can_have_is_refused(
     async with open_broker(tmp_path, port=0) as broker, open_connection(*broker.address) as conn:
         with trio.fail_after(TIMEOUT), pytest.raises(InvalidTopicError, match="subscription"):
             await conn.request(JoinGroupRequest("g", "", ["ok", entry], 10_000, 30_000, ["range"]))
+
+
+async def test_a_subscription_of_more_than_a_thousand_entries_is_refused(tmp_path: Path) -> None:
+    # 1,000 names of 249 characters still fit a page of DescribeGroup; 1,001 are refused.
+    names = [f"{i:04d}" + "t" * 245 for i in range(1001)]
+    async with open_broker(tmp_path, port=0) as broker, open_connection(*broker.address) as conn:
+        with trio.fail_after(TIMEOUT), pytest.raises(InvalidTopicError, match="1001 entries"):
+            await conn.request(JoinGroupRequest("g", "", names, 10_000, 30_000, ["range"]))
+        with trio.fail_after(TIMEOUT):
+            joined = await conn.request(
+                JoinGroupRequest("g", "", names[:1000], 10_000, 30_000, ["range"])
+            )
+        assert joined.member_id
+
+
+async def test_offsets_no_log_can_have_are_refused_wherever_they_enter(tmp_path: Path) -> None:
+    # 2**63 used to be accepted (and then every later commit was a regression); a negative
+    # position in a heartbeat was kept. Both are refused, and the group keeps its offsets.
+    async with (
+        open_broker(tmp_path, port=0) as broker,
+        open_admin(broker.bootstrap) as bystander,
+    ):
+        with trio.fail_after(TIMEOUT):
+            await bystander.create_topic("t", 1)
+            async with open_connection(*broker.address) as conn:
+                for bad in (2**63, -1):
+                    offset = PartitionOffset("t", 0, bad)
+                    with pytest.raises(InvalidRequestError, match="commit the offset of the next"):
+                        await conn.request(OffsetCommitRequest("g", "", -1, [offset]))
+                    with pytest.raises(InvalidRequestError):
+                        await conn.request(ResetOffsetsRequest("g", [offset]))
+                await conn.request(OffsetCommitRequest("g", "", -1, [PartitionOffset("t", 0, 2)]))
+            async with open_consumer(
+                broker.bootstrap, "live", ["t"], session_timeout=1.0, offset_reset="earliest"
+            ) as consumer:
+                await consumer.wait_assigned()
+                member, generation = consumer.member_id, consumer.generation
+                async with open_connection(*broker.address) as conn:
+                    for bad in (2**63, -3):
+                        positions = [PartitionOffset("t", 0, bad)]
+                        with pytest.raises(InvalidRequestError):
+                            await conn.request(
+                                HeartbeatRequest("live", member, generation, positions)
+                            )
+            assert await bystander.committed_offsets("g") == {TopicPartition("t", 0): 2}
+            await _still_served(broker, bystander, "after-offsets")

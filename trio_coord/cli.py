@@ -204,6 +204,36 @@ async def cmd_topics_add_partitions(args: argparse.Namespace) -> None:
     _say(args, _topic_json([info])[0], f"topic {info.name} now has {info.partitions} partition(s)")
 
 
+async def cmd_topics_delete(args: argparse.Namespace) -> None:
+    """Delete topics, after asking (unless --yes)."""
+    names = sorted(set(args.names))
+
+    async def delete(admin: Admin) -> list[TopicInfo]:
+        topics = await admin.describe_topics(names)  # (UNKNOWN_TOPIC before deleting any)
+        if not args.yes:
+            what = ", ".join(f"{t.name} ({t.partitions} partitions)" for t in topics)
+            if not sys.stdin.isatty():
+                raise UsageError(
+                    f"deleting {what} drops their records and every group's offsets of them; "
+                    "add --yes to delete without being asked"
+                )
+            answer = await trio.to_thread.run_sync(
+                input, f"delete {what}, their records and every group's offsets of them? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                raise UsageError("nothing deleted")
+        for topic in topics:
+            await admin.delete_topic(topic.name)
+        return topics
+
+    deleted = await _ask_admin(args, delete)
+    _say(
+        args,
+        _topic_json(deleted),
+        "\n".join(f"deleted topic {t.name} ({t.partitions} partitions)" for t in deleted),
+    )
+
+
 async def cmd_topics_list(args: argparse.Namespace) -> None:
     """List topics (all, or the ones named)."""
     topics = await _ask_admin(
@@ -801,9 +831,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.set_defaults(func=cmd_broker, log_default="INFO")
 
-    topics = sub.add_parser("topics", help="create, list and describe topics").add_subparsers(
-        dest="action", required=True, metavar="ACTION"
-    )
+    topics = sub.add_parser(
+        "topics", help="create, grow, delete, list and describe topics"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
     p = topics.add_parser(
         "create", help="create a topic", description="Create a topic with N partitions."
     )
@@ -820,6 +850,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total", type=int, required=True, help="the new partition count")
     _add_client_options(p)
     p.set_defaults(func=cmd_topics_add_partitions)
+    p = topics.add_parser(
+        "delete",
+        help="delete topics, their records and groups' offsets of them",
+        description="Delete topics: their records on every broker, and every group's "
+        "committed offsets of them; groups subscribed to them rebalance without them. A topic "
+        "created again under the same name starts empty. Asks first unless --yes.",
+    )
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_topics_delete)
     for action, func, text in (
         ("list", cmd_topics_list, "list topics and their partition counts"),
         ("describe", cmd_topics_describe, "show each partition's log start and end offsets"),

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
@@ -129,6 +130,7 @@ class FakeMember(RequestHandler):
         self.instance_id = instance_id
         self.compute = compute  # an assignor this member runs as the group's leader
         self.stops: list[tuple[float, list[TopicPartition] | None]] = []
+        self.parts: list[StartFetchersRequest] = []  # of an assignment cut in parts
         # The timeline's name for this member: its member id, unless it is one of
         # several processes of one static member (which share their member id).
         self.process = process
@@ -140,6 +142,7 @@ class FakeMember(RequestHandler):
         now = trio.current_time()
         if isinstance(body, StopFetchersRequest):
             self.pushes.append((now, "stop"))
+            self.parts = []
             self.stops.append((now, body.partitions))
             if self.hold_stop:
                 await trio.sleep_forever()
@@ -151,6 +154,13 @@ class FakeMember(RequestHandler):
                 self.owned = [tp for tp in self.owned if tp not in body.partitions]
             return StopFetchersResponse()
         if isinstance(body, StartFetchersRequest):
+            self.parts.append(body)
+            if body.more:  # the assignment continues in the next part
+                return StartFetchersResponse()
+            body = msgspec.structs.replace(
+                body, partitions=[p for part in self.parts for p in part.partitions]
+            )
+            self.parts = []
             self.pushes.append((now, "start"))
             if self.hold_start:
                 await trio.sleep_forever()

@@ -11,6 +11,8 @@ proportion to a weight each member puts in its user data.
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 import pytest
 import trio
 
@@ -279,3 +281,29 @@ async def test_a_consumer_whose_assignor_raises_leaves_and_raises_it(tmp_path):
         removed = [(d["member_id"], d["reason"]) for w, d in events if w == "removed"]
         assert removed[0] == (second.member_id, "left the group: its assignor failed")
         assert [m for m, _ in removed].count(second.member_id) == 1
+
+
+async def test_a_group_too_large_for_one_frame_to_its_leader_says_so_and_stays_alive(
+    autojump_clock, caplog
+):
+    # Five members with ~14 KB subscriptions each overflow a 64 KiB frame to the leader:
+    # the rebalance fails with an error that says what to do, nobody is expelled for it,
+    # and the broker keeps serving (and retrying: a smaller group would form).
+    rec = Recorder()
+    long = ["t", *(f"{i:02d}-" + "x" * 237 for i in range(58))]
+    async with ephemeral_broker(on_event=rec, max_frame_size=64 * 1024) as broker:
+        await broker.topics.create_topic("t", 4)
+        members = [
+            FakeMember(broker, "g", long, session_timeout=S, name=f"m{i}", assignors=["weighted"])
+            for i in range(5)
+        ]
+        members[0].compute = Weighted()
+        async with AsyncExitStack() as stack:
+            for member in members:
+                await stack.enter_async_context(connected(member))
+                await member.join()
+            await rec.wait_for("rebalance_failed")
+            assert "do not fit one frame to its leader" in caplog.text
+            assert "assignor that runs on the broker" in caplog.text
+            described = broker.coordinator.describe_group("g")
+            assert len(described.members) == 5 and described.state != "STABLE"

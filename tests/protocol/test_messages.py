@@ -23,6 +23,8 @@ from trio_coord.protocol.messages import (
     DeleteGroupResponse,
     DeleteOffsetsRequest,
     DeleteOffsetsResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchedBatch,
@@ -44,6 +46,7 @@ from trio_coord.protocol.messages import (
     ListGroupsResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    MemberCursor,
     MemberDescription,
     MetadataRequest,
     MetadataResponse,
@@ -108,9 +111,14 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         "billing", partitions=[TopicPartition("orders", 3)], after=TopicPartition("orders", 1)
     ),
     ListGroupsRequest(after="audit"),
-    DescribeGroupRequest("billing", offsets_after=TopicPartition("orders", 2)),
+    DescribeGroupRequest(
+        "billing",
+        offsets_after=TopicPartition("orders", 2),
+        members_after=MemberCursor("m-1", TopicPartition("orders", 1)),
+    ),
     CreateGroupRequest("billing"),
     DeleteGroupRequest("billing"),
+    DeleteTopicRequest("orders"),
     ProduceRequest("orders", 3, b"\x00\x91\x94\x01\xc0\xc4\x01x\x90", 1, 1),
     FetchRequest(
         [FetchPartition("orders", 3, 1234, max_bytes=4096)],
@@ -122,7 +130,9 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
     ResetOffsetsRequest("billing", [OFFSET]),
     DeleteOffsetsRequest("billing", [TopicPartition("orders", 3)]),
     StopFetchersRequest("billing", "m-1", 4, partitions=[TopicPartition("orders", 3)]),
-    StartFetchersRequest("billing", "m-1", 5, [OFFSET], brokers=[BROKER], incremental=True),
+    StartFetchersRequest(
+        "billing", "m-1", 5, [OFFSET], brokers=[BROKER], incremental=True, more=True
+    ),
     messages.ComputeAssignmentRequest(
         "billing",
         "m-1",
@@ -146,9 +156,11 @@ RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     DescribeGroupResponse(
         GroupDescription("billing", "STABLE", 5, "range", [MEMBER], [OFFSET]),
         offsets_next=TopicPartition("orders", 3),
+        members_next=MemberCursor("m-1", TopicPartition("orders", 0)),
     ),
     CreateGroupResponse(),
     DeleteGroupResponse(),
+    DeleteTopicResponse(),
     ProduceResponse(1234),
     FetchResponse(
         [FetchedPartition("orders", 3, 0, "", 0, 1235, batches=[FetchedBatch(1234, 1, b"\x00")])]

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, TypeVar
 import msgspec
 import trio
 
-from ..core.records import TopicRecord, decode_record
+from ..core.records import TopicRecord, TopicTombstone, decode_record
 from ..protocol.connection import open_connection
 from ..protocol.errors import ConnectionClosedError, CoordError
 from ..protocol.messages import BrokerInfo, MetadataRequest
@@ -454,14 +454,23 @@ class ClusterMember:
         self, store: MetadataStore, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Replay topics made or grown anywhere (every topic write touches the topics root)."""
+        topics = self._broker.topics
+        first = True
         async with store.watch_data(TOPICS) as snapshots:
             async for _ in snapshots:
-                for name in await _children(store, TOPICS):
+                names = await _children(store, TOPICS)
+                for name in names:
                     try:
                         data, _stat = await _get(store, topic_path(name))
-                    except NoNodeError:  # pragma: no cover - topics are never deleted
+                    except NoNodeError:  # deleted meanwhile: the next snapshot says so
                         continue
                     self._replay_topic(name, data)
+                for name in sorted(set(topics.partitions) - set(names)):  # deleted
+                    self._broker.writer.forget_paths({topic_path(name)})
+                    topics.replay(TopicTombstone(name))
+                if first:  # every topic there is known: the logs of any other are stale
+                    await self._broker.logs.set_aside(topics.partitions)
+                    first = False
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
 

@@ -307,8 +307,16 @@ class CoordinatorService:
 
     def _topic_changed(self, topic: str) -> None:
         count = self._topics.partitions.get(topic)
+        change = (
+            f"topic {topic} was deleted"
+            if count is None
+            else f"topic {topic} now has {count} partitions"
+        )
         for runner in self._runners.values():
             group = runner.group
+            if count is None and self._nursery is not None:
+                if any(tp.topic == topic for tp in group.offsets):
+                    self._nursery.start_soon(runner.forget_topic, topic)
             if group.state is GroupState.EMPTY:
                 # No generation yet to redo. Members waiting for the first one (the
                 # initial delay) get the topic when it plans: it matches the patterns.
@@ -323,7 +331,7 @@ class CoordinatorService:
                     member.topics = member.topics | {topic}
                     interested = True
             if interested:
-                runner.request_rebalance(f"topic {topic} now has {count} partitions")
+                runner.request_rebalance(change)
 
     async def _sweep_empty_groups(self) -> None:
         retention = self._config.group_retention

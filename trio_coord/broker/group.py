@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core.assignors import Assignment, Assignor
-from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata
+from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata, check_offsets
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..core.validation import PATTERN_PREFIX
@@ -42,6 +42,7 @@ from ..protocol.errors import (
     CoordError,
     CoordinatorNotAvailableError,
     FencedInstanceIdError,
+    FrameTooLargeError,
     GroupSubscribedToTopicError,
     InvalidRequestError,
     UnknownMemberError,
@@ -63,6 +64,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import StoreError
+from .paging import in_parts
 
 if TYPE_CHECKING:
     from .persistence import RecordWriter
@@ -367,10 +369,13 @@ class GroupRunner:
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
         member = check_heartbeat(self.group, request.member_id, request.generation)
-        if request.positions:
-            check_offset_metadata(request.positions, self._limits.offset_metadata_max_bytes)
+        positions = request.positions
+        if positions:
+            check_offset_metadata(positions, self._limits.offset_metadata_max_bytes)
+            positions = self._existing(positions)
+            check_offsets(positions)
         now = trio.current_time()
-        self.group.heartbeat(now, member, request.positions, request.generation)
+        self.group.heartbeat(now, member, positions, request.generation)
         self._liveness[member.member_id].deadline = now + member.session_timeout
         if request.positions and self.group.positions and not self._positions_dirty.is_set():
             self._positions_dirty.set()
@@ -388,7 +393,9 @@ class GroupRunner:
                 f"member {request.member_id!r} is not in group {self.group_id}"
             )
         check_offset_metadata(request.positions, self._limits.offset_metadata_max_bytes)
-        self.group.member_stopped(member.member_id, request.positions)
+        positions = self._existing(request.positions)
+        check_offsets(positions)
+        self.group.member_stopped(member.member_id, positions)
         if request.stay and member.instance_id and self.group.state is GroupState.STABLE:
             conn = self._conns.pop(member.member_id, None)
             if conn is not None:
@@ -480,6 +487,33 @@ class GroupRunner:
         ]
         await self._writer.write(records)
 
+    def _existing(self, positions: list[PartitionOffset]) -> list[PartitionOffset]:
+        """``positions`` without those of partitions that no longer exist (a deleted topic's:
+        a member may report them until the rebalance that follows takes them away)."""
+        counts = self._topics.partitions
+        if all(o.partition < counts.get(o.topic, 0) for o in positions):
+            return positions
+        return [o for o in positions if o.partition < counts.get(o.topic, 0)]
+
+    async def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: delete the group's committed offsets of it (logged on failure)."""
+        doomed = [
+            OffsetTombstone(self.group_id, tp.topic, tp.partition)
+            for tp in sorted(self.group.offsets)
+            if tp.topic == topic
+        ]
+        if doomed:
+            try:
+                await self._writer.write(doomed)
+            except StoreError as exc:
+                log.error(
+                    "group %s: could not delete its offsets of deleted topic %s: %s ; delete "
+                    "them with: trio-coord groups delete-offsets",
+                    self.group_id,
+                    topic,
+                    exc,
+                )
+
     async def _commit_positions(self) -> None:
         records = self.group.drain_positions(_wall_clock_ms())
         if records:
@@ -520,8 +554,7 @@ class GroupRunner:
                 raise UnknownTopicError(
                     f"topic {o.topic!r} has partitions 0..{count - 1}, not {o.partition}"
                 )
-            if o.offset < 0:
-                raise InvalidRequestError(f"offset {o.offset} for {o.tp} is negative")
+            check_offsets([o])
             records.append(
                 OffsetRecord(
                     self.group_id, o.topic, o.partition, o.offset, o.metadata, now_ms, True
@@ -766,19 +799,25 @@ class GroupRunner:
         self, leader: Member, input: AssignmentInput
     ) -> ComputeAssignmentResponse:
         group = self.group
-        response = await self._conn_of(leader).request(
-            ComputeAssignmentRequest(
-                self.group_id,
-                leader.member_id,
-                group.generation,
-                input.assignor,
-                [
-                    MemberSubscription(m.member_id, sorted(m.topics), sorted(m.owned), m.user_data)
-                    for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
-                ],
-                dict(input.spec.partitions),
-            )
+        request = ComputeAssignmentRequest(
+            self.group_id,
+            leader.member_id,
+            group.generation,
+            input.assignor,
+            [
+                MemberSubscription(m.member_id, sorted(m.topics), sorted(m.owned), m.user_data)
+                for m in sorted(input.spec.members.values(), key=lambda m: m.member_id)
+            ],
+            dict(input.spec.partitions),
         )
+        try:
+            response = await self._conn_of(leader).request(request)
+        except FrameTooLargeError as exc:  # (raised before anything is sent)
+            raise FrameTooLargeError(
+                f"the group's {len(request.members)} subscriptions and owned partitions do "
+                f"not fit one frame to its leader ({exc}); use an assignor that runs on the "
+                "broker, or raise the broker's --max-frame-size"
+            ) from exc
         if not isinstance(response, ComputeAssignmentResponse):
             raise InvalidRequestError(f"answered ComputeAssignment with {type(response).__name__}")
         return response
@@ -869,8 +908,10 @@ class GroupRunner:
         if not isinstance(response, StopFetchersResponse):
             raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
         check_offset_metadata(response.positions, self._limits.offset_metadata_max_bytes)
+        positions = self._existing(response.positions)
+        check_offsets(positions)
         if self._is_current(member):
-            self.group.member_stopped(member.member_id, response.positions, partitions)
+            self.group.member_stopped(member.member_id, positions, partitions)
 
     async def _start_in_stages(
         self, member: Member, stages: list[StartPlan], generation: int
@@ -892,15 +933,18 @@ class GroupRunner:
     async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
         conn = self._conn_of(member)
         self.group.member_starting(member.member_id, [p.tp for p in plan.partitions])
-        await conn.request(
-            StartFetchersRequest(
-                self.group_id,
-                member.member_id,
-                generation,
-                plan.partitions,
-                incremental=plan.incremental,
+        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        for number, part in enumerate(parts, 1):
+            await conn.request(
+                StartFetchersRequest(
+                    self.group_id,
+                    member.member_id,
+                    generation,
+                    part,
+                    incremental=plan.incremental,
+                    more=number < len(parts),
+                )
             )
-        )
         if not self._is_current(member):
             return
         self.group.member_started(member.member_id)

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..protocol.connection import Connection, RequestHandler
-from ..protocol.errors import BrokerShuttingDownError, UnsupportedMessageError
+from ..protocol.errors import (
+    BrokerShuttingDownError,
+    InvalidTopicError,
+    UnsupportedMessageError,
+)
 from ..protocol.messages import (
     AddPartitionsRequest,
     AddPartitionsResponse,
@@ -29,9 +33,12 @@ from ..protocol.messages import (
     DeleteGroupResponse,
     DeleteOffsetsRequest,
     DeleteOffsetsResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchRequest,
+    GroupDescription,
     GroupSummary,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -41,6 +48,7 @@ from ..protocol.messages import (
     ListGroupsRequest,
     ListGroupsResponse,
     ListOffsetsRequest,
+    MemberDescription,
     MetadataRequest,
     OffsetCommitRequest,
     OffsetCommitResponse,
@@ -54,7 +62,7 @@ from ..protocol.messages import (
     ResponseBody,
     TopicPartition,
 )
-from .paging import page
+from .paging import encoded_size, page, page_members
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -72,6 +80,12 @@ def _tp(offset: PartitionOffset) -> TopicPartition:
     return offset.tp
 
 
+def _described(
+    bare: GroupDescription, members: list[MemberDescription], offsets: list[PartitionOffset]
+) -> GroupDescription:
+    return msgspec.structs.replace(bare, members=members, offsets=offsets)
+
+
 class BrokerHandler(RequestHandler):
     """Routes one connection's requests; see the module docstring."""
 
@@ -87,7 +101,7 @@ class BrokerHandler(RequestHandler):
             ListGroupsRequest: self._list_groups,
             DescribeGroupRequest: self._describe_group,
             OffsetFetchRequest: self._fetch_offsets,
-            ListOffsetsRequest: self._partitions.list_offsets,
+            ListOffsetsRequest: self._list_offsets,
         }
         self._later: dict[type, Callable[[Any], Awaitable[ResponseBody]]] = {
             JoinGroupRequest: self._join,
@@ -95,6 +109,7 @@ class BrokerHandler(RequestHandler):
             OffsetCommitRequest: self._commit,
             CreateTopicRequest: self._create_topic,
             AddPartitionsRequest: self._add_partitions,
+            DeleteTopicRequest: self._delete_topic,
             CreateGroupRequest: self._create_group,
             DeleteGroupRequest: self._delete_group,
             ProduceRequest: self._produce,
@@ -102,6 +117,7 @@ class BrokerHandler(RequestHandler):
             ResetOffsetsRequest: self._reset_offsets,
             DeleteOffsetsRequest: self._delete_offsets,
             MetadataRequest: self._metadata_after_reading_topics,
+            ListOffsetsRequest: self._list_offsets_after_reading_topics,
         }
 
     def cost(self, body: RequestBody) -> int:
@@ -141,6 +157,11 @@ class BrokerHandler(RequestHandler):
             return None  # a topic made on another broker may not have reached us yet
         return self._broker.metadata(body)
 
+    def _list_offsets(self, body: ListOffsetsRequest) -> ResponseBody | None:
+        if self._broker.member is not None and self._unknown({tp.topic for tp in body.partitions}):
+            return None  # a topic made on another broker may not have reached us yet
+        return self._partitions.list_offsets(body)
+
     def _unknown(self, topics: Iterable[str]) -> list[str]:
         return [t for t in topics if t not in self._topics.partitions]
 
@@ -151,12 +172,20 @@ class BrokerHandler(RequestHandler):
 
     def _describe_group(self, body: DescribeGroupRequest) -> ResponseBody:
         group = self._coordinator.describe_group(body.group)
+        bare = msgspec.structs.replace(group, members=[], offsets=[])
+        room = self._broker.page_bytes - encoded_size(bare)
+        members: list[MemberDescription] = []
         after = body.offsets_after
+        if after is None:  # members first; offsets once every member is given
+            members, members_next, used = page_members(group.members, body.members_after, room)
+            if members_next is not None:
+                return DescribeGroupResponse(
+                    _described(bare, members, []), members_next=members_next
+                )
+            room -= used
         offsets = (o for o in group.offsets if after is None or o.tp > after)
-        bare = msgspec.structs.replace(group, offsets=[])
-        room = self._broker.page_bytes - len(msgspec.msgpack.encode(bare))
         listed, following = page(offsets, _tp, max(room, 1))
-        return DescribeGroupResponse(msgspec.structs.replace(group, offsets=listed), following)
+        return DescribeGroupResponse(_described(bare, members, listed), following)
 
     def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
         offsets = self._coordinator.fetch_offsets(body.group, body.partitions)
@@ -170,6 +199,13 @@ class BrokerHandler(RequestHandler):
     # -- in a task -----------------------------------------------------------------
 
     async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+        size, most = encoded_size(body.topics), self._broker.page_bytes // 2
+        if size > most:  # (at the default frame, the entry count binds first)
+            raise InvalidTopicError(
+                f"a subscription of {size} bytes is more than the {most} this broker allows "
+                "(a quarter of its frame size: DescribeGroup must show the member on one page); "
+                "subscribe to a pattern that covers the topics instead"
+            )
         return await self._coordinator.join(body, self._conn)
 
     async def _leave(self, body: LeaveGroupRequest) -> ResponseBody:
@@ -192,6 +228,13 @@ class BrokerHandler(RequestHandler):
             await member.read_topics(self._unknown(body.topics or ()))
         return self._broker.metadata(body)
 
+    async def _list_offsets_after_reading_topics(self, body: ListOffsetsRequest) -> ResponseBody:
+        """ListOffsets naming topics this broker does not know: read them from the store first."""
+        member = self._broker.member
+        if member is not None:
+            await member.read_topics(self._unknown(sorted({tp.topic for tp in body.partitions})))
+        return self._partitions.list_offsets(body)
+
     async def _produce(self, body: ProduceRequest) -> ResponseBody:
         if self._broker.member is not None:
             await self._broker.member.read_topics(self._unknown([body.topic]))
@@ -204,6 +247,12 @@ class BrokerHandler(RequestHandler):
         if self._broker.member is not None:
             await self._broker.member.read_topics(self._unknown([body.topic]))
         return AddPartitionsResponse(await self._topics.add_partitions(body.topic, body.total))
+
+    async def _delete_topic(self, body: DeleteTopicRequest) -> ResponseBody:
+        if self._broker.member is not None:
+            await self._broker.member.read_topics(self._unknown([body.name]))
+        await self._topics.delete_topic(body.name)
+        return DeleteTopicResponse()
 
     async def _create_group(self, body: CreateGroupRequest) -> ResponseBody:
         await self._coordinator.create_group(body.group)

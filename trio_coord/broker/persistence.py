@@ -14,7 +14,7 @@ durable, and the in-memory state always equals what a restart would load
 
 The store layout::
 
-    /topics/<topic>                        TopicRecord
+    /topics/<topic>                        TopicRecord (a TopicTombstone deletes the node)
     /groups/<group>                        GroupRecord (empty data: only a parent of offsets)
     /groups/<group>/offsets/<topic>~<p>    OffsetRecord
 """
@@ -36,6 +36,7 @@ from ..core.records import (
     OffsetTombstone,
     Record,
     TopicRecord,
+    TopicTombstone,
     decode_record,
     encode_record,
     supersedes,
@@ -85,9 +86,11 @@ def offset_path(group_id: str, tp: TopicPartition) -> str:
     return f"{GROUPS}/{group_id}/offsets/{tp.topic}~{tp.partition}"
 
 
-def record_path(record: TopicRecord | GroupRecord | OffsetRecord | OffsetTombstone) -> str:
-    """Where a record lives in the store."""
-    if isinstance(record, TopicRecord):
+def record_path(
+    record: TopicRecord | TopicTombstone | GroupRecord | OffsetRecord | OffsetTombstone,
+) -> str:
+    """Where a record lives in the store (a tombstone: the node it deletes)."""
+    if isinstance(record, TopicRecord | TopicTombstone):
         return topic_path(record.name)
     if isinstance(record, GroupRecord):
         return group_path(record.group_id)
@@ -118,7 +121,7 @@ async def load_records(
         names = await store.children(TOPICS)
         found = await _read_all(store, [topic_path(n) for n in names])
         for name, data in zip(names, found, strict=True):
-            if data is not None:  # (topics are never deleted)
+            if data is not None:  # (None: deleted meanwhile)
                 records.append(decode_record(data))
                 paths.add(topic_path(name))
     # Every read of a level is in flight at once: a coordinator loading a slot after a
@@ -219,7 +222,7 @@ def _estimate(records: Sequence[Record]) -> int:
             total += _OP_BYTES + len(group_path(record.group_id))
         else:
             total += _OP_BYTES + len(record_path(record))
-            if not isinstance(record, OffsetTombstone):
+            if not isinstance(record, OffsetTombstone | TopicTombstone):
                 total += len(encode_record(record))
     return total
 
@@ -294,6 +297,10 @@ class RecordWriter:
     def add_existing_paths(self, paths: set[str]) -> None:
         """Tell the writer which store paths exist already (after loading)."""
         self._paths |= paths
+
+    def forget_paths(self, paths: set[str]) -> None:
+        """Tell the writer that these paths are gone (another broker deleted them)."""
+        self._paths -= paths
 
     async def drain(self) -> None:
         """Return once every record queued before this call is durable (or failed)."""
@@ -412,14 +419,15 @@ class RecordWriter:
         delete. A group tombstone deletes its group's existing subtree first;
         what later records in the batch write for that group is then created
         anew. An offset tombstone deletes one offset node unless a later
-        record in the batch writes it again.
+        record in the batch writes it again; so does a topic tombstone its
+        topic's node.
         """
         writes: dict[str, Record] = {}  # path -> the record replay will leave there
         doomed: set[str] = set()  # existing paths that a tombstone deletes
         fresh: set[str] = set()  # groups tombstoned in this batch: nothing durable is left
-        erased: set[str] = set()  # offset paths deleted in this batch (unless written again)
+        erased: set[str] = set()  # paths deleted in this batch (unless written again)
         for record in records:
-            if isinstance(record, OffsetTombstone):
+            if isinstance(record, OffsetTombstone | TopicTombstone):
                 path = record_path(record)
                 writes.pop(path, None)
                 erased.add(path)

@@ -37,7 +37,7 @@ import trio
 from .._aio import unwrap_lone_exception
 from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
-from ..core.records import Record, TopicRecord
+from ..core.records import Record, TopicRecord, TopicTombstone
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
@@ -258,6 +258,7 @@ class Broker:
             max_partitions=config.max_partitions,
             placement=None if self.member is None else placement(self.member),
         )
+        self.topics.add_listener(self._topic_changed)
         self.partitions = PartitionService(
             logs,
             self.topics,
@@ -360,15 +361,19 @@ class Broker:
         return BrokerInfo(self.config.broker_id, self.address[0], self.address[1])
 
     def _current(self, record: Record) -> Record | None:
-        if isinstance(record, TopicRecord):
+        if isinstance(record, TopicRecord | TopicTombstone):
             return self.topics.current(record.name)
         return self.coordinator.services[0].current(record)  # (a single broker's slot)
 
     def _replay(self, record: Record, *, loading: bool = False) -> None:
-        if isinstance(record, TopicRecord):
+        if isinstance(record, TopicRecord | TopicTombstone):
             self.topics.replay(record)
         else:
             self.coordinator.services[0].replay(record, loading=loading)
+
+    def _topic_changed(self, topic: str) -> None:
+        if topic not in self.topics.partitions:  # deleted: its logs go too
+            self.logs.remove_topic(topic)
 
     async def _load(self) -> None:
         if self.member is not None:
@@ -377,6 +382,7 @@ class Broker:
         self.writer.add_existing_paths(paths)
         for record in records:
             self._replay(record, loading=True)
+        await self.logs.set_aside(self.topics.partitions)
         log.info(
             "loaded %d topic(s) and %d group(s) from the store",
             len(self.topics.partitions),

@@ -1,15 +1,16 @@
 """The topic manager: which topics exist and how many partitions each has.
 
-It validates and persists CreateTopic and AddPartitions (through the record
-writer, so a topic is acknowledged only once durable), answers what the
-coordinator needs to assign (partition counts), and tells its listeners when
-a topic appears or grows so that the groups subscribed to it rebalance.
+It validates and persists CreateTopic, AddPartitions and DeleteTopic
+(through the record writer, so a change is acknowledged only once durable),
+answers what the coordinator needs to assign (partition counts), and tells
+its listeners when a topic appears, grows or goes, so that the groups
+subscribed to it rebalance, and the logs of a deleted topic are removed.
 
 In a cluster every partition is placed on one live broker when it is
 created (spread round the brokers from a point that depends on the topic's
 name) and stays there: its records live on that broker's disk. Topics
-created or grown by other brokers arrive through :meth:`replay` too (the
-broker watches the store).
+created, grown or deleted by other brokers arrive through :meth:`replay` too
+(the broker watches the store).
 
 A subscription entry ``re:PATTERN`` is a regular expression over topic
 names; :meth:`TopicManager.matching` says which existing topics a
@@ -29,7 +30,7 @@ from typing import Any
 import re2
 import trio
 
-from ..core.records import TopicRecord, supersedes
+from ..core.records import TopicRecord, TopicTombstone, supersedes
 from ..core.validation import PATTERN_PREFIX, validate_topic_name
 from ..protocol.errors import (
     CoordinatorNotAvailableError,
@@ -111,7 +112,8 @@ class TopicManager:
         self._changing = trio.Lock()
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(topic)`` whenever a topic is created or grows."""
+        """Call ``listener(topic)`` whenever a topic is created, grows or is deleted
+        (then it is no longer in :attr:`partitions`)."""
         self._listeners.append(listener)
 
     def remove_listener(self, listener: Callable[[str], None]) -> None:
@@ -130,9 +132,16 @@ class TopicManager:
         count = self.partitions.get(name)
         return None if count is None else TopicRecord(name, count, self.leaders.get(name, []))
 
-    def replay(self, record: TopicRecord) -> None:
+    def replay(self, record: TopicRecord | TopicTombstone) -> None:
         """Apply a durable topic record and tell the listeners (counts never shrink)."""
         old = self.current(record.name)
+        if isinstance(record, TopicTombstone):
+            if old is not None:
+                del self.partitions[record.name]
+                self.leaders.pop(record.name, None)
+                for listener in list(self._listeners):
+                    listener(record.name)
+            return
         if not supersedes(record, old) or record == old:
             return
         self.partitions[record.name] = record.partitions
@@ -195,6 +204,13 @@ class TopicManager:
             leaders = self._place(name, self.leaders.get(name, []), total)
             await self._writer.write([TopicRecord(name, total, leaders)])
             return self.info(name)
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic: its logs are removed and groups forget its offsets (UNKNOWN_TOPIC
+        if there is no such topic). Groups subscribed to it rebalance without it."""
+        async with self._changing:
+            self.require(name)
+            await self._writer.write([TopicTombstone(name)])
 
     def require(self, name: str) -> int:
         """The partition count of ``name``; raises UNKNOWN_TOPIC if it does not exist."""

@@ -36,6 +36,8 @@ from ..protocol.messages import (
     CreateTopicResponse,
     DeleteGroupRequest,
     DeleteOffsetsRequest,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupDescription,
@@ -45,6 +47,7 @@ from ..protocol.messages import (
     ListGroupsResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    MemberDescription,
     MetadataRequest,
     MetadataResponse,
     OffsetFetchRequest,
@@ -167,6 +170,15 @@ class Admin:
         response = await self._ask(AddPartitionsRequest(topic, total), AddPartitionsResponse)
         return response.topic
 
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic, its records and every group's committed offsets of it.
+
+        Raises UnknownTopicError if there is no such topic. Groups subscribed
+        to it rebalance without it; a topic created again under its name
+        starts empty, at offset 0.
+        """
+        await self._ask(DeleteTopicRequest(name), DeleteTopicResponse)
+
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic, sorted by name."""
         return (await self.metadata()).topics
@@ -222,19 +234,31 @@ class Admin:
         return [groups[g] for g in sorted(groups)]
 
     async def describe_group(self, group_id: str) -> GroupDescription:
-        """State, generation, members with their partitions, and committed offsets."""
-        response = await self._ask_coordinator(
-            group_id, DescribeGroupRequest(group_id), DescribeGroupResponse
-        )
-        group, offsets = response.group, list(response.group.offsets)
-        while response.offsets_next is not None:  # (a page at a time)
-            response = await self._ask_coordinator(
-                group_id,
-                DescribeGroupRequest(group_id, response.offsets_next),
-                DescribeGroupResponse,
-            )
-            offsets.extend(response.group.offsets)
-        return msgspec.structs.replace(group, offsets=offsets)
+        """State, generation, members with their partitions, and committed offsets.
+
+        A large group comes a page at a time; the pages are joined here.
+        """
+        request = DescribeGroupRequest(group_id)
+        members: list[MemberDescription] = []
+        offsets: list[PartitionOffset] = []
+        while True:
+            response = await self._ask_coordinator(group_id, request, DescribeGroupResponse)
+            page = response.group
+            if members and page.members and page.members[0].member_id == members[-1].member_id:
+                # A member cut between pages: its partitions continue.
+                first, *rest = page.members
+                joined = [*members[-1].partitions, *first.partitions]
+                members[-1] = msgspec.structs.replace(first, partitions=joined)
+                members.extend(rest)
+            else:
+                members.extend(page.members)
+            offsets.extend(page.offsets)
+            if response.members_next is not None:
+                request = DescribeGroupRequest(group_id, members_after=response.members_next)
+            elif response.offsets_next is not None:
+                request = DescribeGroupRequest(group_id, offsets_after=response.offsets_next)
+            else:
+                return msgspec.structs.replace(page, members=members, offsets=offsets)
 
     async def committed_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None

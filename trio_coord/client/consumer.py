@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import trio
 from trio_util import AsyncValue
 
@@ -162,13 +163,17 @@ class _PushHandler(RequestHandler):
                 if consumer._left:
                     raise UnknownMemberError(f"member {body.member_id!r} has left the group")
                 if isinstance(body, StopFetchersRequest):
+                    consumer._start_parts.clear()  # (a restarted rebalance voids them)
                     if body.partitions is not None:
                         return StopFetchersResponse(await consumer._revoke_some(body.partitions))
                     return StopFetchersResponse(await consumer._stop_fetchers())
-                if body.incremental:
-                    await consumer._start_incremental(body)
+                whole = consumer._collect_part(body)
+                if whole is None:  # more parts of this assignment follow
+                    return StartFetchersResponse()
+                if whole.incremental:
+                    await consumer._start_incremental(whole)
                 else:
-                    await consumer._start_fetchers(body)
+                    await consumer._start_fetchers(whole)
                 return StartFetchersResponse()
         return await super().handle(body)
 
@@ -290,6 +295,7 @@ class Consumer(EnterOnce):
         self._session_scope: trio.CancelScope | None = None
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
+        self._start_parts: list[StartFetchersRequest] = []
         self._left = False
         self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
         self._assignor_failure: Exception | None = None  # what our assignor raised as leader
@@ -660,6 +666,20 @@ class Consumer(EnterOnce):
                 del self._assignment[tp]
             self._handed_back = [p for p in self._handed_back if p.tp not in wanted] + positions
         return sorted(again + positions, key=lambda p: p.tp)
+
+    def _collect_part(self, part: StartFetchersRequest) -> StartFetchersRequest | None:
+        """An assignment too large for one frame comes in parts: the whole once all are here."""
+        held = self._start_parts
+        if held and held[0].generation != part.generation:
+            held.clear()  # the parts of an older generation's start never finished
+        held.append(part)
+        if part.more:
+            return None
+        self._start_parts = []
+        if len(held) == 1:
+            return part
+        joined = [p for each in held for p in each.partitions]
+        return msgspec.structs.replace(part, partitions=joined)
 
     async def _start_incremental(self, request: StartFetchersRequest) -> None:
         """Cooperative: own ``request.partitions``, keeping those already fetched as they are.

@@ -29,12 +29,17 @@ from ..protocol.messages import PartitionOffset
 from .group import Group, GroupState, Member
 
 __all__ = [
+    "MAX_OFFSET",
     "STANDALONE_GENERATION",
     "check_commit",
     "check_heartbeat",
     "check_member",
     "check_offset_metadata",
+    "check_offsets",
 ]
+
+MAX_OFFSET = 2**63 - 1
+"""The largest offset (Kafka's: a signed 64-bit integer)."""
 
 STANDALONE_GENERATION = -1
 """The generation a standalone committer (not a group member) sends, with member id ""."""
@@ -164,13 +169,33 @@ def check_commit(
                 f"cannot commit to {offset.tp}: topic {offset.topic!r} has partitions "
                 f"0 to {count - 1}"
             )
-        if offset.offset < 0:
-            raise InvalidRequestError(f"offset {offset.offset} for {offset.tp} is negative")
+        check_offsets([offset])
         current = group.offsets.get(offset.tp)
         if not allow_regression and current is not None and offset.offset < current.offset:
             raise OffsetRegressionError(
                 f"committing {offset.offset} for {offset.tp} would move the group's offset "
                 f"back from {current.offset}; pass allow_regression=True to rewind on purpose"
+            )
+
+
+def check_offsets(offsets: Sequence[PartitionOffset]) -> None:
+    """Raise INVALID_REQUEST for an offset no log can have: negative, or past 2**63 - 1.
+
+    Checked wherever offsets enter a group (commits, resets, and the
+    positions heartbeats, leaves and stop acknowledgements carry). As in
+    Kafka, an offset past the log end is accepted: a tool may restore
+    offsets before the records arrive; a wrong one is undone by a reset.
+    """
+    for o in offsets:
+        if o.offset < 0:
+            raise InvalidRequestError(
+                f"offset {o.offset} for {o.topic}-{o.partition} is negative; commit the offset "
+                "of the next record to consume"
+            )
+        if o.offset > MAX_OFFSET:
+            raise InvalidRequestError(
+                f"offset {o.offset} for {o.topic}-{o.partition} is beyond the largest offset "
+                f"({MAX_OFFSET}); commit the offset of the next record to consume"
             )
 
 

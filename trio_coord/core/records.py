@@ -23,6 +23,7 @@ __all__ = [
     "OffsetTombstone",
     "Record",
     "TopicRecord",
+    "TopicTombstone",
     "decode_record",
     "encode_record",
     "supersedes",
@@ -43,6 +44,16 @@ class TopicRecord(_Rec, tag="topic"):
     name: str
     partitions: int
     leaders: list[int] = []
+
+
+class TopicTombstone(_Rec, tag="topic-deleted"):
+    """The topic is deleted: its partitions' logs go, and groups forget its offsets.
+
+    A topic created again under the same name is a new topic: its
+    partitions start empty, at offset 0.
+    """
+
+    name: str
 
 
 class MemberRecord(_Rec):
@@ -115,7 +126,9 @@ class GroupTombstone(_Rec, tag="group-deleted"):
     group_id: str
 
 
-Record = TopicRecord | GroupRecord | OffsetRecord | OffsetTombstone | GroupTombstone
+Record = (
+    TopicRecord | TopicTombstone | GroupRecord | OffsetRecord | OffsetTombstone | GroupTombstone
+)
 
 
 def supersedes(new: Record, old: Record | None) -> bool:

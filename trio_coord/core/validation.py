@@ -13,6 +13,7 @@ from ..protocol.errors import InvalidGroupIdError, InvalidTopicError
 
 __all__ = [
     "MAX_NAME_LENGTH",
+    "MAX_SUBSCRIPTION_ENTRIES",
     "PATTERN_PREFIX",
     "validate_group_id",
     "validate_subscription",
@@ -20,6 +21,9 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH = 249
+MAX_SUBSCRIPTION_ENTRIES = 1000
+"""The most topic names and patterns one member may subscribe to (a pattern covers many):
+the group keeps, persists and describes every entry for the member's life."""
 PATTERN_PREFIX = "re:"
 """A subscription entry starting with this is a regular expression over topic names."""
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
@@ -58,8 +62,15 @@ def validate_subscription(entries: list[str]) -> None:
 
     Entries starting with :data:`PATTERN_PREFIX` are patterns, checked where
     they are compiled. A name that could never be a topic would otherwise
-    sit in the group's state and records, and in every answer that lists it.
+    sit in the group's state and records, and in every answer that lists it;
+    so would more than :data:`MAX_SUBSCRIPTION_ENTRIES` entries.
     """
+    if len(entries) > MAX_SUBSCRIPTION_ENTRIES:
+        raise InvalidTopicError(
+            f"a subscription of {len(entries)} entries is more than the "
+            f"{MAX_SUBSCRIPTION_ENTRIES} a member may name; subscribe to a pattern "
+            f"({PATTERN_PREFIX}PATTERN) that covers the topics instead"
+        )
     for entry in entries:
         if not entry.startswith(PATTERN_PREFIX):
             problem = _problem(entry)

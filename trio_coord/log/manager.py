@@ -12,7 +12,9 @@ retention check) and on exit flushes and closes everything.
     <root>/<topic>/<partition>/<base>.index
 
 (``@`` cannot occur in a topic name, so no topic directory can collide with
-the lock file.)
+the lock file, or with ``<topic>@deleted-<ns>``, the name a deleted topic's
+directory takes while it is removed, or ``<topic>@orphaned-<ns>``, where
+start-up sets aside the logs of a topic the metadata store does not know.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -44,6 +46,8 @@ __all__ = ["DEFAULT_CONFIG", "LOCK_FILE", "LogManager", "open_log_manager"]
 logger = logging.getLogger(__name__)
 
 LOCK_FILE: Final = "LOCK@"
+_DELETED: Final = "@deleted-"
+_ORPHANED: Final = "@orphaned-"
 _PARTITION: Final = re.compile(r"0|[1-9][0-9]*")
 
 DEFAULT_CONFIG: Final = LogConfig()
@@ -77,6 +81,17 @@ def _scan_root(root: Path) -> list[tuple[str, int, Path]]:
     found: list[tuple[str, int, Path]] = []
     for topic_dir in sorted(root.iterdir()):
         if topic_dir.name == LOCK_FILE:
+            continue
+        if _DELETED in topic_dir.name:  # a removal cut short by a crash: finish it
+            shutil.rmtree(topic_dir, ignore_errors=True)
+            continue
+        if _ORPHANED in topic_dir.name:
+            logger.warning(
+                "%s: %s holds the logs of a topic the metadata store did not know (set "
+                "aside at an earlier start); remove it once you are sure they are not needed",
+                root,
+                topic_dir.name,
+            )
             continue
         try:
             validate_topic_name(topic_dir.name)
@@ -115,6 +130,7 @@ class LogManager:
         self._closed = False
         self._listeners: list[Callable[[str, int], None]] = []
         self._damaged: dict[_Key, LogCorruptError] = {}
+        self._removing: dict[str, trio.Event] = {}  # topic -> set once its files are gone
 
     def __repr__(self) -> str:
         return f"<LogManager {self.root} with {len(self._logs)} partitions>"
@@ -159,6 +175,8 @@ class LogManager:
         key = (topic, partition)
         if key in self._damaged:
             raise self._damaged[key]
+        while (removal := self._removing.get(topic)) is not None:
+            await removal.wait()  # a topic created again starts empty, in a new directory
         async with self._create_lock:
             existing = self._logs.get(key)
             if existing is not None:
@@ -181,6 +199,83 @@ class LogManager:
     def partitions(self) -> list[tuple[str, int]]:
         """Every (topic, partition) this manager holds, sorted."""
         return sorted(self._logs)
+
+    def remove_topic(self, topic: str) -> None:
+        """Forget a deleted topic's partitions now; close and delete their files soon.
+
+        Its logs leave :meth:`get` at once (produce and fetch find none, and
+        a fetch parked on one is woken); in the manager's nursery they are
+        closed and ``<root>/<topic>`` is deleted. :meth:`create` for the topic
+        waits for that, so that a topic created again under its name starts
+        empty. A failure is logged with the directory to remove by hand.
+        """
+        logs = [self._logs.pop(key) for key in sorted(self._logs) if key[0] == topic]
+        for key in [key for key in self._damaged if key[0] == topic]:
+            del self._damaged[key]
+        if topic in self._removing or self._nursery is None:
+            return
+        done = self._removing[topic] = trio.Event()
+        self._nursery.start_soon(self._remove, topic, logs, _DELETED, done)
+
+    async def set_aside(self, known: Collection[str]) -> list[str]:
+        """Move aside the logs of every topic not in ``known``; return those topics.
+
+        Run at start-up, once the metadata store's topics are known: logs of
+        a topic deleted while this broker was down (or before a crash let it
+        remove them) must not come back if a topic of that name is created
+        again. They are renamed ``<topic>@orphaned-<ns>``, not deleted (the
+        store may be the wrong one), and a warning names them.
+        """
+        held = {topic for topic, _ in self._logs} | {topic for topic, _ in self._damaged}
+        unknown = sorted(held - set(known))
+        for topic in unknown:
+            logs = [self._logs.pop(key) for key in sorted(self._logs) if key[0] == topic]
+            for key in [key for key in self._damaged if key[0] == topic]:
+                del self._damaged[key]
+            done = self._removing[topic] = trio.Event()
+            await self._remove(topic, logs, _ORPHANED, done)
+            logger.warning(
+                "%s: topic %s is not in the metadata store (deleted while this broker was "
+                "down?); its logs are set aside as %s%s...: remove them once you are sure",
+                self.root,
+                topic,
+                topic,
+                _ORPHANED,
+            )
+        return unknown
+
+    async def _remove(
+        self, topic: str, logs: list[PartitionLog], suffix: str, done: trio.Event
+    ) -> None:
+        """Close ``logs`` and rename ``<root>/<topic>`` aside (deleting it unless orphaned)."""
+        directory = self.root / topic
+        try:
+            with trio.CancelScope(shield=True):
+                for log in logs:
+                    await log._close()
+                await trio.to_thread.run_sync(
+                    self._rename_aside, directory, suffix, limiter=self._limiter
+                )
+        except (OSError, LogError) as exc:
+            logger.error(
+                "could not remove the logs of deleted topic %s (%s): %s; remove it by hand",
+                topic,
+                directory,
+                exc,
+            )
+        finally:
+            del self._removing[topic]
+            done.set()
+
+    def _rename_aside(self, directory: Path, suffix: str) -> None:
+        """Rename ``directory`` to ``<name><suffix><ns>`` durably; delete it if deleted (thread)."""
+        if not directory.exists():
+            return
+        aside = directory.with_name(f"{directory.name}{suffix}{time.time_ns()}")
+        os.rename(directory, aside)
+        fsync_dir(directory.parent)
+        if suffix == _DELETED:
+            shutil.rmtree(aside)
 
     async def enforce_retention(self, now: float) -> int:
         """Apply retention to every partition (see :meth:`PartitionLog.enforce_retention`).

@@ -131,6 +131,11 @@ class Connection:
         """When a frame last arrived or an answer was last written (for idle timeouts)."""
 
     @property
+    def max_frame_size(self) -> int:
+        """The largest frame this connection sends or accepts."""
+        return self._codec.max_frame_size
+
+    @property
     def idle(self) -> bool:
         """True when nothing is in flight either way (no request handled, none awaited)."""
         return not self._waiters and (self._own is None or not self._own.used)

@@ -43,6 +43,8 @@ __all__ = [
     "DeleteGroupResponse",
     "DeleteOffsetsRequest",
     "DeleteOffsetsResponse",
+    "DeleteTopicRequest",
+    "DeleteTopicResponse",
     "DescribeGroupRequest",
     "DescribeGroupResponse",
     "FetchPartition",
@@ -66,6 +68,7 @@ __all__ = [
     "ListOffsetsResponse",
     "ListedOffset",
     "MemberAssignment",
+    "MemberCursor",
     "MemberDescription",
     "MemberSubscription",
     "MetadataRequest",
@@ -296,15 +299,33 @@ class ListGroupsRequest(_Wire, tag=9):
     after: str = ""
 
 
+class MemberCursor(_Wire):
+    """Where a page of a group's members ends: after ``member_id``'s partition ``partition``.
+
+    ``partition=None``: after the whole member. A member whose partitions do
+    not fit one page is cut there, and the next page repeats the member with
+    the partitions that follow.
+    """
+
+    member_id: str
+    partition: TopicPartition | None = None
+
+
 class DescribeGroupRequest(_Wire, tag=10):
     """Describe one group: state, generation, members, assignment, offsets.
 
-    Offsets come a page at a time (those after ``offsets_after``); the
-    answer's ``offsets_next`` continues, with the same members again.
+    The description comes a page at a time, members first, then offsets.
+    The first request sets no cursor. The answer's ``members_next`` (more
+    members remain) is sent back as ``members_after``; its ``offsets_next``
+    (every member given, more offsets remain) as ``offsets_after``, and that
+    page lists no members. Pages are read from the live group, not a
+    snapshot: a group that changes between pages is described partly before,
+    partly after the change.
     """
 
     group: str
     offsets_after: TopicPartition | None = None
+    members_after: MemberCursor | None = None
 
 
 class CreateGroupRequest(_Wire, tag=11):
@@ -321,6 +342,16 @@ class DeleteGroupRequest(_Wire, tag=12):
     """Delete an empty group and its committed offsets."""
 
     group: str
+
+
+class DeleteTopicRequest(_Wire, tag=18):
+    """Delete a topic: its records, and every group's committed offsets of it.
+
+    Groups subscribed to it rebalance without it. A topic created again
+    under the same name is a new, empty topic.
+    """
+
+    name: str
 
 
 class ProduceRequest(_Wire, tag=13):
@@ -421,6 +452,9 @@ class StartFetchersRequest(_Wire, tag=21):
     incremental: bool = False
     """Cooperative: ``partitions`` is the whole assignment; keep fetching the ones already
     owned (their offsets are ignored) and start the others from their offsets."""
+    more: bool = False
+    """The assignment did not fit one frame: it continues in the next StartFetchers of this
+    generation. Keep these partitions and start nothing until the part without ``more``."""
 
 
 class MemberSubscription(_Wire):
@@ -460,6 +494,7 @@ RequestBody = (
     | DescribeGroupRequest
     | CreateGroupRequest
     | DeleteGroupRequest
+    | DeleteTopicRequest
     | ProduceRequest
     | FetchRequest
     | ListOffsetsRequest
@@ -540,6 +575,8 @@ class DescribeGroupResponse(_Wire, tag=10):
     group: GroupDescription
     offsets_next: TopicPartition | None = None
     """More offsets remain: ask again with ``offsets_after=offsets_next``."""
+    members_next: MemberCursor | None = None
+    """More members remain: ask again with ``members_after=members_next``."""
 
 
 class CreateGroupResponse(_Wire, tag=11):
@@ -548,6 +585,10 @@ class CreateGroupResponse(_Wire, tag=11):
 
 class DeleteGroupResponse(_Wire, tag=12):
     """The group and its offsets are gone."""
+
+
+class DeleteTopicResponse(_Wire, tag=18):
+    """The topic is deleted (durably; its logs are removed in the background)."""
 
 
 class ProduceResponse(_Wire, tag=13):
@@ -652,6 +693,7 @@ ResponseBody = (
     | DescribeGroupResponse
     | CreateGroupResponse
     | DeleteGroupResponse
+    | DeleteTopicResponse
     | ProduceResponse
     | FetchResponse
     | ListOffsetsResponse
