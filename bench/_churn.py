@@ -114,6 +114,10 @@ class _Member(RequestHandler):
             return StopFetchersResponse()
         if isinstance(body, StartFetchersRequest):
             self.generation = body.generation
+            if body.unchanged:  # cooperative, nothing of ours moved: same partitions
+                self.changed.set()
+                self.changed = trio.Event()
+                return StartFetchersResponse()
             wanted = {p.tp for p in body.partitions}
             for tp in wanted - self.owned:
                 if tp in self.stopped_at:
@@ -143,6 +147,9 @@ class _Member(RequestHandler):
                 assert isinstance(response, JoinGroupResponse)
                 self.member_id = response.member_id
                 if not response.rejoin:
+                    # Heartbeat in the generation it joined, until StartFetchers names a newer
+                    # one (with -1 every heartbeat before its first start was refused).
+                    self.generation = max(self.generation, response.generation)
                     break
             task_status.started(conn)
             while True:
@@ -265,7 +272,12 @@ async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[st
             group.on_event(what, details)
 
     results: dict[str, list[dict[str, Any]]] = {}
-    async with open_broker(workdir, HOST, 0, min_session_timeout=0.1, on_event=on_event) as broker:
+    settings: dict[str, Any] = {
+        "min_session_timeout": 0.1,
+        "on_event": on_event,
+        "max_group_size": max(1000, params.members + 1),  # (each join adds one at a time)
+    }
+    async with open_broker(workdir, HOST, 0, **settings) as broker:
         await broker.topics.create_topic("churn", params.partitions)
         for protocol in PROTOCOLS:
             async with trio.open_nursery() as nursery:

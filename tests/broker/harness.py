@@ -123,6 +123,7 @@ class FakeMember(RequestHandler):
         self.start_offsets: dict[TopicPartition, int] = {}
         self.pushes: list[tuple[float, str]] = []
         self.hold_stop = False
+        self.stop_delay = 0.0  # seconds a StopFetchers takes to answer
         self.hold_start = False
         self.hold_compute = False
         self.protocol = protocol
@@ -146,6 +147,7 @@ class FakeMember(RequestHandler):
             self.stops.append((now, body.partitions))
             if self.hold_stop:
                 await trio.sleep_forever()
+            await trio.sleep(self.stop_delay)
             if body.partitions is None:
                 self.timeline.stop(self.who)
                 self.owned = []
@@ -165,6 +167,8 @@ class FakeMember(RequestHandler):
             if self.hold_start:
                 await trio.sleep_forever()
             self.generation = body.generation
+            if body.unchanged:  # the same partitions, in the new generation
+                return StartFetchersResponse()
             wanted = [p.tp for p in body.partitions]
             if body.incremental:
                 added = [tp for tp in wanted if tp not in self.owned]

@@ -563,3 +563,37 @@ async def test_a_bug_raised_while_the_rebalance_is_cancelled_stays_in_the_group(
             stable = await rec.wait_for("stable", since=mark)  # and the group recovers
             assert set(stable["ownership"].values()) == {a.member_id, c.member_id}
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
+async def test_joins_during_a_rebalance_do_not_restart_it(autojump_clock, protocol):
+    # A burst of joins used to restart the rebalance once per join (each restart stopping
+    # every member again). New members own nothing to stop: the rebalance runs on, takes
+    # in those that came before its plan, and one more rebalance takes in the rest.
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 12)
+
+        def member(name: str) -> FakeMember:
+            return FakeMember(broker, "g", ["t"], timeline=timeline, name=name, protocol=protocol)
+
+        first, *late = [member(n) for n in "abcdef"]
+        first.stop_delay = 1.0  # the rebalance the first join of the burst starts is slow
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(connected(first))
+            await first.join()
+            await rec.wait_for("stable", generation=1)
+            mark = len(rec.events)
+            for m in late:
+                await stack.enter_async_context(connected(m))
+                await m.join()
+                await trio.sleep(0.1)  # one by one, while the rebalance waits for the stop
+            with trio.fail_after(30):
+                while True:
+                    stable = rec.all("stable", since=mark)
+                    if stable and len(set(stable[-1]["ownership"].values())) == 6:
+                        break
+                    await trio.sleep(0.05)
+            assert rec.all("rebalance_restarted", since=mark) == []
+            assert len(rec.all("rebalance_started", since=mark)) <= 2
+            assert not timeline.overlaps()

@@ -446,7 +446,9 @@ class GroupProtocol(RuleBasedStateMachine):
                         return True  # the rebalance restarted while we waited
                 consumer = self.consumers[member_id]
                 wanted = {po.tp: max(po.offset, 0) for po in start.partitions}
-                if start.incremental:  # it keeps what it fetches, all of which it keeps
+                if start.unchanged:  # it keeps exactly what it fetches, in the new generation
+                    wanted = dict(consumer.fetching)
+                elif start.incremental:  # it keeps what it fetches, all of which it keeps
                     assert set(consumer.fetching) <= set(wanted), "kept what moved away"
                     wanted.update(consumer.fetching)
                 else:

@@ -131,7 +131,14 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
     DeleteOffsetsRequest("billing", [TopicPartition("orders", 3)]),
     StopFetchersRequest("billing", "m-1", 4, partitions=[TopicPartition("orders", 3)]),
     StartFetchersRequest(
-        "billing", "m-1", 5, [OFFSET], brokers=[BROKER], incremental=True, more=True
+        "billing",
+        "m-1",
+        5,
+        [OFFSET],
+        brokers=[BROKER],
+        incremental=True,
+        more=True,
+        unchanged=True,
     ),
     messages.ComputeAssignmentRequest(
         "billing",

@@ -64,6 +64,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import StoreError
+from .liveness import Liveness
 from .paging import in_parts
 
 if TYPE_CHECKING:
@@ -143,9 +144,10 @@ class GroupRunner:
         self._on_event = on_event
         self._bind = bind_connection
         self._conns: dict[str, Connection] = {}
-        self._liveness: dict[str, trio.CancelScope] = {}
+        self._liveness = Liveness(self._session_expired)
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
+        self._late_joins: set[str] = set()  # new members that joined during the rebalance
         self._positions_dirty = trio.Event()
         self._resets: list[_Reset] = []
         self._nursery: trio.Nursery | None = None
@@ -174,6 +176,7 @@ class GroupRunner:
             self._nursery = nursery
             nursery.start_soon(self._rebalance_loop)
             nursery.start_soon(self._position_flusher)
+            nursery.start_soon(self._liveness.run)
             self.ready.set()
             task_status.started()
 
@@ -250,6 +253,7 @@ class GroupRunner:
             # A new process (it does not know the member id): the old one may be cut off
             # rather than dead, and its partitions stay fenced until its lease ends.
             group.replace_process(trio.current_time(), static.member_id)
+        new = member_id not in group.members and not group.knows_former_member(member_id)
         old_conn = self._conns.get(member_id)
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
@@ -275,7 +279,14 @@ class GroupRunner:
         self._bind(conn, member_id, self.group_id)
         self._watch_liveness(member_id, session_timeout)
         self._emit("joined", member_id=member_id)
-        self.request_rebalance(f"member {member_id} joined")
+        if new and self._rebalance_scope is not None:
+            # A rebalance runs: it is not restarted (a new member owns nothing to stop, and
+            # a burst of joins would restart it for each). The member is in its plan if the
+            # plan is not made yet, else the rebalance that follows takes it in.
+            self._late_joins.add(member_id)
+            self._kick.set()
+        else:
+            self.request_rebalance(f"member {member_id} joined")
         return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
 
     def _member_id_required(self, member_id: str, request: JoinGroupRequest) -> JoinGroupResponse:
@@ -287,10 +298,14 @@ class GroupRunner:
         most ``max_group_size``: past that the oldest is forgotten (its
         client, if it ever comes back, is told to start over), so a client
         that retries first steps can neither fill memory nor lock anyone out.
+        Ids are handed out in time order, so expired ones are dropped from
+        the front (one kept shorter behind a longer one waits its turn: the
+        size bound holds regardless).
         """
         now = trio.current_time()
-        for stale in [m for m, until in self._pending_ids.items() if until <= now]:
-            del self._pending_ids[stale]
+        pending = self._pending_ids
+        while pending and pending[oldest := next(iter(pending))] <= now:
+            del pending[oldest]  # expired from the front: O(1) per id, never a scan
         while len(self._pending_ids) >= self._limits.max_group_size:
             del self._pending_ids[next(iter(self._pending_ids))]  # the oldest (insertion order)
         keep = min(
@@ -350,21 +365,10 @@ class GroupRunner:
         return True
 
     def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
-        old = self._liveness.pop(member_id, None)
-        if old is not None:
-            old.cancel()
-        scope = trio.CancelScope(deadline=trio.current_time() + session_timeout)
-        self._liveness[member_id] = scope
-        assert self._nursery is not None
-        self._nursery.start_soon(self._liveness_task, member_id, scope)
+        self._liveness.watch(member_id, session_timeout)
 
-    async def _liveness_task(self, member_id: str, scope: trio.CancelScope) -> None:
-        with scope:
-            await trio.sleep_forever()
-        # Cancelled: either the deadline passed (a session expiry) or the member went
-        # away by other means, in which case its scope was unregistered first.
-        if self._liveness.get(member_id) is scope:
-            self.remove_member(member_id, "session timeout expired", stopped=False)
+    def _session_expired(self, member_id: str) -> None:
+        self.remove_member(member_id, "session timeout expired", stopped=False)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
@@ -376,7 +380,7 @@ class GroupRunner:
             check_offsets(positions)
         now = trio.current_time()
         self.group.heartbeat(now, member, positions, request.generation)
-        self._liveness[member.member_id].deadline = now + member.session_timeout
+        self._liveness.renew(member.member_id)
         if request.positions and self.group.positions and not self._positions_dirty.is_set():
             self._positions_dirty.set()
 
@@ -412,9 +416,7 @@ class GroupRunner:
             return
         now = trio.current_time()
         member = self.group.remove_member(now, member_id, stopped=stopped)
-        scope = self._liveness.pop(member_id, None)
-        if scope is not None:
-            scope.cancel()
+        self._liveness.forget(member_id)
         conn = self._conns.pop(member_id, None)
         if conn is not None:
             self._bind(conn, member_id, None)
@@ -611,6 +613,7 @@ class GroupRunner:
         while True:
             await self._kick.wait()
             self._kick = trio.Event()
+            self._late_joins.clear()  # this rebalance plans with everyone there now
             if self.group.state is GroupState.EMPTY and self.group.members:
                 await self._debounce_first_joins()
             if not self.group.members:
@@ -732,6 +735,9 @@ class GroupRunner:
                 )
         await trio.lowlevel.checkpoint_if_cancelled()
         group.complete_rebalance()
+        if self._late_joins and self._late_joins <= computed[0].spec.members.keys():
+            self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
+        self._late_joins.clear()
         self.rebalances += 1
         elapsed = trio.current_time() - started
         log.info(
@@ -943,6 +949,7 @@ class GroupRunner:
                     part,
                     incremental=plan.incremental,
                     more=number < len(parts),
+                    unchanged=plan.unchanged,
                 )
             )
         if not self._is_current(member):

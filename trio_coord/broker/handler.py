@@ -95,30 +95,7 @@ class BrokerHandler(RequestHandler):
         self._topics = broker.topics
         self._partitions = broker.partitions
         self._conn = conn
-        self._now: dict[type, Callable[[Any], ResponseBody | None]] = {
-            HeartbeatRequest: self._heartbeat,
-            MetadataRequest: self._metadata,
-            ListGroupsRequest: self._list_groups,
-            DescribeGroupRequest: self._describe_group,
-            OffsetFetchRequest: self._fetch_offsets,
-            ListOffsetsRequest: self._list_offsets,
-        }
-        self._later: dict[type, Callable[[Any], Awaitable[ResponseBody]]] = {
-            JoinGroupRequest: self._join,
-            LeaveGroupRequest: self._leave,
-            OffsetCommitRequest: self._commit,
-            CreateTopicRequest: self._create_topic,
-            AddPartitionsRequest: self._add_partitions,
-            DeleteTopicRequest: self._delete_topic,
-            CreateGroupRequest: self._create_group,
-            DeleteGroupRequest: self._delete_group,
-            ProduceRequest: self._produce,
-            FetchRequest: self._fetch,
-            ResetOffsetsRequest: self._reset_offsets,
-            DeleteOffsetsRequest: self._delete_offsets,
-            MetadataRequest: self._metadata_after_reading_topics,
-            ListOffsetsRequest: self._list_offsets_after_reading_topics,
-        }
+        # (The routing tables are the class's: a connection costs no dict of bound methods.)
 
     def cost(self, body: RequestBody) -> int:
         """A fetch may be answered with up to a frame of records: charge it while it waits."""
@@ -130,17 +107,17 @@ class BrokerHandler(RequestHandler):
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
         """Answer the cheap, synchronous requests inline."""
-        answer = self._now.get(type(body))
-        return None if answer is None else answer(body)
+        answer = _NOW.get(type(body))
+        return None if answer is None else answer(self, body)
 
     async def handle(self, body: RequestBody) -> ResponseBody:
         """Answer a request that may wait (joins, writes)."""
-        answer = self._later.get(type(body))
+        answer = _LATER.get(type(body))
         if answer is None:
             raise UnsupportedMessageError(f"a broker does not accept {type(body).__name__}")
         if self._broker.shutting_down:
             raise BrokerShuttingDownError("the broker is shutting down; use another broker")
-        return await answer(body)
+        return await answer(self, body)
 
     def connection_lost(self) -> None:
         """Remove the members that lived on this connection."""
@@ -272,3 +249,32 @@ class BrokerHandler(RequestHandler):
 
     async def _fetch(self, body: FetchRequest) -> ResponseBody:
         return await self._partitions.fetch(body, self._broker.config.max_frame_size)
+
+
+_NOW: dict[type, Callable[[BrokerHandler, Any], ResponseBody | None]] = {
+    HeartbeatRequest: BrokerHandler._heartbeat,
+    MetadataRequest: BrokerHandler._metadata,
+    ListGroupsRequest: BrokerHandler._list_groups,
+    DescribeGroupRequest: BrokerHandler._describe_group,
+    OffsetFetchRequest: BrokerHandler._fetch_offsets,
+    ListOffsetsRequest: BrokerHandler._list_offsets,
+}
+"""Requests answered inline, without a task (None: not now, in a task after all)."""
+
+_LATER: dict[type, Callable[[BrokerHandler, Any], Awaitable[ResponseBody]]] = {
+    JoinGroupRequest: BrokerHandler._join,
+    LeaveGroupRequest: BrokerHandler._leave,
+    OffsetCommitRequest: BrokerHandler._commit,
+    CreateTopicRequest: BrokerHandler._create_topic,
+    AddPartitionsRequest: BrokerHandler._add_partitions,
+    DeleteTopicRequest: BrokerHandler._delete_topic,
+    CreateGroupRequest: BrokerHandler._create_group,
+    DeleteGroupRequest: BrokerHandler._delete_group,
+    ProduceRequest: BrokerHandler._produce,
+    FetchRequest: BrokerHandler._fetch,
+    ResetOffsetsRequest: BrokerHandler._reset_offsets,
+    DeleteOffsetsRequest: BrokerHandler._delete_offsets,
+    MetadataRequest: BrokerHandler._metadata_after_reading_topics,
+    ListOffsetsRequest: BrokerHandler._list_offsets_after_reading_topics,
+}
+"""Requests answered in a task of their own."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
@@ -273,7 +274,7 @@ class RecordWriter:
         self._current = current
         self._max_batch = max_batch_records
         self._max_bytes = max_batch_bytes
-        self._queue: list[_Batch] = []
+        self._queue: deque[_Batch] = deque()
         self._in_flight: list[_Batch] = []
         self._stopped: StoreError | None = None
         self._uncertain: set[str] = set()  # paths a write with a lost answer created or deleted
@@ -338,7 +339,7 @@ class RecordWriter:
                     ):
                         count += len(self._queue[0].records)
                         nbytes += self._queue[0].nbytes
-                        batches.append(self._queue.pop(0))
+                        batches.append(self._queue.popleft())
                     self._in_flight = batches
                     await self._flush(batches)
                     self._in_flight = []
@@ -452,20 +453,18 @@ class RecordWriter:
                 writes[path] = record
         doomed |= {p for p in erased if p in self._paths and p not in writes}
         ops: list[Op] = [Delete(p) for p in sorted(doomed, key=len, reverse=True)]
-        exists = self._paths - doomed
+        known = self._paths  # (not copied: a batch costs its own records, not the store's size)
         created: set[str] = set()
         for path, record in writes.items():
             for parent in _ancestors(path):
-                if parent not in exists:
+                if parent not in created and (parent not in known or parent in doomed):
                     ops.append(Create(parent))
-                    exists.add(parent)
                     created.add(parent)
             data = encode_record(record)
-            if path in exists:
+            if path in created or (path in known and path not in doomed):
                 ops.append(SetData(path, data))
             else:
                 ops.append(Create(path, data))
-                exists.add(path)
                 created.add(path)
         return ops, created, doomed
 

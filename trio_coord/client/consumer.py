@@ -170,7 +170,9 @@ class _PushHandler(RequestHandler):
                 whole = consumer._collect_part(body)
                 if whole is None:  # more parts of this assignment follow
                     return StartFetchersResponse()
-                if whole.incremental:
+                if whole.unchanged:
+                    consumer._keep_assignment(whole)
+                elif whole.incremental:
                     await consumer._start_incremental(whole)
                 else:
                     await consumer._start_fetchers(whole)
@@ -680,6 +682,13 @@ class Consumer(EnterOnce):
             return part
         joined = [p for each in held for p in each.partitions]
         return msgspec.structs.replace(part, partitions=joined)
+
+    def _keep_assignment(self, request: StartFetchersRequest) -> None:
+        """Cooperative, nothing of ours moved: the same partitions, in the new generation."""
+        self._check_lease()
+        self.generation = request.generation
+        self._handed_back = []
+        self._state.value = ConsumerState.STABLE
 
     async def _start_incremental(self, request: StartFetchersRequest) -> None:
         """Cooperative: own ``request.partitions``, keeping those already fetched as they are.

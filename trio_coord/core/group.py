@@ -27,6 +27,7 @@ stages, one per fence end).
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -200,6 +201,9 @@ class StartPlan:
     partitions: list[PartitionOffset]
     not_before: float
     incremental: bool = False
+    unchanged: bool = False
+    """Cooperative: the member keeps exactly what it fetches and hears only of the new
+    generation (``partitions`` is empty: no offsets to look up or send)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +255,11 @@ class Group:
         self.record: GroupRecord | None = None
         """The last generation record replayed (what the store holds)."""
         self.empty_since: float | None = now
-        self._cooperative: bool | None = None  # cached; membership changes clear it
+        # Kept as members come and go, so that admitting one costs O(1), not O(members):
+        self._assignor_votes: Counter[str] = Counter()  # how many members accept each
+        self._computable: Counter[str] = Counter()  # how many members can compute each
+        self._eager = 0  # members that asked for eager rebalancing
+        self._instances: dict[str, str] = {}  # static instance id -> member id
 
     def __repr__(self) -> str:
         return (
@@ -265,21 +273,28 @@ class Group:
     def cooperative(self) -> bool:
         """True if every member asked for cooperative rebalancing (then only moves stop).
 
-        Cached (heartbeats ask), and recomputed after a membership change.
+        O(1): members asking for eager rebalancing are counted as they come and go.
         """
-        if self._cooperative is None:
-            self._cooperative = bool(self.members) and all(
-                m.protocol == "cooperative" for m in self.members.values()
-            )
-        return self._cooperative
+        return bool(self.members) and not self._eager
+
+    def _count(self, member: Member, sign: int) -> None:
+        """Add (``sign=1``) or withdraw (-1) a member's votes in the running counts."""
+        for name in set(member.assignors):
+            self._assignor_votes[name] += sign
+        for name in set(member.client_assignors):
+            self._computable[name] += sign
+        if member.protocol != "cooperative":
+            self._eager += sign
+        if member.instance_id:
+            if sign > 0:
+                self._instances[member.instance_id] = member.member_id
+            elif self._instances.get(member.instance_id) == member.member_id:
+                del self._instances[member.instance_id]
 
     def member_by_instance(self, instance_id: str) -> Member | None:
         """The live member with this static ``instance_id``, if any."""
-        if instance_id:
-            for member in self.members.values():
-                if member.instance_id == instance_id:
-                    return member
-        return None
+        member_id = self._instances.get(instance_id) if instance_id else None
+        return None if member_id is None else self.members.get(member_id)
 
     @property
     def rebalancing(self) -> bool:
@@ -374,9 +389,8 @@ class Group:
                 f"group {self.group_id} has reached its maximum size of "
                 f"{limits.max_group_size} members"
             )
-        others = [m for m in self.members.values() if m.member_id != member_id]
-        computable = set(available).union(client_assignors, *(m.client_assignors for m in others))
-        if choose_assignor([assignors, *(m.assignors for m in others)], computable) is None:
+        if not self._common_assignor(member_id, assignors, client_assignors, available):
+            others = [m for m in self.members.values() if m.member_id != member_id]
             theirs = ""
             if others:
                 accepted = set(others[0].assignors).intersection(*(m.assignors for m in others))
@@ -386,6 +400,38 @@ class Group:
                 f"can compute is common to this member ({', '.join(assignors) or 'none'}) "
                 f"and the members of group {self.group_id}{theirs}"
             )
+
+    def _common_assignor(
+        self,
+        member_id: str,
+        assignors: Iterable[str],
+        client_assignors: Iterable[str],
+        available: Collection[str],
+    ) -> bool:
+        """Whether an assignor of this member's list is accepted by every other member and
+        can be computed (by the broker, or by a member that has it): O(len(assignors)).
+
+        The same question as ``choose_assignor(...) is not None`` over every
+        member's list, answered from the running counts instead.
+        """
+        old = self.members.get(member_id)
+        others = len(self.members) - (old is not None)
+        own = set(client_assignors)
+
+        def votes(counter: Counter[str], name: str, theirs: tuple[str, ...]) -> int:
+            return counter[name] - (old is not None and name in theirs)
+
+        for name in assignors:
+            accepted = votes(self._assignor_votes, name, old.assignors if old else ())
+            if accepted < others:
+                continue
+            if (
+                name in available
+                or name in own
+                or votes(self._computable, name, old.client_assignors if old else ()) > 0
+            ):
+                return True
+        return False
 
     def add_member(
         self,
@@ -435,10 +481,11 @@ class Group:
         if old is not None:
             member.may_own = old.may_own
             member.assignment = old.assignment
+            self._count(old, -1)
         elif fence is not None and fence.until > now:
             member.may_own = set(fence.partitions)
         self.members[member_id] = member
-        self._cooperative = None
+        self._count(member, 1)
         self.empty_since = None
         return member
 
@@ -482,7 +529,7 @@ class Group:
         ends. The group becomes EMPTY when its last member goes.
         """
         member = self.members.pop(member_id)
-        self._cooperative = None
+        self._count(member, -1)
         if not stopped and member.may_own and member.lease_end > now:
             self.fences[member_id] = Fence(
                 frozenset(member.may_own), member.lease_end, member.session_timeout
@@ -734,7 +781,12 @@ class Group:
             cooperative = self.cooperative
         fenced = self._fence_ends(now)
         for m in members:
-            owned = sorted(assignment.get(m.member_id, []))
+            mine = assignment.get(m.member_id, [])
+            if cooperative and m.may_own == m.assignment and m.assignment.issuperset(mine):
+                if len(mine) == len(m.assignment):  # (the same partitions, and still fetched)
+                    starts.append(StartPlan(m.member_id, [], now, True, unchanged=True))
+                    continue
+            owned = sorted(mine)
             offsets = [
                 self._start_offset(tp, m.offset_reset, log_offsets, record.topics) for tp in owned
             ]

@@ -455,6 +455,9 @@ class StartFetchersRequest(_Wire, tag=21):
     more: bool = False
     """The assignment did not fit one frame: it continues in the next StartFetchers of this
     generation. Keep these partitions and start nothing until the part without ``more``."""
+    unchanged: bool = False
+    """Cooperative: the member's assignment is exactly what it fetches now; keep it all and
+    take ``generation`` as the new one (``partitions`` is empty)."""
 
 
 class MemberSubscription(_Wire):
