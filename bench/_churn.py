@@ -276,6 +276,7 @@ async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[st
         "min_session_timeout": 0.1,
         "on_event": on_event,
         "max_group_size": max(1000, params.members + 1),  # (each join adds one at a time)
+        "max_connections_per_ip": params.members + 100,  # every member is on 127.0.0.1
     }
     async with open_broker(workdir, HOST, 0, **settings) as broker:
         await broker.topics.create_topic("churn", params.partitions)

@@ -136,9 +136,13 @@ async def _until_stdin_closes() -> None:
 async def serve_broker(data_dir: str) -> None:
     """Run a broker on ``data_dir``, print ``port N``, and run until stdin closes."""
     await trio.Path(data_dir).mkdir(parents=True, exist_ok=True)
-    async with open_broker(
-        data_dir, HOST, 0, max_group_size=1_000_000, max_partitions=1_000_000
-    ) as broker:
+    limits = dict(
+        max_group_size=1_000_000,
+        max_partitions=1_000_000,
+        max_connections_per_ip=1_000_000,  # every simulated member is on 127.0.0.1
+        tune_gc=True,  # as `trio-coord broker` runs
+    )
+    async with open_broker(data_dir, HOST, 0, **limits) as broker:  # type: ignore[arg-type]
         say("port", broker.address[1])
         await _until_stdin_closes()
 

@@ -157,6 +157,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         zk_session_timeout=args.zk_session_timeout,
         initial_rebalance_delay=args.initial_rebalance_delay,
         repair=args.repair,
+        tune_gc=True,  # this process runs a broker: its state is long-lived
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,

@@ -688,8 +688,11 @@ class GroupRunner:
                 lambda m: self._stop_member(m, revoke[m.member_id]),
             )
         else:
-            # Phase 1: every member stops all its fetchers and hands back its positions.
-            await self._in_parallel(members, self._stop_member)
+            # Phase 1: every member stops all its fetchers and hands back its positions;
+            # a member that may be fetching nothing (new, or stopped already by a
+            # rebalance this one restarts) is not asked: with members leaving one by one
+            # (a fleet restarting), each restart would stop everyone again, O(N^2).
+            await self._in_parallel([m for m in members if m.may_own], self._stop_member)
         # A member removed in a phase cancels this scope, but a nursery whose tasks
         # all ended need not checkpoint: make sure an outdated rebalance stops here.
         await trio.lowlevel.checkpoint_if_cancelled()

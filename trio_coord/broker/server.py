@@ -53,6 +53,7 @@ from ..protocol.messages import (
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
+from ._gc import keep_collector_young
 from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .group import EventCallback
@@ -146,6 +147,10 @@ class BrokerConfig:
     claim_grace: float = 1.0
     """Cluster only: how long a vacant slot waits for the broker chosen to claim it
     before any broker may, and how still the view must be before a broker sheds a slot."""
+    tune_gc: bool = False
+    """Keep long-lived state out of the garbage collector's walks (``gc.freeze`` after
+    loading and every 30 s, a full collection hourly): for a process that runs a broker
+    (``trio-coord broker`` sets it); it changes the whole process's collector."""
 
     @property
     def batch_limit(self) -> int:
@@ -494,6 +499,8 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
                 await nursery.start(self._reap_connections)
+                if self.config.tune_gc:
+                    nursery.start_soon(keep_collector_young)
                 for service in self.coordinator.services.values():
                     await nursery.start(service.run)
                 listeners = await nursery.start(self._listen, nursery)

@@ -51,7 +51,6 @@ from .assignors import (
     Assignor,
     GroupSpec,
     MemberSpec,
-    choose_assignor,
     validate_assignment,
 )
 from .records import (
@@ -653,8 +652,16 @@ class Group:
         rebalance it runs eagerly in a cooperative group (an offset reset).
         """
         members = sorted(self.members.values(), key=lambda m: m.member_id)
-        computable = set(available).union(*(m.client_assignors for m in members))
-        name = choose_assignor([m.assignors for m in members], computable)
+        # choose_assignor over every member's list, from the running counts:
+        computable = set(available).union(n for n, count in self._computable.items() if count)
+        name = next(
+            (
+                n
+                for n in (members[0].assignors if members else ())
+                if self._assignor_votes[n] == len(members) and n in computable
+            ),
+            None,
+        )
         if name is None:  # validate_join keeps this from happening
             raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
         if cooperative is None:

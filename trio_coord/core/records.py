@@ -30,8 +30,8 @@ __all__ = [
 ]
 
 
-class _Rec(msgspec.Struct, frozen=True, array_like=True):
-    pass
+class _Rec(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Base of every record (untracked by the garbage collector: records hold no cycles)."""
 
 
 class TopicRecord(_Rec, tag="topic"):

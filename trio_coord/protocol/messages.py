@@ -114,8 +114,14 @@ class TopicPartition(NamedTuple):
         return f"{self.topic}-{self.partition}"
 
 
-class _Wire(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False):
-    """Base of every wire struct (frozen, array-encoded)."""
+class _Wire(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False, gc=False):
+    """Base of every wire struct (frozen, array-encoded).
+
+    ``gc=False``: a wire struct holds only strings, numbers, bytes and
+    lists of other wire structs, never a cycle, so the cyclic garbage
+    collector need not track it (with thousands of members, decoded
+    requests were much of what every collection walked).
+    """
 
 
 class PartitionOffset(_Wire):
