@@ -86,6 +86,15 @@ def test_large_ranges_are_split_over_tasks_and_still_read_once(spark, bootstrap)
     assert more.count() == 50
 
 
+def test_a_read_makes_one_task_per_core_with_equal_shares(spark, bootstrap):
+    expected = fill(bootstrap, "batch-cores", 3, 31)
+    df = reader(spark, bootstrap, topic="batch-cores")
+    assert df.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
+    sizes = df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    assert sorted(sizes) == [15, 16]
+    assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
+
+
 def test_starting_and_ending_offsets_select_a_slice(spark, bootstrap):
     fill(bootstrap, "batch-slice", 2, 20)  # offsets 0..9 in each partition
     df = reader(

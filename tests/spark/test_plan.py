@@ -3,7 +3,8 @@
 Stream offsets serialize canonically (equal offsets, equal JSON); admission
 control caps a micro-batch exactly at maxRecordsPerBatch, shares it by
 backlog and serves every partition with a backlog in turn; task splitting
-covers every offset once, contiguously, within the per-task cap; and each
+covers every offset once, contiguously, within the per-task cap, and so do
+the equal shares a read makes per core (a share may span partitions); and each
 malformed option is refused with a message that says what to write instead.
 """
 
@@ -23,6 +24,7 @@ from trio_coord.spark._plan import (
     admit,
     offsets_from_json,
     offsets_to_json,
+    share_ranges,
     split_ranges,
 )
 
@@ -119,6 +121,42 @@ def test_tasks_cover_every_offset_once_within_the_cap(spans, per_task, min_tasks
     total = sum(r.size for r in ranges)
     if min_tasks is not None:
         assert len(tasks) >= min(min_tasks, total)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 500)), max_size=6),
+    st.integers(1, 8),
+    st.integers(1, 300),
+)
+def test_shares_cover_every_offset_once_in_equal_parts(spans, tasks, per_task):
+    ranges = [OffsetRange("t", p, s, s + n) for p, (s, n) in enumerate(spans)]
+    shares = share_ranges(ranges, tasks, per_task)
+    total = sum(r.size for r in ranges)
+    pieces = [piece for share in shares for piece in share]
+    assert pieces == sorted(pieces)  # the ranges' order, each range's pieces contiguous
+    for r in ranges:
+        mine = [(p.start, p.end) for p in pieces if p.partition == r.partition]
+        if r.size == 0:
+            assert mine == []
+            continue
+        assert (mine[0][0], mine[-1][1]) == (r.start, r.end)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
+    sizes = [sum(p.size for p in share) for share in shares]
+    assert sum(sizes) == total and all(p.size > 0 for p in pieces)
+    if total:
+        assert len(shares) == min(total, max(tasks, -(-total // per_task)))
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) <= per_task
+
+
+def test_shares_span_partitions_to_give_each_core_as_much():
+    ranges = [OffsetRange("a", 0, 0, 30), OffsetRange("a", 1, 5, 15), OffsetRange("b", 0, 0, 0)]
+    assert share_ranges(ranges, 2, 1_000) == [
+        (OffsetRange("a", 0, 0, 20),),
+        (OffsetRange("a", 0, 20, 30), OffsetRange("a", 1, 5, 15)),
+    ]
+    assert len(share_ranges(ranges, 2, 7)) == 6  # 40 records, at most 7 a task
+    with pytest.raises(ValueError, match="must be positive"):
+        share_ranges(ranges, 0, 10)
 
 
 def test_split_ranges_cuts_into_near_equal_pieces():

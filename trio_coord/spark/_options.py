@@ -94,6 +94,9 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     fetch_max_bytes: int = 4 * 1024 * 1024
     timeout: float = 30.0
+    parallelism: int | None = None
+    """The session's cores (``defaultParallelism``), when ``register`` could tell: a read
+    then makes one task per core, each with an equal share of the records."""
 
     def wanted(self, existing: list[str]) -> list[str]:
         """The topics this read covers, among ``existing`` ones for a pattern."""
