@@ -17,7 +17,15 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from trio_coord.protocol.errors import UnknownTopicError
 from trio_coord.protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from trio_coord.protocol.records import WireRecord, encode_batch
-from trio_coord.spark import ARROW_SCHEMA, SCHEMA, BlockingClient, BrokerUnreachableError, _read
+from trio_coord.spark import (
+    ARROW_SCHEMA,
+    SCHEMA,
+    SCHEMA_WITHOUT_HEADERS,
+    BlockingClient,
+    BrokerUnreachableError,
+    _read,
+)
+from trio_coord.spark._arrow import ARROW_SCHEMA_WITHOUT_HEADERS
 from trio_coord.spark._options import read_options
 from trio_coord.spark._plan import OffsetRange
 from trio_coord.spark._read import commit_forward, read_range, read_task
@@ -27,6 +35,9 @@ from .helpers import committed, make_topic, produce
 
 def test_the_arrow_schema_is_exactly_what_spark_expects():
     assert ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
+    assert ARROW_SCHEMA_WITHOUT_HEADERS.equals(
+        to_arrow_schema(SCHEMA_WITHOUT_HEADERS, timezone="UTC")
+    )
 
 
 def test_no_socket_before_the_first_request_and_a_clear_error_without_a_broker():

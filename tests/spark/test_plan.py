@@ -174,7 +174,11 @@ BOOT = {"bootstrap": "127.0.0.1:9092"}
 @pytest.mark.parametrize(
     ("options", "streaming", "message"),
     [
-        ({"topic": "t"}, False, 'the "bootstrap" option is required'),
+        (
+            {"topic": "t"},
+            False,
+            'the "bootstrap" option (alias "kafka.bootstrap.servers") is required',
+        ),
         ({**BOOT}, False, 'exactly one of the options "topic"'),
         ({**BOOT, "topic": "a", "pattern": "b"}, False, "got topic, pattern"),
         ({**BOOT, "topic": "bad name"}, False, "may only contain letters"),
@@ -200,6 +204,24 @@ BOOT = {"bootstrap": "127.0.0.1:9092"}
         ({**BOOT, "topic": "t", "timeout": "-1"}, False, "positive number of seconds"),
         ({**BOOT, "topic": "t", "group": "g"}, False, "a batch read commits nothing"),
         ({**BOOT, "topic": "t", "grup": "g"}, True, "unknown option(s) grup"),
+        ({**BOOT, "subscribe": "a", "topics": "b"}, False, "mean the same and disagree"),
+        ({**BOOT, "subscribe": " "}, False, 'exactly one of the options "topic"'),
+        ({**BOOT, "subscribe": ","}, False, 'option "subscribe" names no topic'),
+        ({**BOOT, "subscribePattern": "("}, False, 'option "subscribePattern" is not a valid'),
+        ({**BOOT, "assign": "[0]"}, False, 'option "assign" must be a JSON object'),
+        ({**BOOT, "assign": "{"}, False, 'option "assign" is not valid JSON'),
+        ({**BOOT, "assign": '{"t": []}'}, False, "must have a non-empty list of partition"),
+        ({**BOOT, "assign": '{"t": [-1]}'}, False, "-1 in topic 't' is not a partition number"),
+        ({**BOOT, "assign": '{"t": [true]}'}, False, "True in topic 't' is not a partition"),
+        ({**BOOT, "assign": '{"t": [0]}', "topic": "t"}, False, "got topic, assign"),
+        ({**BOOT, "topic": "t", "maxOffsetsPerTrigger": "x"}, True, '"maxOffsetsPerTrigger" must'),
+        ({**BOOT, "topic": "t", "maxOffsetsPerTrigger": "5"}, False, '"maxOffsetsPerTrigger" app'),
+        ({**BOOT, "topic": "t", "includeHeaders": "1"}, False, '"includeHeaders" must be true'),
+        ({**BOOT, "topic": "t", "startingTimestamp": "1"}, False, "give startingOffsets as"),
+        ({**BOOT, "topic": "t", "kafka.group.id": "g"}, True, 'with the "group" option'),
+        ({**BOOT, "topic": "t", "kafka.security.protocol": "SSL"}, False, "take no Kafka client"),
+        ({"kafka.bootstrap.servers": "x", "topic": "t"}, False, '"kafka.bootstrap.servers": '),
+        ({"topic": "t"}, False, 'alias "kafka.bootstrap.servers"'),
     ],
 )
 def test_each_read_option_mistake_says_what_to_do(options, streaming, message):
@@ -221,6 +243,39 @@ def test_defaults_of_batch_and_stream_reads():
         {**BOOT, "topic": "a", "startingOffsets": '{"a": {"1": 7, "0": -1}}'}, streaming=True
     ).starting
     assert spec.kind == "json" and spec.offsets == {TP("a", 1): 7, TP("a", 0): -1}
+
+
+def test_the_kafka_sources_names_mean_the_same_here():
+    kafka = read_options(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:9092",
+            "subscribe": "a,b",
+            "maxOffsetsPerTrigger": "7",
+            "maxRecordsPerPartition": "9",
+            "includeHeaders": "TRUE",
+        },
+        streaming=True,
+    )
+    ours = read_options(
+        {
+            **BOOT,
+            "topics": "a,b",
+            "maxRecordsPerBatch": "7",
+            "maxRecordsPerTask": "9",
+            "includeHeaders": "true",
+        },
+        streaming=True,
+    )
+    assert kafka == ours and kafka.include_headers
+    pattern = read_options({**BOOT, "subscribePattern": "a.*"}, streaming=False)
+    assert pattern.pattern == "a.*"
+    same = read_options(
+        {**BOOT, "kafka.bootstrap.servers": BOOT["bootstrap"], "topic": "t"}, streaming=False
+    )
+    assert same.bootstrap == BOOT["bootstrap"]  # an alias may repeat the same value
+    assigned = read_options({**BOOT, "assign": '{"b": [2, 0, 2], "a": [1]}'}, streaming=False)
+    assert assigned.assign == (TP("a", 1), TP("b", 0), TP("b", 2))
+    assert assigned.wanted(["a", "b", "c"]) == ["a", "b"]
 
 
 def test_write_options():

@@ -37,6 +37,7 @@ from ._embedded import background_broker as background_broker
 from ._options import OptionError as OptionError
 from ._read import ARROW_SCHEMA as ARROW_SCHEMA
 from ._read import SCHEMA as SCHEMA
+from ._read import SCHEMA_WITHOUT_HEADERS as SCHEMA_WITHOUT_HEADERS
 from ._read import DataLossError as DataLossError
 from ._source import FORMAT as FORMAT
 from ._source import GroupCommitListener as GroupCommitListener
@@ -50,6 +51,7 @@ __all__ = [
     "ARROW_SCHEMA",
     "FORMAT",
     "SCHEMA",
+    "SCHEMA_WITHOUT_HEADERS",
     "BlockingClient",
     "BrokerUnreachableError",
     "DataLossError",

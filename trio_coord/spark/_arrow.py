@@ -37,6 +37,8 @@ from ..protocol.records import COMPRESSION, MAX_BATCH_BYTES
 
 __all__ = [
     "ARROW_SCHEMA",
+    "ARROW_SCHEMA_WITHOUT_HEADERS",
+    "CREATE_TIME",
     "HEADERS",
     "ROWS_PER_ARROW_BATCH",
     "TIMESTAMP",
@@ -50,16 +52,22 @@ HEADERS: Final = pa.list_(
 TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 ARROW_SCHEMA: Final = pa.schema(
     [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
         ("timestamp", TIMESTAMP),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
+        ("timestampType", pa.int32()),
         ("headers", HEADERS),
     ]
 )
-"""The rows of a read as Arrow types (what Spark expects of a batch, exactly)."""
+"""The rows of a read with ``includeHeaders`` as Arrow types (what Spark expects of a
+batch, exactly): the columns of Spark's Kafka source, in its order."""
+ARROW_SCHEMA_WITHOUT_HEADERS: Final = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("headers"))
+"""The rows of a read without ``includeHeaders`` (the default, as for Kafka)."""
+CREATE_TIME: Final = 0
+"""The ``timestampType`` of every record (Kafka's CreateTime: the producer's timestamp)."""
 
 ROWS_PER_ARROW_BATCH: Final = 8192
 """Rows per Arrow batch handed to Spark."""
@@ -112,22 +120,28 @@ def _no_headers(rows: int) -> pa.Array:
 
 
 def arrow_batch(
-    topic: str, partition: int, first: int, records: Sequence[_Record]
+    topic: str,
+    partition: int,
+    first: int,
+    records: Sequence[_Record],
+    include_headers: bool = True,
 ) -> pa.RecordBatch:
     """``records`` of ``topic``/``partition``, whose offsets are ``first``, ``first + 1``,
-    ..., as one Arrow batch of :data:`ARROW_SCHEMA`."""
+    ..., as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers column unless
+    ``include_headers``)."""
     rows = len(records)
-    headers = [r.headers for r in records]
     timestamps_ms = pa.array([r.timestamp_ms for r in records], pa.int64())
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(topic, pa.string()), rows),
-            pa.repeat(pa.scalar(partition, pa.int32()), rows),
-            _offsets(first, rows),
-            pc.multiply_checked(timestamps_ms, 1000).cast(TIMESTAMP),
-            pa.array([r.key for r in records], pa.binary()),
-            pa.array([r.value for r in records], pa.binary()),
-            _no_headers(rows) if headers.count(()) == rows else pa.array(headers, HEADERS),
-        ],
-        schema=ARROW_SCHEMA,
-    )
+    columns = [
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), rows),
+        pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        _offsets(first, rows),
+        pc.multiply_checked(timestamps_ms, 1000).cast(TIMESTAMP),
+        pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
+    ]
+    if not include_headers:
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITHOUT_HEADERS)
+    headers = [r.headers for r in records]
+    columns.append(_no_headers(rows) if headers.count(()) == rows else pa.array(headers, HEADERS))
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

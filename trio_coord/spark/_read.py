@@ -75,6 +75,7 @@ from ._plan import (
 __all__ = [
     "ARROW_SCHEMA",
     "SCHEMA",
+    "SCHEMA_WITHOUT_HEADERS",
     "BatchReader",
     "DataLossError",
     "StreamReader",
@@ -86,12 +87,13 @@ log = logging.getLogger(__name__)
 
 SCHEMA = StructType(
     [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
         StructField("topic", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
+        StructField("timestampType", IntegerType()),
         StructField(
             "headers",
             ArrayType(
@@ -100,7 +102,15 @@ SCHEMA = StructType(
         ),
     ]
 )
-"""The rows a read gives: one per record."""
+"""The rows a read with ``includeHeaders`` gives, one per record: Spark's Kafka source's
+columns, in its order."""
+SCHEMA_WITHOUT_HEADERS = StructType([f for f in SCHEMA.fields if f.name != "headers"])
+"""The rows a read gives by default (without ``includeHeaders``, as for Kafka)."""
+
+
+def schema_for(options: ReadOptions | None) -> StructType:
+    """The schema of a read with ``options`` (None: options that do not make a read)."""
+    return SCHEMA if options is not None and options.include_headers else SCHEMA_WITHOUT_HEADERS
 
 
 class DataLossError(OffsetOutOfRangeError):
@@ -115,8 +125,18 @@ def _client(options: ReadOptions) -> BlockingClient:
 
 
 def topic_partitions(client: BlockingClient, options: ReadOptions) -> list[TopicPartition]:
-    """Every partition of the topics the read covers (raises UnknownTopicError for a
-    named topic that does not exist)."""
+    """Every partition the read covers (raises UnknownTopicError for a named topic that
+    does not exist, OptionError for an assigned partition that does not)."""
+    if options.assign:
+        counts = client.partition_counts(options.wanted([]))
+        missing = [tp for tp in options.assign if tp.partition >= counts[tp.topic]]
+        if missing:
+            tp = missing[0]
+            raise OptionError(
+                f'option "assign" names partition {tp.partition} of {tp.topic!r}, which has '
+                f"partitions 0 to {counts[tp.topic] - 1}"
+            )
+        return list(options.assign)
     if options.pattern is None:
         counts = client.partition_counts(options.topics)
     else:
@@ -228,8 +248,10 @@ def read_range(
     fetch_max_bytes: int = 4 * 1024 * 1024,
     fail_on_data_loss: bool = True,
     rows_per_batch: int = ROWS_PER_ARROW_BATCH,
+    include_headers: bool = True,
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA`, in offset order.
+    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA` (without the headers
+    column unless ``include_headers``), in offset order.
 
     Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
     ...), so the records waiting for the next Arrow batch are a list and the
@@ -255,7 +277,7 @@ def read_range(
         for fetched in part.batches:
             if fetched.base_offset > position:  # the log's start moved past us meanwhile
                 if pending:
-                    yield arrow_batch(r.topic, r.partition, first, pending)
+                    yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
                     pending = []
                 position = _skip_lost(client, r, position, fail_on_data_loss)
                 break
@@ -269,13 +291,15 @@ def read_range(
             pending.extend(records)
             position += len(records)
             while len(pending) >= rows_per_batch:
-                yield arrow_batch(r.topic, r.partition, first, pending[:rows_per_batch])
+                yield arrow_batch(
+                    r.topic, r.partition, first, pending[:rows_per_batch], include_headers
+                )
                 del pending[:rows_per_batch]
                 first += rows_per_batch
             if position >= r.end:
                 break
     if pending:
-        yield arrow_batch(r.topic, r.partition, first, pending)
+        yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
 
 
 _IDLE_LIMIT = 8
@@ -352,6 +376,7 @@ def read_task(options: ReadOptions, partition: InputPartition) -> Iterator[pa.Re
                 r,
                 fetch_max_bytes=options.fetch_max_bytes,
                 fail_on_data_loss=options.fail_on_data_loss,
+                include_headers=options.include_headers,
             )
 
 

@@ -31,7 +31,13 @@ from pyspark.sql.types import StructType
 
 from ._options import OptionError, read_options, write_options
 from ._plan import offsets_from_json
-from ._read import SCHEMA, BatchReader, StreamReader, commit_quietly
+from ._read import (
+    SCHEMA_WITHOUT_HEADERS,
+    BatchReader,
+    StreamReader,
+    commit_quietly,
+    schema_for,
+)
 from ._write import BatchWriter, StreamWriter
 
 __all__ = ["FORMAT", "GroupCommitListener", "TrioCoordDataSource", "bound_to"]
@@ -57,7 +63,8 @@ class TrioCoordDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        """One row per record: topic, partition, offset, timestamp, key, value, headers.
+        """One row per record: key, value, topic, partition, offset, timestamp,
+        timestampType, and headers with ``includeHeaders`` (Spark's Kafka source's columns).
 
         Spark asks for the schema at ``load()`` (never for a write), so the
         options are checked here already, as far as a read of either kind
@@ -65,11 +72,12 @@ class TrioCoordDataSource(DataSource):
         query starts. Options that make a valid write are left to the writer.
         """
         try:
-            read_options(self.options, streaming=None)
+            options = read_options(self.options, streaming=None)
         except OptionError:
             if not _make_a_write(self.options):
                 raise
-        return SCHEMA
+            return SCHEMA_WITHOUT_HEADERS
+        return schema_for(options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch read of the options' topics."""
