@@ -151,7 +151,7 @@ class WriteOptions:
 
     bootstrap: str
     topic: str | None = None
-    batch_size: int = 64 * 1024
+    batch_size: int = 256 * 1024
     compression: str | None = None
     timeout: float = 30.0
 
@@ -446,7 +446,7 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     return WriteOptions(
         bootstrap=_bootstrap(opts),
         topic=None if topic is None else _topic(topic, "topic"),
-        batch_size=_positive_int(opts, "batchsize", "batchSize") or 64 * 1024,
+        batch_size=_positive_int(opts, "batchsize", "batchSize") or 256 * 1024,
         compression=compression,
         timeout=_timeout(opts),
     )
