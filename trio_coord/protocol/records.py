@@ -38,7 +38,7 @@ Header = tuple[str, bytes]
 """A record header: a name and opaque bytes."""
 
 
-class WireRecord(msgspec.Struct, frozen=True, array_like=True):
+class WireRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One record inside a batch, as encoded (its offset is implied by its place)."""
 
     timestamp_ms: int
