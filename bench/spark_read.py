@@ -6,20 +6,22 @@ background thread (an ephemeral one: its logs in a temporary directory),
 produces N records with values of S bytes to a topic of P partitions, and
 writes the same records (topic, partition, offset, timestamp, key, value) as
 JSON lines to P files in the same temporary directory, one per partition. In
-one local Spark session it then runs, R times and in alternating order so
-that the machine's noise hits both:
+one local Spark session it then runs, R times and each going first in turn
+so that the machine's noise hits all three:
 
 * the system: ``spark.read.format("trio_coord")`` of the topic;
-* the baseline: ``spark.read.json`` of the files, with the schema given
-  (no inference pass), so that Spark parses every line.
+* a baseline: ``spark.read.json`` of the files, with the schema given
+  (no inference pass), so that Spark parses every line;
+* another: ``spark.read.parquet`` of the same rows, which Spark wrote from
+  the JSON files before the timing (columnar, binary: Spark's fastest reader).
 
 Each run computes the same aggregate (count, the sum of the values'
 lengths, the largest offset), which makes Spark materialize the value and
-offset of every record, and checks that the two agree. Throughput is records
-per second of wall time for the aggregate; the figure that travels is the
-ratio system/baseline of each repetition, whose median is reported with its
-range. The first query of each kind is run once untimed first (the JVM's and
-the Python workers' warm-up).
+offset of every record, and checks that all agree. Throughput is records
+per second of wall time for the aggregate; the figures that travel are the
+ratios system/baseline of each repetition, whose medians are reported with
+their ranges. The first query of each kind is run once untimed first (the
+JVM's and the Python workers' warm-up).
 """
 
 from __future__ import annotations
@@ -116,6 +118,10 @@ def write_json_lines(rows: list[list[dict[str, Any]]], directory: Path) -> None:
 JSON_SCHEMA = "topic string, partition int, offset long, timestamp double, key string, value string"
 
 
+BASELINES = ("json", "parquet")
+"""The reads the data source is compared with, besides itself (``source``)."""
+
+
 def measure(params: Params) -> dict[str, Any]:
     """Run the benchmark; the figures as a JSON-ready mapping."""
     load = load_average()
@@ -133,13 +139,16 @@ def measure(params: Params) -> dict[str, Any]:
         )
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            source = (
-                spark.read.format("trio_coord")
+            reads = {
+                "source": spark.read.format("trio_coord")
                 .option("bootstrap", boot)
                 .option("topic", TOPIC)
-                .load()
-            )
-            baseline = spark.read.schema(JSON_SCHEMA).json(str(files))
+                .load(),
+                "json": spark.read.schema(JSON_SCHEMA).json(str(files)),
+            }
+            # The same rows as Parquet, one file per partition (written untimed).
+            reads["json"].write.parquet(str(Path(tmp) / "parquet"))
+            reads["parquet"] = spark.read.parquet(str(Path(tmp) / "parquet"))
             aggregate = "count(*) AS n", "sum(length(value)) AS bytes", "max(offset) AS last"
 
             def timed(df: Any) -> tuple[float, tuple[int, int, int]]:
@@ -147,25 +156,32 @@ def measure(params: Params) -> dict[str, Any]:
                 row = df.selectExpr(*aggregate).collect()[0]
                 return time.perf_counter() - started, (row.n, row.bytes, row.last)
 
-            expected = timed(source)[1]  # warm-up, untimed
-            if timed(baseline)[1] != expected:
-                raise SystemExit(f"the two reads disagree: {timed(baseline)[1]} != {expected}")
+            expected = timed(reads["source"])[1]  # warm-up, untimed
+            for name in BASELINES:
+                got = timed(reads[name])[1]
+                if got != expected:
+                    raise SystemExit(f"the reads disagree: {name} {got} != source {expected}")
             if expected[0] != params.records:
                 raise SystemExit(f"read {expected[0]} records, produced {params.records}")
-            samples: dict[str, list[float]] = {"source": [], "json": []}
+            samples: dict[str, list[float]] = {name: [] for name in reads}
+            names = list(reads)
             for rep in range(params.repeat):
-                order = ("source", "json") if rep % 2 == 0 else ("json", "source")
-                for name in order:
-                    seconds, got = timed(source if name == "source" else baseline)
+                turn = rep % len(names)  # each read goes first in turn
+                for name in names[turn:] + names[:turn]:
+                    seconds, got = timed(reads[name])
                     if got != expected:
                         raise SystemExit(f"{name} read {got}, expected {expected}")
                     samples[name].append(seconds)
         finally:
             spark.stop()
-    ratios = [
-        ratio(params.records / s, params.records / j)
-        for s, j in zip(samples["source"], samples["json"], strict=True)
-    ]
+
+    def ratios(baseline: str) -> dict[str, float]:
+        each = [
+            ratio(params.records / s, params.records / b)
+            for s, b in zip(samples["source"], samples[baseline], strict=True)
+        ]
+        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
+
     return {
         "params": asdict(params),
         "machine": {"cpus": cpu_count(), "load_average": load},
@@ -176,12 +192,16 @@ def measure(params: Params) -> dict[str, Any]:
             }
             for name, times in samples.items()
         },
-        "ratio": {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        },
+        "ratio": ratios("json"),
+        "ratio_parquet": ratios("parquet"),
     }
+
+
+LABELS = {
+    "source": "trio_coord data source",
+    "json": "spark.read.json, same records",
+    "parquet": "spark.read.parquet, same records",
+}
 
 
 def render(result: Mapping[str, Any]) -> str:
@@ -198,22 +218,20 @@ def render(result: Mapping[str, Any]) -> str:
         ["read", "records/s", "seconds (median)"],
         [
             [
-                "trio_coord data source",
-                f"{result['source']['records_per_s']:,.0f}",
-                f"{statistics.median(result['source']['samples_s']):.2f}",
-            ],
-            [
-                "spark.read.json, same records",
-                f"{result['json']['records_per_s']:,.0f}",
-                f"{statistics.median(result['json']['samples_s']):.2f}",
-            ],
+                label,
+                f"{result[name]['records_per_s']:,.0f}",
+                f"{statistics.median(result[name]['samples_s']):.2f}",
+            ]
+            for name, label in LABELS.items()
         ],
     )
-    r = result["ratio"]
-    return (
-        f"{head}\n\n{table}\n\nratio source/json: {r['median']:.2f} "
-        f"(range {r['min']:.2f}-{r['max']:.2f})"
-    )
+    lines = [head, "", table, ""]
+    for key, baseline in (("ratio", "json"), ("ratio_parquet", "parquet")):
+        r = result[key]
+        lines.append(
+            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
+        )
+    return "\n".join(lines)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,8 +1,9 @@
 """Batch reads through the ``trio_coord`` format: exact records, offsets options, planning errors.
 
 A batch read returns exactly the records produced (every partition, offset,
-timestamp, key, value and header), in Spark types that match the declared
-schema; startingOffsets/endingOffsets select what they say; and each user
+timestamp, key, value and, when asked, header), in Spark's Kafka source's
+columns and types; a job written with the Kafka source's options runs as it
+is; startingOffsets/endingOffsets select what they say; and each user
 mistake fails when the read is planned, with a message that says what to do.
 """
 
@@ -13,7 +14,7 @@ from datetime import datetime
 
 import pytest
 
-from trio_coord.spark import SCHEMA
+from trio_coord.spark import SCHEMA, SCHEMA_WITHOUT_HEADERS
 
 from .helpers import make_topic, produce
 
@@ -45,6 +46,7 @@ def fill(bootstrap: str, topic: str, partitions: int, count: int) -> list[dict]:
             "timestamp": datetime.fromtimestamp(r["timestamp"]),
             "key": r.get("key"),
             "value": r["value"],
+            "timestampType": 0,
             "headers": [{"key": k, "value": v} for k, v in r.get("headers", [])],
         }
         for r, (partition, offset) in zip(records, placed, strict=True)
@@ -57,7 +59,8 @@ def rows(df) -> list[dict]:
         d = row.asDict(recursive=True)
         d["key"] = None if d["key"] is None else bytes(d["key"])
         d["value"] = bytes(d["value"])
-        d["headers"] = [{"key": h["key"], "value": bytes(h["value"])} for h in d["headers"]]
+        if "headers" in d:
+            d["headers"] = [{"key": h["key"], "value": bytes(h["value"])} for h in d["headers"]]
         out.append(d)
     return sorted(out, key=lambda d: (d["partition"], d["offset"]))
 
@@ -71,19 +74,64 @@ def reader(spark, bootstrap: str, **options: str):
 
 def test_a_batch_read_returns_exactly_the_records_produced(spark, bootstrap):
     expected = fill(bootstrap, "batch-all", 3, 60)
-    df = reader(spark, bootstrap, topic="batch-all")
+    df = reader(spark, bootstrap, topic="batch-all", includeHeaders="true")
     assert df.schema == SCHEMA
+    assert df.columns == [
+        *("key", "value", "topic", "partition", "offset", "timestamp", "timestampType"),
+        "headers",
+    ]  # Spark's Kafka source's, in its order
     assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
+    plain = reader(spark, bootstrap, topic="batch-all")  # as Kafka: headers when asked
+    assert plain.schema == SCHEMA_WITHOUT_HEADERS
+    without = [{k: v for k, v in row.items() if k != "headers"} for row in expected]
+    assert rows(plain) == sorted(without, key=lambda d: (d["partition"], d["offset"]))
+
+
+def test_a_job_written_for_the_kafka_source_runs_with_the_format_name_changed(spark, bootstrap):
+    fill(bootstrap, "kafka-a", 3, 30)
+    fill(bootstrap, "kafka-b", 1, 4)
+
+    def kafka_style(**options: str):
+        r = spark.read.format("trio_coord").option("kafka.bootstrap.servers", bootstrap)
+        for key, value in options.items():
+            r = r.option(key, value)
+        return r.load().selectExpr("CAST(value AS STRING)", "topic", "partition", "offset")
+
+    assert kafka_style(subscribe="kafka-a,kafka-b").count() == 34
+    assert kafka_style(subscribePattern="kafka-.").count() == 34
+    picked = kafka_style(
+        assign=json.dumps({"kafka-a": [0, 2]}),
+        startingOffsets=json.dumps({"kafka-a": {"0": 2, "2": -2}}),
+        endingOffsets=json.dumps({"kafka-a": {"0": -1, "2": 3}}),
+        failOnDataLoss="false",
+        maxRecordsPerPartition="4",
+    )
+    got = sorted((r.partition, r.offset) for r in picked.collect())
+    assert got == [(0, o) for o in range(2, 10)] + [(2, o) for o in range(3)]
+    assert picked.rdd.getNumPartitions() == 3  # 11 records, at most 4 a task
+    message = planning_error(spark, bootstrap, assign=json.dumps({"kafka-b": [0, 1]}))
+    assert "option \"assign\" names partition 1 of 'kafka-b', which has partitions 0 to 0" in (
+        message
+    )
 
 
 def test_large_ranges_are_split_over_tasks_and_still_read_once(spark, bootstrap):
     expected = fill(bootstrap, "batch-split", 2, 50)
-    df = reader(spark, bootstrap, topic="batch-split", maxRecordsPerTask="7")
+    df = reader(spark, bootstrap, topic="batch-split", maxRecordsPerTask="7", includeHeaders="true")
     assert df.rdd.getNumPartitions() == 8  # 25 records per partition: 4 tasks of <= 7 each
     assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
     more = reader(spark, bootstrap, topic="batch-split", minPartitions="10")
     assert more.rdd.getNumPartitions() == 10
     assert more.count() == 50
+
+
+def test_a_read_makes_one_task_per_core_with_equal_shares(spark, bootstrap):
+    expected = fill(bootstrap, "batch-cores", 3, 31)
+    df = reader(spark, bootstrap, topic="batch-cores", includeHeaders="true")
+    assert df.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
+    sizes = df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    assert sorted(sizes) == [15, 16]
+    assert rows(df) == sorted(expected, key=lambda d: (d["partition"], d["offset"]))
 
 
 def test_starting_and_ending_offsets_select_a_slice(spark, bootstrap):

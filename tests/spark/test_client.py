@@ -17,7 +17,15 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from trio_coord.protocol.errors import UnknownTopicError
 from trio_coord.protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from trio_coord.protocol.records import WireRecord, encode_batch
-from trio_coord.spark import ARROW_SCHEMA, SCHEMA, BlockingClient, BrokerUnreachableError, _read
+from trio_coord.spark import (
+    ARROW_SCHEMA,
+    SCHEMA,
+    SCHEMA_WITHOUT_HEADERS,
+    BlockingClient,
+    BrokerUnreachableError,
+    _read,
+)
+from trio_coord.spark._arrow import ARROW_SCHEMA_WITHOUT_HEADERS
 from trio_coord.spark._options import read_options
 from trio_coord.spark._plan import OffsetRange
 from trio_coord.spark._read import commit_forward, read_range, read_task
@@ -27,6 +35,9 @@ from .helpers import committed, make_topic, produce
 
 def test_the_arrow_schema_is_exactly_what_spark_expects():
     assert ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
+    assert ARROW_SCHEMA_WITHOUT_HEADERS.equals(
+        to_arrow_schema(SCHEMA_WITHOUT_HEADERS, timezone="UTC")
+    )
 
 
 def test_no_socket_before_the_first_request_and_a_clear_error_without_a_broker():
@@ -62,7 +73,7 @@ def test_produce_list_offsets_and_fetch_round_trip(bootstrap):
     assert client._sockets == {}
 
 
-def test_a_task_closes_its_client_even_when_abandoned(bootstrap, monkeypatch):
+def test_a_task_leaves_its_client_to_the_next_and_closes_it_on_failure(bootstrap, monkeypatch):
     make_topic(bootstrap, "client-b", 1)
     produce(bootstrap, "client-b", [{"value": b"x"} for _ in range(30)])
     clients: list[BlockingClient] = []
@@ -73,6 +84,7 @@ def test_a_task_closes_its_client_even_when_abandoned(bootstrap, monkeypatch):
         return clients[-1]
 
     monkeypatch.setattr(_read, "_client", tracked)
+    monkeypatch.setattr(_read, "_idle", {})
     options = read_options({"bootstrap": bootstrap, "topic": "client-b"}, streaming=False)
     from pyspark.sql.datasource import InputPartition
 
@@ -80,7 +92,35 @@ def test_a_task_closes_its_client_even_when_abandoned(bootstrap, monkeypatch):
     first = next(task)
     assert first.num_rows == 30 and clients[0]._sockets  # connected while it reads
     task.close()  # Spark stops a task early (a limit, a failure elsewhere)
-    assert clients[0]._sockets == {}
+    assert list(_read._idle.values()) == clients  # idle, for the worker's next task
+    sockets = dict(clients[0]._sockets)
+    both = InputPartition((OffsetRange("client-b", 0, 0, 10), OffsetRange("client-b", 0, 20, 25)))
+    batches = list(read_task(options, both))
+    assert len(clients) == 1 and clients[0]._sockets == sockets  # the same connection
+    assert [r["offset"] for b in batches for r in b.to_pylist()] == [*range(10), *range(20, 25)]
+    beyond = InputPartition(OffsetRange("client-b", 0, 25, 40))  # the log ends at 30
+    with pytest.raises(_read.DataLossError, match="before the end of the range planned"):
+        list(read_task(options, beyond))
+    assert clients[0]._sockets == {} and _read._idle == {}  # a failed task closes its client
+    _read.close_idle_clients()
+
+
+def test_a_malformed_stored_batch_is_an_invalid_record_error():
+    from trio_coord.protocol.errors import InvalidRecordError
+    from trio_coord.spark._arrow import decode_records
+
+    with pytest.raises(InvalidRecordError, match="unknown compression id 9"):
+        decode_records(b"\x09abc")
+    with pytest.raises(InvalidRecordError, match="cannot be decoded"):
+        decode_records(b"\x00\x91\x92\x01")  # a record of two fields, not four
+    with pytest.raises(InvalidRecordError, match="empty record batch"):
+        decode_records(b"")
+    records = [WireRecord(5, None, b"v", [("a", b"1")]), WireRecord(6, b"k", None)]
+    decoded = decode_records(encode_batch(records, "lzma"))
+    assert [(r.timestamp_ms, r.key, r.value, r.headers) for r in decoded] == [
+        (5, None, b"v", (("a", b"1"),)),
+        (6, b"k", None, ()),
+    ]
 
 
 def test_commits_never_move_backwards(bootstrap):

@@ -3,7 +3,8 @@
 Stream offsets serialize canonically (equal offsets, equal JSON); admission
 control caps a micro-batch exactly at maxRecordsPerBatch, shares it by
 backlog and serves every partition with a backlog in turn; task splitting
-covers every offset once, contiguously, within the per-task cap; and each
+covers every offset once, contiguously, within the per-task cap, and so do
+the equal shares a read makes per core (a share may span partitions); and each
 malformed option is refused with a message that says what to write instead.
 """
 
@@ -23,6 +24,7 @@ from trio_coord.spark._plan import (
     admit,
     offsets_from_json,
     offsets_to_json,
+    share_ranges,
     split_ranges,
 )
 
@@ -121,6 +123,42 @@ def test_tasks_cover_every_offset_once_within_the_cap(spans, per_task, min_tasks
         assert len(tasks) >= min(min_tasks, total)
 
 
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 500)), max_size=6),
+    st.integers(1, 8),
+    st.integers(1, 300),
+)
+def test_shares_cover_every_offset_once_in_equal_parts(spans, tasks, per_task):
+    ranges = [OffsetRange("t", p, s, s + n) for p, (s, n) in enumerate(spans)]
+    shares = share_ranges(ranges, tasks, per_task)
+    total = sum(r.size for r in ranges)
+    pieces = [piece for share in shares for piece in share]
+    assert pieces == sorted(pieces)  # the ranges' order, each range's pieces contiguous
+    for r in ranges:
+        mine = [(p.start, p.end) for p in pieces if p.partition == r.partition]
+        if r.size == 0:
+            assert mine == []
+            continue
+        assert (mine[0][0], mine[-1][1]) == (r.start, r.end)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
+    sizes = [sum(p.size for p in share) for share in shares]
+    assert sum(sizes) == total and all(p.size > 0 for p in pieces)
+    if total:
+        assert len(shares) == min(total, max(tasks, -(-total // per_task)))
+        assert max(sizes) - min(sizes) <= 1 and max(sizes) <= per_task
+
+
+def test_shares_span_partitions_to_give_each_core_as_much():
+    ranges = [OffsetRange("a", 0, 0, 30), OffsetRange("a", 1, 5, 15), OffsetRange("b", 0, 0, 0)]
+    assert share_ranges(ranges, 2, 1_000) == [
+        (OffsetRange("a", 0, 0, 20),),
+        (OffsetRange("a", 0, 20, 30), OffsetRange("a", 1, 5, 15)),
+    ]
+    assert len(share_ranges(ranges, 2, 7)) == 6  # 40 records, at most 7 a task
+    with pytest.raises(ValueError, match="must be positive"):
+        share_ranges(ranges, 0, 10)
+
+
 def test_split_ranges_cuts_into_near_equal_pieces():
     assert split_ranges([OffsetRange("t", 0, 0, 25)], 7) == [
         OffsetRange("t", 0, 0, 7),
@@ -136,7 +174,11 @@ BOOT = {"bootstrap": "127.0.0.1:9092"}
 @pytest.mark.parametrize(
     ("options", "streaming", "message"),
     [
-        ({"topic": "t"}, False, 'the "bootstrap" option is required'),
+        (
+            {"topic": "t"},
+            False,
+            'the "bootstrap" option (alias "kafka.bootstrap.servers") is required',
+        ),
         ({**BOOT}, False, 'exactly one of the options "topic"'),
         ({**BOOT, "topic": "a", "pattern": "b"}, False, "got topic, pattern"),
         ({**BOOT, "topic": "bad name"}, False, "may only contain letters"),
@@ -162,6 +204,24 @@ BOOT = {"bootstrap": "127.0.0.1:9092"}
         ({**BOOT, "topic": "t", "timeout": "-1"}, False, "positive number of seconds"),
         ({**BOOT, "topic": "t", "group": "g"}, False, "a batch read commits nothing"),
         ({**BOOT, "topic": "t", "grup": "g"}, True, "unknown option(s) grup"),
+        ({**BOOT, "subscribe": "a", "topics": "b"}, False, "mean the same and disagree"),
+        ({**BOOT, "subscribe": " "}, False, 'exactly one of the options "topic"'),
+        ({**BOOT, "subscribe": ","}, False, 'option "subscribe" names no topic'),
+        ({**BOOT, "subscribePattern": "("}, False, 'option "subscribePattern" is not a valid'),
+        ({**BOOT, "assign": "[0]"}, False, 'option "assign" must be a JSON object'),
+        ({**BOOT, "assign": "{"}, False, 'option "assign" is not valid JSON'),
+        ({**BOOT, "assign": '{"t": []}'}, False, "must have a non-empty list of partition"),
+        ({**BOOT, "assign": '{"t": [-1]}'}, False, "-1 in topic 't' is not a partition number"),
+        ({**BOOT, "assign": '{"t": [true]}'}, False, "True in topic 't' is not a partition"),
+        ({**BOOT, "assign": '{"t": [0]}', "topic": "t"}, False, "got topic, assign"),
+        ({**BOOT, "topic": "t", "maxOffsetsPerTrigger": "x"}, True, '"maxOffsetsPerTrigger" must'),
+        ({**BOOT, "topic": "t", "maxOffsetsPerTrigger": "5"}, False, '"maxOffsetsPerTrigger" app'),
+        ({**BOOT, "topic": "t", "includeHeaders": "1"}, False, '"includeHeaders" must be true'),
+        ({**BOOT, "topic": "t", "startingTimestamp": "1"}, False, "give startingOffsets as"),
+        ({**BOOT, "topic": "t", "kafka.group.id": "g"}, True, 'with the "group" option'),
+        ({**BOOT, "topic": "t", "kafka.security.protocol": "SSL"}, False, "take no Kafka client"),
+        ({"kafka.bootstrap.servers": "x", "topic": "t"}, False, '"kafka.bootstrap.servers": '),
+        ({"topic": "t"}, False, 'alias "kafka.bootstrap.servers"'),
     ],
 )
 def test_each_read_option_mistake_says_what_to_do(options, streaming, message):
@@ -183,6 +243,39 @@ def test_defaults_of_batch_and_stream_reads():
         {**BOOT, "topic": "a", "startingOffsets": '{"a": {"1": 7, "0": -1}}'}, streaming=True
     ).starting
     assert spec.kind == "json" and spec.offsets == {TP("a", 1): 7, TP("a", 0): -1}
+
+
+def test_the_kafka_sources_names_mean_the_same_here():
+    kafka = read_options(
+        {
+            "kafka.bootstrap.servers": "127.0.0.1:9092",
+            "subscribe": "a,b",
+            "maxOffsetsPerTrigger": "7",
+            "maxRecordsPerPartition": "9",
+            "includeHeaders": "TRUE",
+        },
+        streaming=True,
+    )
+    ours = read_options(
+        {
+            **BOOT,
+            "topics": "a,b",
+            "maxRecordsPerBatch": "7",
+            "maxRecordsPerTask": "9",
+            "includeHeaders": "true",
+        },
+        streaming=True,
+    )
+    assert kafka == ours and kafka.include_headers
+    pattern = read_options({**BOOT, "subscribePattern": "a.*"}, streaming=False)
+    assert pattern.pattern == "a.*"
+    same = read_options(
+        {**BOOT, "kafka.bootstrap.servers": BOOT["bootstrap"], "topic": "t"}, streaming=False
+    )
+    assert same.bootstrap == BOOT["bootstrap"]  # an alias may repeat the same value
+    assigned = read_options({**BOOT, "assign": '{"b": [2, 0, 2], "a": [1]}'}, streaming=False)
+    assert assigned.assign == (TP("a", 1), TP("b", 0), TP("b", 2))
+    assert assigned.wanted(["a", "b", "c"]) == ["a", "b"]
 
 
 def test_write_options():

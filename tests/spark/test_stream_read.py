@@ -275,3 +275,80 @@ def test_a_driver_that_exits_right_after_the_query_has_committed_the_last_batch(
         ends = log_ends(bootstrap, topic, 2)
         assert sum(ends.values()) == 100 * (run + 1)
         assert committed(bootstrap, f"spark-exit-{trigger.lower()}") == ends  # lag 0, at once
+
+
+KILLED_DRIVER = """
+import sys
+
+from trio_coord.spark import local_session
+
+bootstrap, topic, group, checkpoint, out = sys.argv[1:]
+spark = local_session("killed", "local[1]", **{"spark.ui.showConsoleProgress": "false"})
+spark.sparkContext.setLogLevel("ERROR")
+query = (
+    spark.readStream.format("trio_coord")
+    .option("kafka.bootstrap.servers", bootstrap)
+    .option("subscribe", topic)
+    .option("group", group)
+    .option("startingOffsets", "earliest")
+    .option("maxOffsetsPerTrigger", "30")
+    .load()
+    .selectExpr("partition", "offset", "CAST(value AS STRING) AS value")
+    .writeStream.format("parquet")
+    .option("path", out)
+    .option("checkpointLocation", checkpoint)
+    .trigger(processingTime="100 milliseconds")
+    .start()
+)
+print("started", flush=True)
+query.awaitTermination()  # until it is killed
+"""
+
+
+def test_a_stream_killed_mid_way_resumes_with_nothing_lost_or_doubled(spark, bootstrap, tmp_path):
+    """A driver streaming into a file sink (30 records a micro-batch, a group commit after
+    each) is SIGKILLed mid-way: the group never ran ahead of the sink (every record below a
+    committed offset is in it), and the query restarted from its checkpoint ends with every
+    record in the sink exactly once and the group at the log ends."""
+    topic, group = "stream-killed", "spark-killed"
+    make_topic(bootstrap, topic, 3)
+    sent = produce(bootstrap, topic, [{"value": f"r{i}".encode()} for i in range(600)])
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER)
+    driver = subprocess.Popen(
+        [sys.executable, str(script), bootstrap, topic, group, checkpoint, out],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdout.readline() == "started\n"
+        wait_until(lambda: sum(committed(bootstrap, group).values()) >= 90, timeout=120)
+    finally:
+        driver.kill()  # SIGKILL: no shutdown of any kind
+        driver.wait()
+    at_kill = committed(bootstrap, group)
+    assert sum(at_kill.values()) < len(sent), "the stream finished before it was killed"
+    stored = {(r.partition, r.offset) for r in spark.read.parquet(out).collect()}
+    assert all((tp[1], o) in stored for tp, end in at_kill.items() for o in range(end))
+
+    query = (
+        spark.readStream.format("trio_coord")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("group", group)
+        .load()
+        .selectExpr("partition", "offset", "CAST(value AS STRING) AS value")
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None
+    rows = [(r.partition, r.offset, r.value) for r in spark.read.parquet(out).collect()]
+    assert len(rows) == len({row[:2] for row in rows}) == len(sent)  # nothing twice
+    assert sorted(row[:2] for row in rows) == sorted(sent)  # nothing lost
+    assert committed(bootstrap, group) == log_ends(bootstrap, topic, 3)  # lag 0

@@ -8,12 +8,14 @@ is refused at planning with a message naming the column.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 
 import pytest
 from pyspark.sql import Row
 
 from trio_coord.client import partition_for_key
+from trio_coord.protocol.records import decode_batch
 
 from .helpers import consume, make_topic
 
@@ -108,3 +110,53 @@ def test_a_row_for_a_partition_the_topic_lacks_fails_the_write_clearly(spark, bo
         df.write.format("trio_coord").option("bootstrap", bootstrap).option(
             "topic", "too-few"
         ).mode("append").save()
+
+
+class _Recorder:
+    """A client that keeps what would be produced: (partition, [(key, value)]) per batch."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, list[tuple[bytes | None, bytes | None]]]] = []
+
+    def partition_counts(self, topics):
+        return dict.fromkeys(topics, 3)
+
+    def produce(self, tp, payload, count, max_timestamp_ms):
+        records = decode_batch(payload)
+        assert len(records) == count and max(r.timestamp_ms for r in records) == max_timestamp_ms
+        self.sent.append((tp.partition, [(r.key, r.value) for r in records]))
+        return 0
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [f"k{i}".encode() for i in range(40)],  # every row keyed: by partition in bulk
+        [None] * 40,  # none: one partition's batch at a time
+        [f"k{i}".encode() if i % 3 else None for i in range(40)],  # mixed: row by row
+    ],
+)
+def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
+    import pyarrow as pa
+
+    from trio_coord.spark._options import write_options
+    from trio_coord.spark._write import _Batches
+
+    values = [f"value {i:03d}".encode() for i in range(40)]
+    options = write_options({"bootstrap": "127.0.0.1:1", "topic": "t", "batchSize": "100"})
+    client = _Recorder()
+    out = _Batches(client, options)  # type: ignore[arg-type]
+    batch = pa.RecordBatch.from_pydict({"key": keys, "value": values})
+    out.add_arrow(batch.slice(0, 25), now_ms=5)
+    out.add_arrow(batch.slice(25), now_ms=5)
+    out.flush()
+    sent = [(partition, kv) for partition, batch_kv in client.sent for kv in batch_kv]
+    assert sorted(kv[::-1] for _, kv in sent) == sorted(zip(values, keys, strict=True))  # once
+    for partition, (key, _) in sent:
+        if key is not None:
+            assert partition == partition_for_key(key, 3)
+    assert all(len(kvs) <= 4 for _, kvs in client.sent)  # ~35 B a record, 100 B a batch
+    keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]
+    if all(k is None for k in keys):  # consecutive batches move on to the next partition
+        partitions = [p for p, _ in keyless]
+        assert all(b == (a + 1) % 3 for a, b in itertools.pairwise(partitions))

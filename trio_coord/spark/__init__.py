@@ -37,10 +37,12 @@ from ._embedded import background_broker as background_broker
 from ._options import OptionError as OptionError
 from ._read import ARROW_SCHEMA as ARROW_SCHEMA
 from ._read import SCHEMA as SCHEMA
+from ._read import SCHEMA_WITHOUT_HEADERS as SCHEMA_WITHOUT_HEADERS
 from ._read import DataLossError as DataLossError
 from ._source import FORMAT as FORMAT
 from ._source import GroupCommitListener as GroupCommitListener
 from ._source import TrioCoordDataSource as TrioCoordDataSource
+from ._source import bound_to
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +51,7 @@ __all__ = [
     "ARROW_SCHEMA",
     "FORMAT",
     "SCHEMA",
+    "SCHEMA_WITHOUT_HEADERS",
     "BlockingClient",
     "BrokerUnreachableError",
     "DataLossError",
@@ -112,13 +115,29 @@ def check_java() -> str:
 
 def register(spark: SparkSession) -> None:
     """Make the ``trio_coord`` format known to ``spark``, with the group-commit listener
-    (once per session, however often it is called)."""
-    spark.dataSource.register(TrioCoordDataSource)
+    (once per session, however often it is called).
+
+    The format is registered with the session's ``defaultParallelism``, so that
+    a read makes one task per core (each with an equal share of the records)
+    rather than one per partition; ``spark.dataSource.register(TrioCoordDataSource)``
+    registers it without, Kafka's way.
+    """
+    spark.dataSource.register(bound_to(_parallelism(spark)))
     if spark not in _registered:
         listener = GroupCommitListener()
         spark.streams.addListener(listener)
         _registered[spark] = listener
         atexit.register(_remove_listener, weakref.ref(spark), listener)
+
+
+def _parallelism(spark: SparkSession) -> int | None:
+    """The session's ``defaultParallelism`` (its cores), None where it has no SparkContext
+    (a Spark Connect session)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        log.debug("the session's parallelism is unknown; reads make a task per partition")
+        return None
 
 
 def _remove_listener(spark: weakref.ref[SparkSession], listener: GroupCommitListener) -> None:

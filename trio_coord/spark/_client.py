@@ -174,6 +174,11 @@ class BlockingClient:
         for sock in sockets:
             sock.close()
 
+    def forget_metadata(self) -> None:
+        """Drop what the client knows of topics and brokers (not its connections): the next
+        request that needs a leader asks the brokers again."""
+        self._topics.clear()
+
     # -- plumbing --------------------------------------------------------------------------
 
     def _connect(self, address: Address) -> _Socket:

@@ -10,6 +10,14 @@ Offsets are given as ``earliest``, ``latest``, ``group`` (the ``group``
 option's committed offsets) or JSON per partition, Kafka's shape:
 ``{"events": {"0": 42, "1": -2}}``, where ``-2`` means the partition's
 earliest offset and ``-1`` its latest.
+
+The names of Spark's Kafka source work too (:data:`KAFKA_ALIASES`:
+``kafka.bootstrap.servers``, ``subscribe``, ``subscribePattern``,
+``maxOffsetsPerTrigger``, ``maxRecordsPerPartition``), as do ``assign``
+(``{"events": [0, 2]}``) and ``includeHeaders``, so that a job written for
+``format("kafka")`` ports by changing the format name; a Kafka option that
+has no meaning here (``kafka.security.protocol``, ``startingTimestamp``,
+...) is refused with what to do instead, never silently ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from ..protocol.errors import CoordError
 from ..protocol.messages import EARLIEST, TopicPartition
 
 __all__ = [
+    "KAFKA_ALIASES",
     "OffsetSpec",
     "OptionError",
     "ReadOptions",
@@ -50,6 +59,8 @@ _READ_OPTIONS: Final = {
     "topic",
     "topics",
     "pattern",
+    "assign",
+    "includeheaders",
     "group",
     "startingoffsets",
     "endingoffsets",
@@ -61,6 +72,30 @@ _READ_OPTIONS: Final = {
     "timeout",
 }
 _WRITE_OPTIONS: Final = {"bootstrap", "topic", "batchsize", "compression", "timeout"}
+KAFKA_ALIASES: Final = {
+    "kafka.bootstrap.servers": "bootstrap",
+    "subscribe": "topics",
+    "subscribepattern": "pattern",
+    "maxoffsetspertrigger": "maxrecordsperbatch",
+    "maxrecordsperpartition": "maxrecordspertask",
+}
+"""Spark Kafka source option (lower case) → the name it has here."""
+_KAFKA_ONLY: Final = {
+    "startingtimestamp": "give startingOffsets as offsets per partition",
+    "startingoffsetsbytimestamp": "give startingOffsets as offsets per partition",
+    "startingoffsetsbytimestampstrategy": "give startingOffsets as offsets per partition",
+    "endingtimestamp": "give endingOffsets as offsets per partition",
+    "endingoffsetsbytimestamp": "give endingOffsets as offsets per partition",
+    "groupidprefix": 'name the group to commit a stream\'s progress to with the "group" option',
+    "kafka.group.id": 'name the group to commit a stream\'s progress to with the "group" option',
+    "minoffsetspertrigger": "remove it (a micro-batch takes what there is, up to "
+    "maxOffsetsPerTrigger)",
+    "maxtriggerdelay": "remove it (a micro-batch takes what there is, up to maxOffsetsPerTrigger)",
+    "fetchoffset.numretries": "set timeout: requests are retried until it runs out",
+    "fetchoffset.retryintervalms": "set timeout: requests are retried until it runs out",
+    "kafkaconsumer.polltimeoutms": "set timeout (seconds) instead",
+}
+"""Spark Kafka source options with no counterpart here → what to do instead."""
 _SPARKS_OWN: Final = {"path", "paths", "checkpointlocation"}
 """Options Spark itself passes on to a data source along with the user's."""
 
@@ -85,6 +120,8 @@ class ReadOptions:
     bootstrap: str
     topics: tuple[str, ...] = ()
     pattern: str | None = None
+    assign: tuple[TopicPartition, ...] = ()
+    include_headers: bool = False
     group: str | None = None
     starting: OffsetSpec = OffsetSpec("earliest")
     ending: OffsetSpec = OffsetSpec("latest")
@@ -94,9 +131,14 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     fetch_max_bytes: int = 4 * 1024 * 1024
     timeout: float = 30.0
+    parallelism: int | None = None
+    """The session's cores (``defaultParallelism``), when ``register`` could tell: a read
+    then makes one task per core, each with an equal share of the records."""
 
     def wanted(self, existing: list[str]) -> list[str]:
         """The topics this read covers, among ``existing`` ones for a pattern."""
+        if self.assign:
+            return sorted({tp.topic for tp in self.assign})
         if self.pattern is None:
             return list(self.topics)
         regex = re.compile(self.pattern)
@@ -109,35 +151,74 @@ class WriteOptions:
 
     bootstrap: str
     topic: str | None = None
-    batch_size: int = 64 * 1024
+    batch_size: int = 256 * 1024
     compression: str | None = None
     timeout: float = 30.0
 
 
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {str(k).lower(): str(v) for k, v in options.items()}
+class _Options(dict[str, str]):
+    """Options by our lower-case name; ``aliased`` keeps the Kafka name a user gave instead,
+    so that a message names the option as it was written."""
+
+    aliased: dict[str, str]
+
+    def shown(self, key: str, name: str) -> str:
+        """How to name option ``key`` (canonically ``name``) in a message."""
+        return self.aliased.get(key, name)
 
 
-def _check_known(options: dict[str, str], known: set[str], what: str) -> None:
-    unknown = sorted(set(options) - known - _SPARKS_OWN)
+def _lower(options: Mapping[str, str]) -> _Options:
+    """The options with lower-case keys, Kafka's names turned into ours (both given with
+    different values is a mistake)."""
+    result = _Options()
+    result.aliased = {}
+    spelled: dict[str, str] = {}
+    for raw_key, raw_value in options.items():
+        key, value = str(raw_key).lower(), str(raw_value)
+        ours = KAFKA_ALIASES.get(key, key)
+        if ours in result and result[ours] != value:
+            raise OptionError(
+                f'options "{spelled[ours]}" and "{raw_key}" mean the same and disagree '
+                f"({result[ours]!r} and {value!r}); give one of them"
+            )
+        result[ours] = value
+        spelled[ours] = str(raw_key)
+        if ours != key:
+            result.aliased[ours] = str(raw_key)
+    return result
+
+
+def _check_known(options: _Options, known: set[str], what: str) -> None:
+    for key in sorted(options):
+        advice = _KAFKA_ONLY.get(key)
+        if advice is None and key.startswith("kafka."):
+            advice = (
+                "trio_coord brokers take no Kafka client settings; remove it "
+                '(the brokers are the "bootstrap" option, alias kafka.bootstrap.servers)'
+            )
+        if advice is not None:
+            raise OptionError(f'option "{key}" of the Kafka source has no counterpart: {advice}')
+    unknown = sorted(options.shown(k, k) for k in set(options) - known - _SPARKS_OWN)
     if unknown:
+        aliases = sorted(k for k, v in KAFKA_ALIASES.items() if v in known)
         raise OptionError(
             f"unknown option(s) {', '.join(unknown)} for a {what}; "
-            f"known: {', '.join(sorted(known))}"
+            f"known: {', '.join(sorted(known))} (and Kafka's {', '.join(aliases)})"
         )
 
 
-def _bootstrap(options: dict[str, str]) -> str:
+def _bootstrap(options: _Options) -> str:
     value = options.get("bootstrap", "").strip()
     if not value:
         raise OptionError(
-            'the "bootstrap" option is required: the brokers as host:port[,host:port...], '
-            'for example .option("bootstrap", "127.0.0.1:9092")'
+            'the "bootstrap" option (alias "kafka.bootstrap.servers") is required: the '
+            'brokers as host:port[,host:port...], for example .option("bootstrap", '
+            '"127.0.0.1:9092")'
         )
     try:
         parse_bootstrap(value)
     except ValueError as exc:
-        raise OptionError(f'option "bootstrap": {exc}') from None
+        raise OptionError(f'option "{options.shown("bootstrap", "bootstrap")}": {exc}') from None
     return value
 
 
@@ -148,10 +229,11 @@ def _topic(name: str, option: str) -> str:
         raise OptionError(f'option "{option}": {exc}') from None
 
 
-def _positive_int(options: dict[str, str], key: str, name: str) -> int | None:
+def _positive_int(options: _Options, key: str, name: str) -> int | None:
     raw = options.get(key)
     if raw is None:
         return None
+    name = options.shown(key, name)
     try:
         value = int(raw)
     except ValueError:
@@ -222,6 +304,40 @@ def parse_offsets(raw: str, name: str, *, allowed: tuple[str, ...], default: str
     return OffsetSpec("json", offsets, default)
 
 
+_ASSIGN_EXAMPLE: Final = '{"events": [0, 2], "clicks": [1]}'
+
+
+def parse_assign(raw: str) -> tuple[TopicPartition, ...]:
+    """The ``assign`` option: JSON mapping each topic to a list of its partitions."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(
+            f'option "assign" is not valid JSON ({exc}); write it like {_ASSIGN_EXAMPLE}'
+        ) from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(
+            f'option "assign" must be a JSON object of topics and their partitions, '
+            f"like {_ASSIGN_EXAMPLE}"
+        )
+    chosen: set[TopicPartition] = set()
+    for topic, partitions in parsed.items():
+        _topic(topic, "assign")
+        if not isinstance(partitions, list) or not partitions:
+            raise OptionError(
+                f'option "assign": topic {topic!r} must have a non-empty list of partition '
+                f"numbers, like {_ASSIGN_EXAMPLE}"
+            )
+        for partition in partitions:
+            if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+                raise OptionError(
+                    f'option "assign": {partition!r} in topic {topic!r} is not a partition '
+                    "number (a whole number >= 0)"
+                )
+            chosen.add(TopicPartition(topic, partition))
+    return tuple(sorted(chosen))
+
+
 def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     """Check a read's options; raise :class:`OptionError` for the first mistake.
 
@@ -232,28 +348,33 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     opts = _lower(options)
     what = {True: "stream read", False: "batch read", None: "read"}[streaming]
     _check_known(opts, _READ_OPTIONS, what)
-    given = [key for key in ("topic", "topics", "pattern") if opts.get(key, "").strip()]
+    given = [key for key in ("topic", "topics", "pattern", "assign") if opts.get(key, "").strip()]
     if len(given) != 1:
         raise OptionError(
             'say what to read with exactly one of the options "topic" (one topic), '
-            '"topics" (comma-separated) or "pattern" (a regular expression over topic names)'
-            + (f"; got {', '.join(given)}" if given else "")
+            '"topics" or "subscribe" (comma-separated), "pattern" or "subscribePattern" (a '
+            'regular expression over topic names), or "assign" (JSON: topics and partitions)'
+            + (f"; got {', '.join(opts.shown(g, g) for g in given)}" if given else "")
         )
+    shown = opts.shown(given[0], given[0])
     topics: tuple[str, ...] = ()
     pattern = None
-    if given[0] == "pattern":
+    assign: tuple[TopicPartition, ...] = ()
+    if given[0] == "assign":
+        assign = parse_assign(opts["assign"])
+    elif given[0] == "pattern":
         pattern = opts["pattern"].strip()
         try:
             re.compile(pattern)
         except re.error as exc:
             raise OptionError(
-                f'option "pattern" is not a valid regular expression: {exc}'
+                f'option "{shown}" is not a valid regular expression: {exc}'
             ) from None
     else:
         names = [n for n in opts[given[0]].split(",") if n.strip()]
-        topics = tuple(dict.fromkeys(_topic(n, given[0]) for n in names))
+        topics = tuple(dict.fromkeys(_topic(n, shown) for n in names))
         if not topics:
-            raise OptionError(f'option "{given[0]}" names no topic')
+            raise OptionError(f'option "{shown}" names no topic')
     group = opts.get("group")
     if group is not None:
         try:
@@ -286,7 +407,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     )
     per_batch = _positive_int(opts, "maxrecordsperbatch", "maxRecordsPerBatch")
     if per_batch is not None and streaming is False:
-        raise OptionError('option "maxRecordsPerBatch" applies to stream reads only')
+        shown = opts.shown("maxrecordsperbatch", "maxRecordsPerBatch")
+        raise OptionError(f'option "{shown}" applies to stream reads only')
     if group is not None and streaming is False:
         if starting.kind != "group":
             raise OptionError(
@@ -298,6 +420,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
         bootstrap=_bootstrap(opts),
         topics=topics,
         pattern=pattern,
+        assign=assign,
+        include_headers=_boolean(opts, "includeheaders", "includeHeaders", False),
         group=group,
         starting=starting,
         ending=ending,
@@ -322,7 +446,7 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     return WriteOptions(
         bootstrap=_bootstrap(opts),
         topic=None if topic is None else _topic(topic, "topic"),
-        batch_size=_positive_int(opts, "batchsize", "batchSize") or 64 * 1024,
+        batch_size=_positive_int(opts, "batchsize", "batchSize") or 256 * 1024,
         compression=compression,
         timeout=_timeout(opts),
     )

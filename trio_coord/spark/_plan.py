@@ -16,6 +16,14 @@ blocking client, then plan here.
 * :func:`split_ranges` turns ranges of offsets into tasks of at most
   ``max_per_task`` records each, and into at least ``min_tasks`` tasks where
   the records allow, cutting each range into near-equal contiguous pieces.
+* :func:`share_ranges` cuts the records of all ranges, one after the other,
+  into ``tasks`` near-equal shares (more where ``max_per_task`` needs it), a
+  share taking a piece of one range or pieces of several: what a read does
+  when it knows how many cores the session has. A Python data source task
+  costs Spark tens of milliseconds besides its records (a worker round trip,
+  a projection generated per task), so one task per core, each with an
+  equal share, beats one task per partition whenever partitions outnumber
+  cores or differ in size.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ __all__ = [
     "admit",
     "offsets_from_json",
     "offsets_to_json",
+    "share_ranges",
     "split_ranges",
 ]
 
@@ -153,3 +162,35 @@ def split_ranges(
             tasks.append(OffsetRange(r.topic, r.partition, at, at + size))
             at += size
     return tasks
+
+
+def share_ranges(
+    ranges: Iterable[OffsetRange], tasks: int, max_per_task: int
+) -> list[tuple[OffsetRange, ...]]:
+    """Cut the records of ``ranges`` (in their order) into ``tasks`` near-equal contiguous
+    shares, or into as many more as keep each share within ``max_per_task`` records (never
+    more shares than records); a share is the pieces of one or more ranges it covers."""
+    if tasks <= 0 or max_per_task <= 0:
+        raise ValueError("tasks and max_per_task must be positive")
+    work = [r for r in ranges if r.size > 0]
+    total = sum(r.size for r in work)
+    if not total:
+        return []
+    count = min(total, max(tasks, math.ceil(total / max_per_task)))
+    step, extra = divmod(total, count)
+    shares: list[tuple[OffsetRange, ...]] = []
+    pieces: list[OffsetRange] = []
+    want = step + (1 if extra else 0)  # records the current share still takes
+    for r in work:
+        at = r.start
+        while at < r.end:
+            take = min(want, r.end - at)
+            pieces.append(OffsetRange(r.topic, r.partition, at, at + take))
+            at += take
+            want -= take
+            if want == 0:
+                shares.append(tuple(pieces))
+                pieces = []
+                want = step + (1 if len(shares) < extra else 0)
+    assert not pieces and len(shares) == count
+    return shares

@@ -4,12 +4,15 @@ Planning runs where Spark plans (the driver, in a Python worker of its own):
 it asks the brokers, through :class:`~._client.BlockingClient`, which
 partitions the topics have and where their logs start and end, resolves the
 ``startingOffsets``/``endingOffsets`` options against that, and cuts the
-result into :class:`~._plan.OffsetRange` tasks. Bad options (an unknown
-topic, an unreachable broker, an offset outside the log) fail here, before
-any task runs. Each task then opens its own client, fetches its range, and
-yields Arrow record batches whose types are exactly :data:`ARROW_SCHEMA`
-(the Arrow form of :data:`SCHEMA`); the client is closed when the task ends,
-however it ends.
+result into tasks: one per core, each an equal share of the records (see
+:func:`~._plan.share_ranges`), when ``register`` told the source how many
+cores the session has, else pieces of each partition's range. Bad options
+(an unknown topic, an unreachable broker, an offset outside the log) fail
+here, before any task runs. Each task then reads its ranges with the client
+its Python worker kept from its previous task (or a new one), and yields
+Arrow record batches whose types are exactly :data:`ARROW_SCHEMA` (the Arrow
+form of :data:`SCHEMA`, built by :mod:`._arrow`); the client goes back to
+the worker when the task ends, and is closed when the task fails.
 
 The stream reader keeps the end of what has been read per partition as its
 offset (see :mod:`._plan`), discovers new partitions and, for a pattern, new
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -56,14 +60,22 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
-from ..protocol.records import WireRecord, decode_batch
+from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, arrow_batch, decode_records
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions
-from ._plan import OffsetRange, admit, offsets_from_json, offsets_to_json, split_ranges
+from ._plan import (
+    OffsetRange,
+    admit,
+    offsets_from_json,
+    offsets_to_json,
+    share_ranges,
+    split_ranges,
+)
 
 __all__ = [
     "ARROW_SCHEMA",
     "SCHEMA",
+    "SCHEMA_WITHOUT_HEADERS",
     "BatchReader",
     "DataLossError",
     "StreamReader",
@@ -73,15 +85,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
 SCHEMA = StructType(
     [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
         StructField("topic", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
+        StructField("timestampType", IntegerType()),
         StructField(
             "headers",
             ArrayType(
@@ -90,24 +102,15 @@ SCHEMA = StructType(
         ),
     ]
 )
-"""The rows a read gives: one per record."""
+"""The rows a read with ``includeHeaders`` gives, one per record: Spark's Kafka source's
+columns, in its order."""
+SCHEMA_WITHOUT_HEADERS = StructType([f for f in SCHEMA.fields if f.name != "headers"])
+"""The rows a read gives by default (without ``includeHeaders``, as for Kafka)."""
 
-_HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())])))
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", _TIMESTAMP),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", _HEADERS),
-    ]
-)
-""":data:`SCHEMA` as Arrow types (what Spark expects of a batch, exactly)."""
 
-ROWS_PER_ARROW_BATCH = 8192
+def schema_for(options: ReadOptions | None) -> StructType:
+    """The schema of a read with ``options`` (None: options that do not make a read)."""
+    return SCHEMA if options is not None and options.include_headers else SCHEMA_WITHOUT_HEADERS
 
 
 class DataLossError(OffsetOutOfRangeError):
@@ -122,8 +125,18 @@ def _client(options: ReadOptions) -> BlockingClient:
 
 
 def topic_partitions(client: BlockingClient, options: ReadOptions) -> list[TopicPartition]:
-    """Every partition of the topics the read covers (raises UnknownTopicError for a
-    named topic that does not exist)."""
+    """Every partition the read covers (raises UnknownTopicError for a named topic that
+    does not exist, OptionError for an assigned partition that does not)."""
+    if options.assign:
+        counts = client.partition_counts(options.wanted([]))
+        missing = [tp for tp in options.assign if tp.partition >= counts[tp.topic]]
+        if missing:
+            tp = missing[0]
+            raise OptionError(
+                f'option "assign" names partition {tp.partition} of {tp.topic!r}, which has '
+                f"partitions 0 to {counts[tp.topic] - 1}"
+            )
+        return list(options.assign)
     if options.pattern is None:
         counts = client.partition_counts(options.topics)
     else:
@@ -207,23 +220,6 @@ def plan_batch(client: BlockingClient, options: ReadOptions) -> list[OffsetRange
 # -- reading a range (in a task) -----------------------------------------------------------
 
 
-def _arrow_batch(r: OffsetRange, first: int, records: list[WireRecord]) -> pa.RecordBatch:
-    """``records``, whose offsets are ``first``, ``first + 1``, ..., as one Arrow batch."""
-    rows = len(records)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(r.topic, pa.string()), rows),
-            pa.repeat(pa.scalar(r.partition, pa.int32()), rows),
-            pa.array(range(first, first + rows), pa.int64()),
-            pa.array([rec.timestamp_ms * 1000 for rec in records], _TIMESTAMP),
-            pa.array([rec.key for rec in records], pa.binary()),
-            pa.array([rec.value for rec in records], pa.binary()),
-            pa.array([rec.headers for rec in records], _HEADERS),
-        ],
-        schema=ARROW_SCHEMA,
-    )
-
-
 def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool) -> int:
     start = client.list_offsets([r.tp], EARLIEST)[r.tp].log_start
     if start <= position:
@@ -252,15 +248,17 @@ def read_range(
     fetch_max_bytes: int = 4 * 1024 * 1024,
     fail_on_data_loss: bool = True,
     rows_per_batch: int = ROWS_PER_ARROW_BATCH,
+    include_headers: bool = True,
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA`, in offset order.
+    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA` (without the headers
+    column unless ``include_headers``), in offset order.
 
     Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
     ...), so the records waiting for the next Arrow batch are a list and the
     offset of its first one.
     """
     position = r.start
-    pending: list[WireRecord] = []
+    pending: list[Any] = []
     first = position
     while position < r.end:
         try:
@@ -279,7 +277,7 @@ def read_range(
         for fetched in part.batches:
             if fetched.base_offset > position:  # the log's start moved past us meanwhile
                 if pending:
-                    yield _arrow_batch(r, first, pending)
+                    yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
                     pending = []
                 position = _skip_lost(client, r, position, fail_on_data_loss)
                 break
@@ -287,36 +285,107 @@ def read_range(
             high = r.end - fetched.base_offset
             if low >= fetched.count or high <= 0:
                 continue
-            records = decode_batch(fetched.records)[max(0, low) : high]
+            records = decode_records(fetched.records)[max(0, low) : high]
             if not pending:
                 first = position
             pending.extend(records)
             position += len(records)
             while len(pending) >= rows_per_batch:
-                yield _arrow_batch(r, first, pending[:rows_per_batch])
+                yield arrow_batch(
+                    r.topic, r.partition, first, pending[:rows_per_batch], include_headers
+                )
                 del pending[:rows_per_batch]
                 first += rows_per_batch
             if position >= r.end:
                 break
     if pending:
-        yield _arrow_batch(r, first, pending)
+        yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
+
+
+_IDLE_LIMIT = 8
+_idle: dict[tuple[str, float], BlockingClient] = {}
+"""Clients that finished a task in this process, by (bootstrap, timeout), for the next task.
+
+Spark reuses its Python workers from task to task, so a worker's next task
+takes the connections of its last one instead of opening its own."""
+
+
+@contextmanager
+def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
+    """A client for one task: this process's idle one for the same brokers, or a new one.
+
+    It goes back to the idle pool when the task ends or is abandoned between
+    batches (its connections are idle then: every request's answer is read in
+    full before a batch is yielded), and is closed when the task fails. It
+    keeps its connections but not its metadata: the first request asks the
+    brokers afresh, so a topic grown since, or a leader moved, is seen.
+    """
+    key = (options.bootstrap, options.timeout)
+    client = _idle.pop(key, None)
+    if client is None:
+        client = _client(options)
+    else:
+        client.forget_metadata()
+    try:
+        yield client
+    except GeneratorExit:
+        _park(key, client)
+        raise
+    except BaseException:
+        client.close()
+        raise
+    _park(key, client)
+
+
+def _park(key: tuple[str, float], client: BlockingClient) -> None:
+    stale = _idle.pop(key, None)
+    if stale is not None and stale is not client:
+        stale.close()
+    while len(_idle) >= _IDLE_LIMIT:
+        _idle.pop(next(iter(_idle))).close()
+    _idle[key] = client
+
+
+def close_idle_clients() -> None:
+    """Close the clients this process keeps for its next tasks."""
+    while _idle:
+        _idle.popitem()[1].close()
+
+
+def task_ranges(partition: InputPartition) -> tuple[OffsetRange, ...]:
+    """The ranges a task reads: its InputPartition holds one range or a tuple of them
+    (none for Spark's placeholder task of a read without ranges)."""
+    value = partition.value
+    if isinstance(value, OffsetRange):
+        return (value,)
+    if isinstance(value, tuple) and all(isinstance(r, OffsetRange) for r in value):
+        return value
+    return ()
 
 
 def read_task(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """One task: read the partition's range with a client of its own, closed at the end."""
-    r = partition.value
-    if not isinstance(r, OffsetRange):  # Spark's placeholder when a read has no ranges
+    """One task: read the task's ranges, one after the other, with this process's idle
+    client or a new one (see :func:`_task_client`)."""
+    ranges = task_ranges(partition)
+    if not ranges:
         return
-    with _client(options) as client:
-        yield from read_range(
-            client,
-            r,
-            fetch_max_bytes=options.fetch_max_bytes,
-            fail_on_data_loss=options.fail_on_data_loss,
-        )
+    with _task_client(options) as client:
+        for r in ranges:
+            yield from read_range(
+                client,
+                r,
+                fetch_max_bytes=options.fetch_max_bytes,
+                fail_on_data_loss=options.fail_on_data_loss,
+                include_headers=options.include_headers,
+            )
 
 
 def _tasks(ranges: list[OffsetRange], options: ReadOptions) -> list[InputPartition]:
+    """The read's tasks: equal shares, one per core, when the session's cores are known and
+    ``minPartitions`` is not given; otherwise pieces of each range (Kafka's way)."""
+    if options.min_partitions is None and options.parallelism is not None:
+        shares = share_ranges(ranges, options.parallelism, options.max_records_per_task)
+        return [InputPartition(share) for share in shares]
     tasks = split_ranges(ranges, options.max_records_per_task, options.min_partitions)
     return [InputPartition(task) for task in tasks]
 

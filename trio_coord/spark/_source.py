@@ -14,9 +14,10 @@ driver exits, so that batch is committed even without ``spark.stop()``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -30,10 +31,16 @@ from pyspark.sql.types import StructType
 
 from ._options import OptionError, read_options, write_options
 from ._plan import offsets_from_json
-from ._read import SCHEMA, BatchReader, StreamReader, commit_quietly
+from ._read import (
+    SCHEMA_WITHOUT_HEADERS,
+    BatchReader,
+    StreamReader,
+    commit_quietly,
+    schema_for,
+)
 from ._write import BatchWriter, StreamWriter
 
-__all__ = ["FORMAT", "GroupCommitListener", "TrioCoordDataSource"]
+__all__ = ["FORMAT", "GroupCommitListener", "TrioCoordDataSource", "bound_to"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +49,13 @@ FORMAT = "trio_coord"
 
 
 class TrioCoordDataSource(DataSource):
-    """Topics of trio_coord brokers as a Spark data source (batch and stream, read and write)."""
+    """Topics of trio_coord brokers as a Spark data source (batch and stream, read and write).
+
+    ``parallelism`` is the session's cores when known (see :func:`bound_to`):
+    reads then make one task per core.
+    """
+
+    parallelism: ClassVar[int | None] = None
 
     @classmethod
     def name(cls) -> str:
@@ -50,7 +63,8 @@ class TrioCoordDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        """One row per record: topic, partition, offset, timestamp, key, value, headers.
+        """One row per record: key, value, topic, partition, offset, timestamp,
+        timestampType, and headers with ``includeHeaders`` (Spark's Kafka source's columns).
 
         Spark asks for the schema at ``load()`` (never for a write), so the
         options are checked here already, as far as a read of either kind
@@ -58,21 +72,24 @@ class TrioCoordDataSource(DataSource):
         query starts. Options that make a valid write are left to the writer.
         """
         try:
-            read_options(self.options, streaming=None)
+            options = read_options(self.options, streaming=None)
         except OptionError:
             if not _make_a_write(self.options):
                 raise
-        return SCHEMA
+            return SCHEMA_WITHOUT_HEADERS
+        return schema_for(options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch read of the options' topics."""
-        return BatchReader(read_options(self.options, streaming=False))
+        options = read_options(self.options, streaming=False)
+        return BatchReader(dataclasses.replace(options, parallelism=self.parallelism))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A stream read of the options' topics (a stream-only mistake is raised by the
         reader's first call: see :class:`_RefusedStreamReader`)."""
         try:
-            return StreamReader(read_options(self.options, streaming=True))
+            options = read_options(self.options, streaming=True)
+            return StreamReader(dataclasses.replace(options, parallelism=self.parallelism))
         except OptionError as exc:
             return _RefusedStreamReader(exc)
 
@@ -83,6 +100,23 @@ class TrioCoordDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """A stream write of each micro-batch's rows as records."""
         return StreamWriter(write_options(self.options), schema)
+
+
+def bound_to(parallelism: int | None) -> type[TrioCoordDataSource]:
+    """:class:`TrioCoordDataSource` for a session with ``parallelism`` cores.
+
+    The class is made here, so Spark pickles it by value (a class found by its
+    module and name would be pickled by reference, without the number): the
+    Python workers that plan reads get the session's cores with it.
+    """
+    if parallelism is None or parallelism < 1:
+        return TrioCoordDataSource
+
+    class BoundSource(TrioCoordDataSource):
+        __doc__ = TrioCoordDataSource.__doc__
+
+    BoundSource.parallelism = parallelism
+    return BoundSource
 
 
 def _make_a_write(options: Any) -> bool:

@@ -1,0 +1,147 @@
+"""From stored record batches to Arrow record batches, with as little per-record Python as can be.
+
+A task's time goes to two things per record: decoding the msgpack of each
+fetched batch into Python objects, and building Arrow columns from them.
+Both are kept small here. The records decode into :class:`_Record`, a
+msgspec Struct made with ``gc=False`` and headers as a tuple (an empty tuple
+is a shared constant), so that decoding a batch of 8,192 records allocates
+no object the cyclic garbage collector tracks: with ``WireRecord`` (a list
+per record, collector-tracked structs) the collections that the allocations
+trigger cost most of the decode, about eight times what the decode costs
+without them. No reference cycle can go through a ``_Record`` (it holds an
+int, bytes and tuples of str and bytes), which is what ``gc=False``
+requires. The columns are then built one list comprehension or one Arrow
+compute call each: the offsets (dense: a batch stored at ``base`` holds
+``base``, ``base + 1``, ...) are a cached 0..n-1 array plus the first
+offset, the timestamps one multiplication, the topic and partition one
+repeated scalar each, and records without headers (the common case) an
+all-empty list array made from offsets alone. The format itself (a codec
+byte, then a msgpack array of ``[timestamp_ms, key, value, headers]``) is
+defined once, in :mod:`trio_coord.protocol.records`; this module reads it
+with that module's codecs and its bound on what a batch may decompress to.
+"""
+
+from __future__ import annotations
+
+import lzma
+import zlib
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..protocol.errors import InvalidRecordError
+from ..protocol.records import COMPRESSION, MAX_BATCH_BYTES
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "ARROW_SCHEMA_WITHOUT_HEADERS",
+    "CREATE_TIME",
+    "HEADERS",
+    "ROWS_PER_ARROW_BATCH",
+    "TIMESTAMP",
+    "arrow_batch",
+    "decode_records",
+]
+
+HEADERS: Final = pa.list_(
+    pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())]))
+)
+TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
+ARROW_SCHEMA: Final = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", TIMESTAMP),
+        ("timestampType", pa.int32()),
+        ("headers", HEADERS),
+    ]
+)
+"""The rows of a read with ``includeHeaders`` as Arrow types (what Spark expects of a
+batch, exactly): the columns of Spark's Kafka source, in its order."""
+ARROW_SCHEMA_WITHOUT_HEADERS: Final = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("headers"))
+"""The rows of a read without ``includeHeaders`` (the default, as for Kafka)."""
+CREATE_TIME: Final = 0
+"""The ``timestampType`` of every record (Kafka's CreateTime: the producer's timestamp)."""
+
+ROWS_PER_ARROW_BATCH: Final = 8192
+"""Rows per Arrow batch handed to Spark."""
+
+
+class _Record(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """One stored record, as :class:`~trio_coord.protocol.records.WireRecord` but untracked
+    by the garbage collector (see the module docstring)."""
+
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+_decoder: Final = msgspec.msgpack.Decoder(list[_Record])
+_UNPACK: Final = {ident: unpack for ident, _, unpack in COMPRESSION.values()}
+
+
+def decode_records(payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES) -> list[_Record]:
+    """The records of one stored batch payload (raises InvalidRecordError if it is malformed,
+    or decompresses to more than ``max_bytes``), exactly as ``decode_batch`` reads it."""
+    if not payload:
+        raise InvalidRecordError("empty record batch")
+    unpack = _UNPACK.get(payload[0])
+    if unpack is None:
+        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
+    try:
+        return _decoder.decode(unpack(memoryview(payload)[1:], max_bytes))
+    except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
+        raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
+
+
+_ranks = pa.array(range(ROWS_PER_ARROW_BATCH), pa.int64())
+
+
+def _offsets(first: int, rows: int) -> pa.Array:
+    global _ranks
+    if rows > len(_ranks):
+        _ranks = pa.array(range(rows), pa.int64())
+    return pc.add_checked(_ranks.slice(0, rows), pa.scalar(first, pa.int64()))
+
+
+def _no_headers(rows: int) -> pa.Array:
+    return pa.ListArray.from_arrays(
+        pa.repeat(pa.scalar(0, pa.int32()), rows + 1),
+        pa.array([], HEADERS.value_type),
+        type=HEADERS,
+    )
+
+
+def arrow_batch(
+    topic: str,
+    partition: int,
+    first: int,
+    records: Sequence[_Record],
+    include_headers: bool = True,
+) -> pa.RecordBatch:
+    """``records`` of ``topic``/``partition``, whose offsets are ``first``, ``first + 1``,
+    ..., as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers column unless
+    ``include_headers``)."""
+    rows = len(records)
+    timestamps_ms = pa.array([r.timestamp_ms for r in records], pa.int64())
+    columns = [
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), rows),
+        pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        _offsets(first, rows),
+        pc.multiply_checked(timestamps_ms, 1000).cast(TIMESTAMP),
+        pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
+    ]
+    if not include_headers:
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITHOUT_HEADERS)
+    headers = [r.headers for r in records]
+    columns.append(_no_headers(rows) if headers.count(()) == rows else pa.array(headers, HEADERS))
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
