@@ -214,6 +214,37 @@ class _State:
                 self.released[o].add((t, p))
         self._retotal(i, 1)  # after the tables: it pushes t's heaps too, if need be
 
+    def add_many(self, i: int, items: Iterable[tuple[int, int]]) -> None:
+        """``add(i, t, p)`` for every ``(t, p)`` of ``items``, the total moved once.
+
+        Identical subscriptions only (the mixed path keeps heaps that every
+        single change must push to): the quota fill hands out whole runs.
+        """
+        assert self.identical
+        parts, owner, holder = self.parts[i], self.owner, self.holder
+        counted: dict[int, int] = {}  # topic -> partitions added, of which not owned before:
+        not_owned: dict[int, int] = {}
+        for t, p in items:
+            holder[t][p] = i
+            held = parts.get(t)
+            if held is None:
+                held = parts[t] = []
+            held.append(p)
+            counted[t] = counted.get(t, 0) + 1
+            o = owner[t][p]
+            if o != i:
+                not_owned[t] = not_owned.get(t, 0) + 1
+                if o >= 0:
+                    self.released[o].add((t, p))
+        for table, by_topic in ((self.count[i], counted), (self.free[i], not_owned)):
+            for t, n in by_topic.items():
+                table[t] = table.get(t, 0) + n
+        for tables, by_topic in ((self.tcount, counted), (self.tfree, not_owned)):
+            for t, n in by_topic.items():
+                tables[t][i] = tables[t].get(i, 0) + n
+        if counted:
+            self._retotal(i, sum(counted.values()))
+
     def remove(self, i: int, t: int, p: int) -> None:
         """Take partition ``p`` of topic ``t`` from member ``i``."""
         self.holder[t][p] = -1
@@ -415,15 +446,21 @@ def _fill_by_quota(state: _State, *, spread: bool) -> None:
         else:
             keep = owned[i][: quota[i]]
             free.extend(owned[i][quota[i] :])
-        for t, p in keep:
-            state.add(i, t, p)
+        state.add_many(i, keep)
     free.sort()
-    receivers = deque(i for i in range(members) if state.total[i] < quota[i])
-    for t, p in free:
+    # Dealt in member order, one at a time, to those below their quota: a member's share
+    # is every len(receivers)-th free partition while it stays below its quota.
+    dealt: list[list[tuple[int, int]]] = [[] for _ in range(members)]
+    wanted = [quota[i] - state.total[i] for i in range(members)]
+    receivers = deque(i for i in range(members) if wanted[i] > 0)
+    for tp in free:
         i = receivers.popleft()
-        state.add(i, t, p)
-        if state.total[i] < quota[i]:
+        dealt[i].append(tp)
+        wanted[i] -= 1
+        if wanted[i]:
             receivers.append(i)
+    for i, share in enumerate(dealt):
+        state.add_many(i, share)
 
 
 def _excess(owned: list[tuple[int, int]], members: int, sizes: list[int]) -> int:
