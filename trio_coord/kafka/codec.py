@@ -99,11 +99,10 @@ def decode_request(frame: bytes, schema: type[Any]) -> tuple[Any, Any]:
         body, size = entity_reader(schema)(frame, used)
     except Exception as exc:  # kio raises assorted errors for truncated or bad input
         raise ValueError(f"cannot decode {schema.__name__}: {exc!r}") from None
-    if used + size != len(frame):
-        raise ValueError(
-            f"{schema.__name__} v{schema.__version__} leaves {len(frame) - used - size} bytes "
-            "unread"
-        )
+    if used + size > len(frame):
+        raise ValueError(f"{schema.__name__} v{schema.__version__} is cut short")
+    # Bytes after the body are ignored, as Kafka does (librdkafka's Metadata v12 for all
+    # topics carries three).
     return header, body
 
 

@@ -21,6 +21,7 @@ connection with one log line and costs nothing else.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import struct
@@ -48,6 +49,7 @@ from .errors import kafka_code
 __all__ = ["KafkaListener", "MalformedRequest", "api_versions_v0_error"]
 
 log = logging.getLogger(__name__)
+_DEBUG = functools.partial(log.isEnabledFor, logging.DEBUG)
 
 _SIZE = struct.Struct(">i")
 _RECEIVE_CHUNK = 256 * 1024
@@ -247,6 +249,8 @@ class _Connection:
             head = peek_head(frame)
         except ValueError as exc:
             raise MalformedRequest(str(exc)) from None
+        if _DEBUG():
+            log.debug("%s: API %d v%d", self._peer, head.api_key, head.api_version)
         api = self._front.table.get(head.api_key)
         served = api is not None and api.min_version <= head.api_version <= api.max_version
         schema = request_schema(head.api_key, head.api_version)
