@@ -11,9 +11,9 @@ the client keeps talking through it.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
-import dataclasses
 import threading
 
 from kio.serial import entity_reader
@@ -31,7 +31,7 @@ class LosingProxy:
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
         self._server = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self._server.getsockname()[1]
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
         self.dropped = 0
         self._lock = threading.Lock()
         self._closed = False

@@ -117,7 +117,7 @@ def test_admin_creates_grows_and_deletes_topics(kafka_broker: KafkaBroker, topic
     """AdminClient: create (and a duplicate refused), add partitions, describe, delete."""
     admin = AdminClient({"bootstrap.servers": kafka_broker.kafka})
     admin.create_topics([NewTopic(topic, 2)])[topic].result(15)
-    with pytest.raises(Exception, match="TOPIC_ALREADY_EXISTS|already exists"):
+    with pytest.raises(Exception, match=r"TOPIC_ALREADY_EXISTS|already exists"):
         admin.create_topics([NewTopic(topic, 2)])[topic].result(15)
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(15)
     metadata = admin.list_topics(topic, timeout=10)
