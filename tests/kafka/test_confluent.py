@@ -16,11 +16,10 @@ import pytest
 import trio
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from kafka_fixtures import KafkaBroker, create_topic
+from kafka_proxy import LosingProxy
 
 from trio_coord import open_consumer, open_producer
-
-from .conftest import KafkaBroker, create_topic
-from .proxy import LosingProxy
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
