@@ -161,13 +161,10 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         result[target] = {
             f"{what}_records_per_s": statistics.median(values) for what, values in figures.items()
         }
-        result[target]["produce_mb_per_s"] = (
-            result[target]["produce_records_per_s"] * size / 1e6
-        )
+        result[target]["produce_mb_per_s"] = result[target]["produce_records_per_s"] * size / 1e6
     result["ratio"] = {
         what: statistics.median(
-            t / m
-            for t, m in zip(samples["trio_coord"][what], samples["mock"][what], strict=True)
+            t / m for t, m in zip(samples["trio_coord"][what], samples["mock"][what], strict=True)
         )
         for what in ("produce", "consume")
     }
