@@ -163,3 +163,28 @@ async def test_native_topic_read_by_confluent_and_the_reverse(
     assert [(r.key, r.value, r.headers) for r in records[20:]] == [
         (b"k%d" % i, b"kafka-%d" % i, (("h", b"%d" % i),)) for i in range(20)
     ]
+
+
+def test_offsets_for_times_and_describe_configs(kafka_broker: KafkaBroker, topic: str) -> None:
+    """ListOffsets by timestamp finds the first record at or after it; configs are described."""
+    from confluent_kafka.admin import ConfigResource
+
+    create_topic(kafka_broker.kafka, topic)
+    producer = Producer({"bootstrap.servers": kafka_broker.kafka, "compression.codec": "lz4"})
+    for i in range(10):
+        producer.produce(topic, b"%d" % i, partition=0, timestamp=1_000_000 + 1000 * i)
+    assert producer.flush(15) == 0
+    consumer = Consumer({"bootstrap.servers": kafka_broker.kafka, "group.id": "unused"})
+    try:
+        found = [
+            consumer.offsets_for_times([TopicPartition(topic, 0, t)], timeout=10)[0].offset
+            for t in (0, 1_004_500, 1_009_000, 2_000_000)
+        ]
+    finally:
+        consumer.close()
+    assert found == [0, 5, 9, -1]
+    admin = AdminClient({"bootstrap.servers": kafka_broker.kafka})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["cleanup.policy"].value == "delete"
+    assert configs["max.message.bytes"].value == str(1024 * 1024 + 12)

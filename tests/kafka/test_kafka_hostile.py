@@ -7,7 +7,7 @@ an API or version the broker does not serve is answered with
 UNSUPPORTED_VERSION and the connection stays usable; ApiVersions at an
 unknown version gets Kafka's v0 answer. acks=0 gets no answer, and a
 long-polling Fetch's answer comes before the answers to the requests
-pipelined behind it.
+pipelined behind it. FindCoordinator answers one key (v3) and a batch (v4).
 """
 
 from __future__ import annotations
@@ -209,3 +209,24 @@ def test_acks_zero_gets_no_answer_and_order_is_kept(kafka_broker: KafkaBroker, t
         assert records and len(records) == len(batch)
         corr, _ = read_response(sock, 18, 3)
         assert corr == 3
+
+
+def test_find_coordinator_one_key_and_batched(kafka_broker: KafkaBroker) -> None:
+    """v3 names the broker's Kafka listener for a group; v4 does so for each key of a batch."""
+    host, port = kafka_broker.kafka.rsplit(":", 1)
+    with connect(kafka_broker) as sock:
+        v3 = load_request_schema(10, 3)
+        sock.sendall(request_frame(10, 3, 1, v3(key="g", key_type=0)))
+        corr, body = read_response(sock, 10, 3)
+        assert corr == 1 and body.error_code == KafkaCode.none
+        assert (body.host, body.port) == (host, int(port))
+        v4 = load_request_schema(10, 4)
+        sock.sendall(request_frame(10, 4, 2, v4(key_type=0, coordinator_keys=("a", "b", "c"))))
+        corr, body = read_response(sock, 10, 4)
+        assert corr == 2
+        assert [(c.key, c.error_code, c.host, c.port) for c in body.coordinators] == [
+            (k, KafkaCode.none, host, int(port)) for k in ("a", "b", "c")
+        ]
+        sock.sendall(request_frame(10, 4, 3, v4(key_type=1, coordinator_keys=("txn",))))
+        corr, body = read_response(sock, 10, 4)
+        assert body.coordinators[0].error_code == KafkaCode.coordinator_not_available
