@@ -230,3 +230,41 @@ def test_find_coordinator_one_key_and_batched(kafka_broker: KafkaBroker) -> None
         sock.sendall(request_frame(10, 4, 3, v4(key_type=1, coordinator_keys=("txn",))))
         corr, body = read_response(sock, 10, 4)
         assert body.coordinators[0].error_code == KafkaCode.coordinator_not_available
+
+
+def test_pipelined_produce_requests_reach_the_log_in_order(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    """Fifty Produce requests sent at once to one partition get offsets in request order."""
+    create_topic(kafka_broker.kafka, topic)
+    frames = b"".join(
+        request_frame(
+            0,
+            9,
+            100 + i,
+            p9.ProduceRequest(
+                acks=1,
+                timeout=timedelta(seconds=10),
+                topic_data=(
+                    p9.TopicProduceData(
+                        name=topic,
+                        partition_data=(
+                            p9.PartitionProduceData(
+                                index=0,
+                                records=encode_records(
+                                    0, [WireRecord(1_700_000_000_000, None, b"%d" % i, [])]
+                                ),
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        )
+        for i in range(50)
+    )
+    with connect(kafka_broker) as sock:
+        sock.sendall(frames)
+        answers = [read_response(sock, 0, 9) for _ in range(50)]
+    assert [corr for corr, _ in answers] == [100 + i for i in range(50)]
+    offsets = [body.responses[0].partition_responses[0].base_offset for _, body in answers]
+    assert offsets == list(range(50))

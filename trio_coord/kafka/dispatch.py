@@ -3,14 +3,16 @@
 Its one job is the dispatch table. A handler module (``metadata``,
 ``produce``, ``fetch``, ``admin``; the consumer-group APIs will be one more)
 exports ``APIS``, a list of :class:`Api` entries: key, version range, the
-async handler and optionally a synchronous fast path and a cost in bytes
-(what the answer may hold, charged against the connection's byte budget
-while the request is handled). :class:`FrontEnd` gathers the modules' tables
-into one :class:`ApiTable` and carries what handlers share per broker: the
-:class:`~.service.KafkaService`, the :class:`~.service.KafkaLimits` and one
-instance of each module's state class (:meth:`FrontEnd.state`). Adding an API
-is adding an entry; adding a family of APIs is adding a module to
-:data:`HANDLER_MODULES`.
+async handler and optionally a synchronous fast path, a cost in bytes (what
+the answer may hold, charged against the connection's byte budget while the
+request is handled) and whether its requests take turns per connection
+(``ordered``: handlers run concurrently, and Trio may start them in any
+order, so an API whose effects must follow the request order says so).
+:class:`FrontEnd` gathers the modules' tables into one :class:`ApiTable` and
+carries what handlers share per broker: the :class:`~.service.KafkaService`,
+the :class:`~.service.KafkaLimits` and one instance of each module's state
+class (:meth:`FrontEnd.state`). Adding an API is adding an entry; adding a
+family of APIs is adding a module to :data:`HANDLER_MODULES`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
+
+import trio
 
 from .codec import RequestHead, known_versions
 from .service import KafkaLimits, KafkaService
@@ -38,17 +42,34 @@ _S = TypeVar("_S")
 
 @dataclass(slots=True)
 class RequestContext:
-    """One request as a handler sees it: the front end, the header, the client."""
+    """One request as a handler sees it: the front end, the header, the client.
+
+    For an API served ``ordered``, ``after`` is set once the connection's
+    previous ordered request has ended its turn, and the handler ends its own
+    with :meth:`end_turn` (the listener ends it anyway when the handler returns).
+    """
 
     front: FrontEnd
     head: RequestHead
     client_id: str | None
     peer: str
+    after: trio.Event | None = None
+    turn: trio.Event | None = None
 
     @property
     def version(self) -> int:
         """The API version the client used (the response must use the same)."""
         return self.head.api_version
+
+    async def wait_turn(self) -> None:
+        """Wait until the previous ordered request of the connection ended its turn."""
+        if self.after is not None:
+            await self.after.wait()
+
+    def end_turn(self) -> None:
+        """Let the next ordered request of the connection go on (idempotent)."""
+        if self.turn is not None:
+            self.turn.set()
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any | None]]
@@ -67,6 +88,9 @@ class Api:
     handler: Handler
     now: FastPath | None = None
     cost: Callable[[FrontEnd, Any], int] | None = None
+    ordered: bool = False
+    """Requests of this API on one connection take turns (``RequestContext.wait_turn``):
+    Produce, whose batches must reach each partition in the order they were sent."""
 
 
 @dataclass(slots=True)

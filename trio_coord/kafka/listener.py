@@ -8,7 +8,11 @@ hands each request to its handler (inline for the synchronous fast paths,
 in a task otherwise); one writer task writes the answers **strictly in
 request order** (librdkafka pipelines many requests and matches them by
 order as well as by correlation id), so a long-polling Fetch delays the
-answers behind it but never reorders them. At most ``max_in_flight``
+answers behind it but never reorders them. Produce requests take turns: each appends its
+batches only once the previous one's are in the log (their offsets
+assigned; the waits for durability overlap), so batches reach a partition in
+the order they were sent, as Kafka's one-request-at-a-time channel
+guarantees. At most ``max_in_flight``
 requests are in flight per connection, and their bytes (frame plus what
 the answer may hold) are charged against a per-connection and a shared
 :class:`~trio_coord.protocol.budget.ByteBudget`: beyond either, the reader
@@ -163,6 +167,8 @@ class _Connection:
         self._shared = listener._shared
         self._buffer = bytearray()
         self._in_flight = 0
+        self._turn = trio.Event()  # the end of the last ordered request's turn
+        self._turn.set()
         send, receive = trio.open_memory_channel[_Slot](max(0, limits.max_in_flight - 1))
         self._send = send
         self._receive = receive
@@ -285,6 +291,9 @@ class _Connection:
         slot = _Slot(charge)
         finish = await self._queue(slot)
         ctx = RequestContext(self._front, head, header.client_id, self._peer)
+        if api.ordered:
+            ctx.after, ctx.turn = self._turn, trio.Event()
+            self._turn = ctx.turn
         if api.now is not None:
             try:
                 response = api.now(ctx, body)
@@ -306,6 +315,8 @@ class _Connection:
             response = await api.handler(ctx, body)
         except Exception as exc:
             response = self._failed(ctx, api, exc)
+        finally:
+            ctx.end_turn()
         finish(None if response is None else encode_response(ctx.head.correlation_id, response))
 
     def _failed(self, ctx: RequestContext, api: Api, exc: Exception) -> Any:

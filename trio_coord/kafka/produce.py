@@ -2,12 +2,14 @@
 
 Its one job is the write path. Each partition's RecordBatch v2 is checked
 (:func:`~.records.check_batch`: lengths, CRC-32C, count; no decompression)
-and appended as a Kafka frame (``log.segment`` format 3), the log
-rewriting its base offset. acks=1 and acks=all mean the same on a single
-replica: the answer comes once the log's flush policy acknowledged the
-batch; acks=0 gets no answer at all (the work is still done). The
-partitions of one request are appended concurrently, so that they share
-fsyncs (group commit) rather than wait for one after another.
+and appended as a Kafka frame (``log.segment`` format 3), the log rewriting
+its base offset. The Produce requests of one connection take turns until
+their batches have offsets (so a partition gets them in the order they were
+sent); their waits for durability overlap. acks=1 and acks=all mean the same
+on a single replica: the answer comes once the log's flush policy
+acknowledged the batch; acks=0 gets no answer at all (the work is still
+done). The partitions of one request are appended concurrently, so that they
+share fsyncs (group commit) rather than wait for one after another.
 
 **Idempotent producers.** InitProducerId hands out a random 62-bit producer
 id (unique across brokers and restarts without coordination) with epoch 0,
@@ -31,6 +33,7 @@ from __future__ import annotations
 import datetime
 import secrets
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any, Final
 
 import trio
@@ -149,7 +152,20 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
         jobs
     )
 
+    # Take this connection's turn: the batches of the requests sent before this one must
+    # be in their logs first. The turn ends once every partition's batch has its offset
+    # (or failed); the waits for durability then overlap with the next request's.
+    await ctx.wait_turn()
+    unsettled = len(jobs)
+
+    def settled() -> None:
+        nonlocal unsettled
+        unsettled -= 1
+        if unsettled <= 0:
+            ctx.end_turn()
+
     async def one(i: int, topic: str, part: Any) -> None:
+        once = _Once(settled)
         try:
             if body.transactional_id is not None:
                 raise KafkaError(
@@ -158,12 +174,16 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
                 )
             if acks not in (0, 1, -1):
                 raise KafkaError(KafkaCode.invalid_required_acks, f"acks {acks} is not 0, 1, -1")
-            base, start = await _append(ctx, topic, part.index, part.records, deadline)
+            base, start = await _append(ctx, topic, part.index, part.records, deadline, once)
             results[i] = (KafkaCode.none, base, start, None)
         except Exception as exc:
             results[i] = (kafka_code(exc), -1, -1, str(exc))
+        finally:
+            once()
 
-    if len(jobs) == 1:
+    if not jobs:
+        ctx.end_turn()
+    elif len(jobs) == 1:
         await one(0, *jobs[0])
     else:
         async with trio.open_nursery() as nursery:
@@ -195,10 +215,33 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
     )
 
 
+class _Once:
+    """Calls ``action`` the first time it is called, never again."""
+
+    __slots__ = ("_action",)
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
 async def _append(
-    ctx: RequestContext, topic: str, partition: int, records: bytes | None, deadline: float
+    ctx: RequestContext,
+    topic: str,
+    partition: int,
+    records: bytes | None,
+    deadline: float,
+    settled: Callable[[], None],
 ) -> tuple[int, int]:
-    """Check and append one partition's batch; (base offset, log start offset)."""
+    """Check and append one partition's batch; (base offset, log start offset).
+
+    ``settled()`` is called once the batch has its offset in the log (or is
+    a duplicate, or was refused): the next request's batches may follow.
+    """
     front = ctx.front
     service = front.service
     if service.shutting_down:
@@ -222,16 +265,17 @@ async def _append(
     log = service.logs.get(topic, partition) or await service.logs.create(topic, partition)
     max_ts = max(header.max_timestamp, -1)
     if header.producer_id < 0:
-        return await _write(log, records, header.count, max_ts, None), log.start_offset
+        return await _write(log, records, header.count, max_ts, None, settled), log.start_offset
     states = front.state(ProducerStates)
     batch, duplicate = states.check(
         tp, header.producer_id, header.producer_epoch, header.base_sequence, header.count
     )
     assert batch is not None
     if duplicate:
+        settled()
         return await _original(log, batch, header.count, deadline), log.start_offset
     try:
-        base = await _write(log, records, header.count, max_ts, batch)
+        base = await _write(log, records, header.count, max_ts, batch, settled)
     except BaseException:
         if batch.base is None:
             states.failed(tp, header.producer_id, batch)
@@ -240,12 +284,18 @@ async def _append(
 
 
 async def _write(
-    log: PartitionLog, records: bytes, count: int, max_ts: int, batch: _Batch | None
+    log: PartitionLog,
+    records: bytes,
+    count: int,
+    max_ts: int,
+    batch: _Batch | None,
+    settled: Callable[[], None],
 ) -> int:
     def assigned(base: int) -> None:
         if batch is not None:
             batch.base = base
             batch.settled.set()
+        settled()
 
     try:
         return await log.append(records, count, max_ts, fmt=KAFKA_FORMAT, assigned=assigned)
@@ -298,6 +348,6 @@ async def _init_producer_id(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(0, 3, 11, _produce),
+    Api(0, 3, 11, _produce, ordered=True),
     Api(22, 0, 5, _init_producer_id),
 ]
