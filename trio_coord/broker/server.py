@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,8 +38,6 @@ from .._aio import unwrap_lone_exception
 from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord, TopicTombstone
-from ..kafka.dispatch import FrontEnd
-from ..kafka.listener import KafkaListener
 from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.budget import ByteBudget
@@ -64,6 +62,9 @@ from .paging import page
 from .partitions import PartitionService
 from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
+
+if TYPE_CHECKING:
+    from ..kafka.listener import KafkaListener
 
 __all__ = ["Broker", "BrokerConfig", "connection_limit", "open_broker"]
 
@@ -310,6 +311,10 @@ class Broker:
         self.kafka_address: tuple[str, int] | None = None
         """Where the Kafka listener listens (the real port once listening)."""
         if config.kafka_port is not None:
+            # (imported here: a broker without a Kafka listener never loads kio)
+            from ..kafka.dispatch import FrontEnd
+            from ..kafka.listener import KafkaListener
+
             self.kafka = KafkaListener(
                 FrontEnd(self, _kafka_limits(config, self.max_connections)), self._shared_bytes
             )

@@ -9,12 +9,7 @@ clients. The modules: ``listener`` (connections, framing, ordering),
 ``partitions`` (the per-partition checks), ``records`` (RecordBatch v2)
 and ``errors`` (Kafka's error codes). ``docs/kafka.md`` lists every API and
 where this broker differs from Apache Kafka.
+
+Nothing is imported here: a broker without a Kafka listener never loads kio
+(which, where hypothesis is installed, imports it and pytest with it).
 """
-
-from .dispatch import FrontEnd as FrontEnd
-from .listener import KafkaListener as KafkaListener
-from .service import KafkaLimits as KafkaLimits
-from .service import KafkaNode as KafkaNode
-from .service import KafkaService as KafkaService
-
-__all__ = ["FrontEnd", "KafkaLimits", "KafkaListener", "KafkaNode", "KafkaService"]
