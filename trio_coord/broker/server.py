@@ -245,7 +245,9 @@ class Broker:
     ``address`` is the (host, port) it listens on (the real port when 0 was
     asked for) and ``bootstrap`` the same as ``"host:port"``, ready for
     clients. ``topics``, ``partitions`` and ``coordinator`` are its services
-    (for embedding applications and tests).
+    (for embedding applications and tests). ``max_connections`` is the
+    connection limit in force for both listeners (``open_broker`` passes what
+    fits the file-descriptor limit).
     """
 
     def __init__(
@@ -255,6 +257,7 @@ class Broker:
         logs: LogManager,
         *,
         cluster_url: str | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -302,7 +305,7 @@ class Broker:
         self._connections: set[Connection] = set()
         self._per_ip: Counter[str] = Counter()
         self._shared_bytes = ByteBudget(config.queued_max_request_bytes)
-        self.max_connections = config.max_connections or _DEFAULT_MAX_CONNECTIONS
+        self.max_connections = max_connections or config.max_connections or _DEFAULT_MAX_CONNECTIONS
         """The connection limit in force (``config.max_connections``, or what fits the
         file-descriptor limit: see :func:`connection_limit`)."""
         self._codec = FrameCodec(config.max_frame_size)  # (for refusals; connections own theirs)
@@ -793,8 +796,9 @@ async def open_broker(
                 replace(config.log, repair=config.repair or config.log.repair),
             ) as logs,
         ):
-            broker = Broker(config, metadata, logs, cluster_url=cluster_url)
-            broker.max_connections = max_connections
+            broker = Broker(
+                config, metadata, logs, cluster_url=cluster_url, max_connections=max_connections
+            )
             await broker._load()
             async with trio.open_nursery() as nursery:
                 await nursery.start(broker._serve)
