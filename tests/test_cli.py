@@ -257,6 +257,8 @@ def test_readme_example_runs(tmp_path):
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     out = run_python("-c", code, cwd=tmp_path)
     assert "TopicPartition(topic='events', partition=0)" in out
+    again = run_python("-c", code, cwd=tmp_path)  # a second run: the topic exists, offsets too
+    assert "TopicPartition(topic='events', partition=0)" in again
 
 
 def test_quickstart_example_runs(tmp_path):
@@ -285,3 +287,46 @@ def test_consuming_a_topic_that_does_not_exist_yet_says_so(broker_process):
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=10)
+
+
+def test_log_level_before_or_after_the_command_or_from_the_environment(monkeypatch):
+    from trio_coord.cli import _log_level, build_parser
+
+    parse = build_parser().parse_args
+    monkeypatch.delenv("TRIO_COORD_LOG_LEVEL", raising=False)
+    assert _log_level(parse(["broker"])) == "INFO"  # the command's default
+    assert _log_level(parse(["--log-level", "WARNING", "broker"])) == "WARNING"
+    assert _log_level(parse(["broker", "--log-level", "debug"])) == "DEBUG"
+    assert _log_level(parse(["topics", "list", "--log-level", "ERROR"])) == "ERROR"
+    assert _log_level(parse(["topics", "list"])) == "WARNING"
+    monkeypatch.setenv("TRIO_COORD_LOG_LEVEL", "error")
+    assert _log_level(parse(["broker"])) == "ERROR"
+    assert _log_level(parse(["broker", "--log-level", "INFO"])) == "INFO"  # the flag wins
+
+
+def test_lag_with_nothing_committed_is_a_dash_not_the_whole_log():
+    from trio_coord.cli import describe_text, group_to_json
+    from trio_coord.client import PartitionLag
+    from trio_coord.protocol.messages import GroupDescription
+
+    group = GroupDescription("g", "EMPTY", 3, "range", [], [])
+    rows = [PartitionLag("t", 0, 4, 0, 10, 6, ""), PartitionLag("t", 1, None, 0, 7, 7, "")]
+    text = describe_text(group, rows)
+    assert "total lag: 6 (1 partition(s) with nothing committed: '-')" in text
+    assert [r["lag"] for r in group_to_json(group, rows)["partitions"]] == [6, None]
+
+
+def test_an_address_in_use_is_named(tmp_path):
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        result = run("broker", "--data-dir", str(tmp_path), "--port", str(port), timeout=60)
+    finally:
+        held.close()
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "choose another --port" in result.stderr

@@ -243,8 +243,13 @@ def test_consume_prints_json_records_and_leaves_after_max_records(bootstrap, cap
         assert (row["log_start"], row["log_end"]) == (0, log_end[p])
         # A partition it read nothing of may have committed its start, or nothing.
         assert row["committed"] == read or (read == 0 and row["committed"] is None)
-        assert row["lag"] == log_end[p] - read
-    assert sum(row["lag"] for row in rows.values()) == 5
+        # Nothing committed: no position to count the lag from (null, '-' in text).
+        assert row["lag"] == (None if row["committed"] is None else log_end[p] - read)
+    assert (
+        sum(row["lag"] or 0 for row in rows.values())
+        + sum(log_end[p] for p, row in rows.items() if row["committed"] is None)
+        == 5
+    )
     assert "total lag: 5" in cli_ok(capsys, "groups", "describe", "half", "-b", bootstrap)
 
     # The next consumer of the group starts where the first one stopped.
@@ -531,3 +536,22 @@ def test_json_output_goes_to_the_current_stdout(bootstrap):
     assert "TOPIC" in outputs[0] or "no topics" in outputs[0]
     assert outputs[1].strip(), "the --json output did not go to the redirected sys.stdout"
     assert isinstance(json.loads(outputs[1]), list)
+
+
+def test_text_consume_prints_records_on_stdout_and_events_on_stderr(bootstrap, capsys):
+    cli_ok(capsys, "topics", "create", "split", "--partitions", "1", "-b", bootstrap)
+    assert run("produce", "split", "-b", bootstrap, stdin="one\ntwo\n").returncode == 0
+    status, out, err = cli(
+        capsys, "consume", "split", "--group", "text", "--offset-reset", "earliest",
+        "--max-records", "2", "-b", bootstrap,
+    )  # fmt: skip
+    assert status == 0, err
+    assert out.splitlines() == ["split-0@0  one", "split-0@1  two"]  # records only
+    assert "assigned" in err and "split-0" in err
+
+
+def test_json_with_text_events_is_refused(bootstrap, capsys):
+    line = cli_error(
+        capsys, "consume", "split", "--group", "x", "--json", "--events", "text", "-b", bootstrap
+    )
+    assert "drop --events text" in line

@@ -72,7 +72,9 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
     """A group description as plain JSON (what ``groups describe --json`` prints).
 
     ``partitions`` has one object per partition the group consumes or has an
-    offset for: committed offset (null: none), log end, lag and owner.
+    offset for: committed offset, log end, lag (both null where nothing is
+    committed: there is no position to count from, as in Kafka's tool) and
+    owner.
     """
     owner = {tp: m.member_id for m in desc.members for tp in m.partitions}
     return {
@@ -109,7 +111,7 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
                 "committed": row.committed,
                 "log_start": row.log_start,
                 "log_end": row.log_end,
-                "lag": row.lag,
+                "lag": None if row.committed is None else row.lag,
                 "owner": row.owner or None,
             }
             for row in lag
@@ -329,15 +331,19 @@ def describe_text(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> s
                 row.partition,
                 "-" if row.committed is None else row.committed,
                 row.log_end,
-                row.lag,
+                "-" if row.committed is None else row.lag,
                 row.owner or "-",
             ]
             for row in lag
         ]
+        counted = [row.lag for row in lag if row.committed is not None]
+        total = f"total lag: {sum(counted)}"
+        if len(counted) < len(lag):
+            total += f" ({len(lag) - len(counted)} partition(s) with nothing committed: '-')"
         lines += [
             "",
             format_table(["TOPIC", "PARTITION", "COMMITTED", "LOG-END", "LAG", "OWNER"], table),
-            f"total lag: {sum(row.lag for row in lag)}",
+            total,
         ]
     return "\n".join(lines)
 
@@ -509,7 +515,16 @@ def _text(data: bytes | None) -> str | None:
 
 
 async def cmd_consume(args: argparse.Namespace) -> None:
-    """Join a group, print its records and membership events until SIGINT/SIGTERM."""
+    """Join a group, print its records and membership events until SIGINT/SIGTERM.
+
+    Text: records on stdout, events on stderr (as kcat and Kafka's console
+    consumer keep them apart). JSON: one object per line on stdout, records
+    and events alike (``"event"`` tells them apart).
+    """
+    if args.json and args.events == "text":
+        raise UsageError(
+            "--json prints records and events as JSON lines; drop --events text (or --json)"
+        )
     as_json = args.events == "json" or args.json
 
     def emit(event: str, partitions: list[TopicPartition] | None = None, **extra: Any) -> None:
@@ -527,6 +542,7 @@ async def cmd_consume(args: argparse.Namespace) -> None:
             parts = " ".join(str(tp) for tp in partitions or []) or "-"
             print(
                 f"{event:>8}  {record['member_id']}  generation {record['generation']}  {parts}",
+                file=sys.stderr,
                 flush=True,
             )
 
@@ -652,6 +668,38 @@ def _positive_int(text: str) -> int:
     return value
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Let every command take ``--log-level`` too (``trio-coord broker --log-level DEBUG``),
+    without a default of its own that would hide one given before the command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if "--log-level" not in child._option_string_actions:
+                    child.add_argument(
+                        "--log-level",
+                        type=str.upper,
+                        choices=LOG_LEVELS,
+                        default=argparse.SUPPRESS,
+                        help="logging level on stderr (see trio-coord --help)",
+                    )
+                _log_level_everywhere(child)
+
+
+def _log_level(args: argparse.Namespace) -> str:
+    """--log-level, else $TRIO_COORD_LOG_LEVEL, else the command's default, else WARNING."""
+    if args.log_level:
+        return str(args.log_level)
+    env = os.environ.get("TRIO_COORD_LOG_LEVEL", "").strip().upper()
+    if env:
+        if env not in LOG_LEVELS:
+            raise UsageError(f"TRIO_COORD_LOG_LEVEL={env!r} is not one of {', '.join(LOG_LEVELS)}")
+        return env
+    return str(getattr(args, "log_default", "WARNING"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``trio-coord`` (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
@@ -663,9 +711,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trio-coord {__version__}")
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("TRIO_COORD_LOG_LEVEL", "WARNING"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level on stderr (default: %(default)s; 'broker' defaults to INFO)",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="logging level on stderr, before or after the command (default: "
+        "$TRIO_COORD_LOG_LEVEL, else WARNING; 'broker' and 'demo' default to INFO)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -1107,6 +1156,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the consumers' session timeout (default: %(default)s)",
     )
     p.set_defaults(func=cmd_demo)
+    _log_level_everywhere(parser)
     return parser
 
 
@@ -1144,11 +1194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = args.log_level
-    if "--log-level" not in (argv if argv is not None else sys.argv) and hasattr(
-        args, "log_default"
-    ):
-        level = args.log_default
+    try:
+        level = _log_level(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

@@ -21,12 +21,13 @@ slot elections, the coordinator services of the slots it holds).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
 import resource
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -602,7 +603,7 @@ class Broker:
         *,
         task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        with self._listening:
+        with self._listening, _naming_the_address(self.config.host, self.config.port, "--port"):
             await trio.serve_tcp(
                 self.serve_stream,
                 self.config.port,
@@ -618,7 +619,8 @@ class Broker:
         *,
         task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        with self._kafka_listening:
+        port = self.config.kafka_port or 0
+        with self._kafka_listening, _naming_the_address(self.config.host, port, "--kafka-port"):
             await kafka.listen(
                 self.config.host,
                 self.config.kafka_port or 0,
@@ -683,6 +685,20 @@ def connection_limit(config: BrokerConfig) -> int:
         f"for logs and the store), but this process may open only {soft} (ulimit -n; hard "
         f"limit {hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
     )
+
+
+@contextlib.contextmanager
+def _naming_the_address(host: str, port: int, flag: str) -> Iterator[None]:
+    """An OSError while listening says on which address, and what to do about it."""
+    try:
+        yield
+    except OSError as exc:
+        hint = (
+            f"another process listens there: stop it, or choose another {flag}"
+            if exc.errno == errno.EADDRINUSE
+            else f"check the host, or choose another {flag}"
+        )
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from exc
 
 
 def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
