@@ -26,7 +26,11 @@ from trio_coord.protocol.errors import (
 )
 from trio_coord.protocol.framing import HEADER_SIZE, FrameCodec
 from trio_coord.protocol.messages import (
+    LATEST,
     BrokerInfo,
+    ListedOffset,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitRequest,
@@ -137,12 +141,14 @@ class _Cluster:
             infos = [self.brokers[b].info for b in sorted(self.brokers)]
             topics = [TopicInfo(TP.topic, 1, [self.leader])]
             return MetadataResponse(infos, topics, self.brokers[self.coordinator].info)
-        if isinstance(body, ProduceRequest):
+        if isinstance(body, ProduceRequest | ListOffsetsRequest):
             if broker != self.leader:
                 raise NotLeaderForPartitionError(f"broker {broker} does not lead {TP}")
             if type(body) is self.move_on:
                 self.move_on, self.leader = None, other
                 raise NotLeaderForPartitionError(f"broker {broker} no longer leads {TP}")
+            if isinstance(body, ListOffsetsRequest):
+                return ListOffsetsResponse([ListedOffset(TP.topic, TP.partition, 7, 0, 7)])
             return ProduceResponse(7)
         if broker != self.coordinator:
             raise NotCoordinatorError(f"broker {broker} does not coordinate the group")
@@ -191,6 +197,15 @@ def test_a_produce_follows_the_leader_that_moved_while_asked(cluster):
         assert client.produce(TP, b"", 0, 0) == 7
     produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
     assert produces == [1, 2]
+
+
+def test_list_offsets_follows_the_leader_that_moved_while_asked(cluster):
+    # (It used to retry at the address it had first: the refusing broker, until it gave up.)
+    cluster.move_on = ListOffsetsRequest
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.list_offsets([TP], LATEST)[TP].offset == 7
+    asked = [broker for broker, kind in cluster.asked if kind == "ListOffsetsRequest"]
+    assert asked == [1, 2]
 
 
 def test_a_fetch_or_produce_follows_a_leader_that_moved_off_a_lost_broker(cluster):

@@ -20,6 +20,7 @@ anything else is raised at once as the typed :class:`CoordError`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import random
@@ -80,11 +81,6 @@ maximum frame size, which is far smaller by default)."""
 
 Address = tuple[str, int]
 _R = TypeVar("_R", bound=ResponseBody)
-
-
-def _fixed(address: Address) -> Callable[[], Address]:
-    """A route to one broker, whatever the metadata says since."""
-    return lambda: address
 
 
 class BrokerUnreachableError(ConnectionClosedError):
@@ -332,9 +328,12 @@ class BlockingClient:
         """Per partition: the offset for ``timestamp_ms`` (EARLIEST, LATEST or a time), with
         the log's start and end."""
         result: dict[TopicPartition, ListedOffset] = {}
-        for address, tps in self._by_leader(partitions).items():
+        for tps in self._by_leader(partitions).values():
+            # Routed by the leader of the first, found again on each retry: a leader that
+            # came back elsewhere (a broker restarted on another port) is followed.
             request = ListOffsetsRequest(tps, timestamp_ms)
-            response = self._call(_fixed(address), request, ListOffsetsResponse)
+            route = functools.partial(self._leader, tps[0])
+            response = self._call(route, request, ListOffsetsResponse)
             result.update((o.tp, o) for o in response.offsets)
         return result
 
