@@ -261,9 +261,14 @@ def test_readme_example_runs(tmp_path):
     assert "TopicPartition(topic='events', partition=0)" in again
 
 
-def test_quickstart_example_runs(tmp_path):
-    out = run_python(str(ROOT / "examples" / "quickstart.py"), cwd=tmp_path)
-    assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in out
+def test_quickstart_example_runs_and_a_second_run_resumes_where_the_first_stopped(tmp_path):
+    first = run_python(str(ROOT / "examples" / "quickstart.py"), cwd=tmp_path)
+    assert "a owns ['events-0', 'events-1', 'events-2', 'events-3']" in first
+    assert "the group starts at nothing" in first and "a read 8 record(s)" in first
+    committed = first.rsplit("committed: ", 1)[1].strip()
+    second = run_python(str(ROOT / "examples" / "quickstart.py"), cwd=tmp_path)
+    assert f"the group starts at {committed}" in second
+    assert "a read 8 record(s)" in second  # its own 8, not the first run's again
 
 
 def test_consuming_a_topic_that_does_not_exist_yet_says_so(broker_process):
