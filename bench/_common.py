@@ -285,6 +285,18 @@ def load_average() -> float | None:
         return None
 
 
+def process_rss_bytes(pid: int) -> int | None:
+    """Resident memory of process ``pid`` in bytes (``/proc``; None where unavailable)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system, in seconds) process ``pid`` has used so far.
 

@@ -74,6 +74,7 @@ from bench._common import (
     format_table,
     latency_summary,
     process_cpu_seconds,
+    process_rss_bytes,
     python_module,
     ratio,
     read_stdin_line,
@@ -424,6 +425,7 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
         if target == "broker":
             async with open_admin(bootstrap) as admin:
                 await admin.create_topic(TOPIC, params.members)
+        rss_before, joins_began = process_rss_bytes(server.pid), trio.current_time()
         async with AsyncExitStack() as stack:
             loads = []
             for i, (first, count) in enumerate(params.split()):
@@ -453,6 +455,8 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
                         f"{ready_timeout:g} s (last seen: {watch.seen}); broker stderr:\n"
                         f"{server.stderr_tail() or '(nothing)'}"
                     )
+            formed_s = trio.current_time() - joins_began  # (load processes' start included)
+            rss_after = process_rss_bytes(server.pid)
             for _, load in loads:
                 await load.send_line("go")
             await trio.sleep(params.warmup)
@@ -487,6 +491,9 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
     }
     if generation is not None:
         result["generation"] = generation
+        result["group_formed_s"] = formed_s
+        if rss_before is not None and rss_after is not None:
+            result["rss_per_member_bytes"] = (rss_after - rss_before) / params.members
     if not samples:
         raise BenchError(f"no {target} heartbeat completed in the {params.duration:g} s window")
     return result
@@ -579,6 +586,14 @@ def render(result: dict[str, Any]) -> str:
         "errors",
     ]
     lines.append(format_table(headers, rows))
+    broker = result["broker"]
+    if "group_formed_s" in broker:
+        per_member = broker.get("rss_per_member_bytes")
+        lines.append(
+            f"the group of {p['members']} formed in {broker['group_formed_s']:.1f} s (load "
+            "processes starting included); broker memory per member: "
+            + ("unknown" if per_member is None else f"{per_member / 1024:.1f} KiB (RSS)")
+        )
     for target in TARGETS:
         r = result[target]
         if r["errors"] or r["lost_connections"] or r["pushes_in_window"]:

@@ -14,19 +14,24 @@ import logging
 
 import trio
 
-from trio_coord.broker._gc import keep_collector_young
+from trio_coord.broker._gc import CollectorKeeper
 
 from .harness import FakeMember, connected, ephemeral_broker
 
 
 async def test_what_survives_is_frozen_and_collected_in_full_now_and_then(autojump_clock, caplog):
     caplog.set_level(logging.INFO, logger="trio_coord.broker._gc")
+    keeper = CollectorKeeper(freeze_every=10.0, full_every=30.0, settle=1.0)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: keep_collector_young(freeze_every=1.0, full_every=3.0))
+            nursery.start_soon(keeper.run)
             await trio.sleep(0.5)
+            assert gc.get_freeze_count() > 0  # at start
+            gc.unfreeze()
+            keeper.changed()  # a group became stable: frozen a moment later, not in 10 s
+            await trio.sleep(1.5)
             assert gc.get_freeze_count() > 0
-            await trio.sleep(3.0)
+            await trio.sleep(40.0)
             assert "full garbage collection" in caplog.text
             nursery.cancel_scope.cancel()
     finally:

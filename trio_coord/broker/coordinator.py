@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -86,6 +86,7 @@ class CoordinatorService:
         log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
+        on_stable: Callable[[], None] | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics
@@ -93,6 +94,7 @@ class CoordinatorService:
         self._config = config
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
+        self._on_stable = on_stable
         self._runners: dict[str, GroupRunner] = {}
         self._by_conn: dict[Connection, dict[str, str]] = {}  # conn → {member id: group id}
         self._nursery: trio.Nursery | None = None
@@ -123,6 +125,7 @@ class CoordinatorService:
             limits=self._config.limits,
             position_flush_interval=self._config.position_flush_interval,
             on_event=self._on_event,
+            on_stable=self._on_stable,
             bind_connection=self._bind_connection,
         )
         self._runners[group.group_id] = runner

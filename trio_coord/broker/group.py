@@ -131,6 +131,7 @@ class GroupRunner:
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
         on_event: EventCallback | None = None,
+        on_stable: Callable[[], None] | None = None,
         bind_connection: Callable[[Connection, str, str | None], None],
     ) -> None:
         self.group = group
@@ -142,6 +143,7 @@ class GroupRunner:
         self._flush_interval = position_flush_interval
         self._retry_backoff = store_retry_backoff
         self._on_event = on_event
+        self._on_stable = on_stable  # (a cheap hook: the broker's collector keeper)
         self._bind = bind_connection
         self._conns: dict[str, Connection] = {}
         self._liveness = Liveness(self._session_expired)
@@ -742,6 +744,8 @@ class GroupRunner:
             self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
         self._late_joins.clear()
         self.rebalances += 1
+        if self._on_stable is not None:
+            self._on_stable()
         elapsed = trio.current_time() - started
         log.info(
             "group %s: generation %d stable with %d member(s) after %.1f ms",

@@ -55,7 +55,7 @@ from ..protocol.messages import (
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
-from ._gc import keep_collector_young
+from ._gc import CollectorKeeper
 from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .group import EventCallback
@@ -263,6 +263,8 @@ class Broker:
         self.config = config
         self.store = store
         self.logs = logs
+        self.gc_keeper = CollectorKeeper() if config.tune_gc else None
+        """Keeps long-lived state out of the collector's walks (``config.tune_gc``)."""
         self.writer = RecordWriter(
             store,
             existing_paths=set(),
@@ -349,6 +351,7 @@ class Broker:
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
             on_event=config.on_event,
+            on_stable=None if self.gc_keeper is None else self.gc_keeper.changed,
         )
 
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
@@ -577,8 +580,8 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
                 await nursery.start(self._reap_connections)
-                if self.config.tune_gc:
-                    nursery.start_soon(keep_collector_young)
+                if self.gc_keeper is not None:
+                    nursery.start_soon(self.gc_keeper.run)
                 for service in self.coordinator.services.values():
                     await nursery.start(service.run)
                 listeners = await nursery.start(self._listen, nursery)
