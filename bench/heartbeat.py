@@ -134,13 +134,16 @@ async def _until_stdin_closes() -> None:
         pass
 
 
-async def serve_broker(data_dir: str) -> None:
-    """Run a broker on ``data_dir``, print ``port N``, and run until stdin closes."""
+async def serve_broker(data_dir: str, members: int = 0) -> None:
+    """Run a broker on ``data_dir`` for ``members`` members, print ``port N``, and run until
+    stdin closes."""
     await trio.Path(data_dir).mkdir(parents=True, exist_ok=True)
     limits = dict(
         max_group_size=1_000_000,
         max_partitions=1_000_000,
         max_connections_per_ip=1_000_000,  # every simulated member is on 127.0.0.1
+        # (None: what fits ulimit -n, at most 10,000; beyond, ask for what the run needs)
+        max_connections=members + 100 if members + 100 > 10_000 else None,
         tune_gc=True,  # as `trio-coord broker` runs
     )
     async with open_broker(data_dir, HOST, 0, **limits) as broker:  # type: ignore[arg-type]
@@ -413,7 +416,13 @@ def _load_spec(target: str, params: Params, port: int, first: int, count: int) -
 async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]:
     """Run one target (``broker`` or ``echo``) with its own server and load processes."""
     if target == "broker":
-        server_argv = python_module(_MODULE, "--serve-broker", str(workdir / "broker-data"))
+        server_argv = python_module(
+            _MODULE,
+            "--serve-broker",
+            str(workdir / "broker-data"),
+            "--members",
+            str(params.members),
+        )
     else:
         server_argv = python_module(_MODULE, "--serve-echo")
     ready_timeout = 30.0 + 0.05 * params.members
@@ -648,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_broker or args.serve_echo or args.load:
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
         if args.serve_broker:
-            trio.run(serve_broker, args.serve_broker)
+            trio.run(serve_broker, args.serve_broker, args.members)
         elif args.serve_echo:
             trio.run(serve_echo)
         else:
