@@ -15,6 +15,8 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.client.admin import Admin, open_admin
@@ -276,15 +278,23 @@ async def test_compressed_batch_that_inflates_past_the_limit_is_refused(tmp_path
 
 def test_batch_decoding_refuses_truncated_and_oversized_payloads() -> None:
     records = [WireRecord(1, b"k", b"v" * 1000)] * 10
-    for codec in ("zlib", "lzma"):
+    for codec in ("zlib", "lzma", "lz4", "zstd"):
         batch = encode_batch(records, codec)
         assert decode_batch(batch) == records
         with pytest.raises(InvalidRecordError, match="more than 5000 bytes"):
             decode_batch(batch, max_bytes=5000)
-        with pytest.raises(InvalidRecordError, match=f"complete {codec} stream"):
+        with pytest.raises(InvalidRecordError, match=f"complete {codec} (stream|block)"):
             decode_batch(batch[:-4])
-        with pytest.raises(InvalidRecordError, match=f"complete {codec} stream"):
+        with pytest.raises(InvalidRecordError, match=f"complete {codec} (stream|block)"):
             decode_batch(batch + b"trailing")
+    for codec in ("lz4", "zstd"):  # a size that lies is refused before anything is allocated
+        batch = bytearray(encode_batch(records, codec))
+        batch[1:5] = (2**31).to_bytes(4, "big")
+        with pytest.raises(InvalidRecordError, match="more than"):
+            decode_batch(bytes(batch))
+        batch[1:5] = (100).to_bytes(4, "big")  # too small for what the block holds
+        with pytest.raises(InvalidRecordError, match=f"complete {codec} block"):
+            decode_batch(bytes(batch))
 
 
 async def test_offset_metadata_is_capped_wherever_offsets_enter_a_group(tmp_path: Path) -> None:
@@ -376,3 +386,13 @@ async def test_offsets_no_log_can_have_are_refused_wherever_they_enter(tmp_path:
                             )
             assert await bystander.committed_offsets("g") == {TopicPartition("t", 0): 2}
             await _still_served(broker, bystander, "after-offsets")
+
+
+@settings(max_examples=300, deadline=None)
+@given(codec=st.sampled_from([3, 4]), size=st.integers(0, 2**32 - 1), body=st.binary(max_size=200))
+def test_random_lz4_and_zstd_batches_only_ever_give_invalid_record(codec, size, body) -> None:
+    payload = bytes((codec,)) + size.to_bytes(4, "big") + body
+    try:
+        decode_batch(payload, max_bytes=64 * 1024)
+    except InvalidRecordError:
+        pass

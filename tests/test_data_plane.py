@@ -178,12 +178,13 @@ async def test_unknown_topic_and_oversized_records_fail_clearly(broker):
 
 async def test_compressed_batches_round_trip(broker):
     await make_topic(broker.bootstrap, "t", 1)
-    for codec in ("zlib", "lzma"):
+    codecs = ("zlib", "lzma", "lz4", "zstd")
+    for codec in codecs:
         await produce(broker.bootstrap, "t", 20, compression=codec)
     async with open_consumer(broker.bootstrap, partitions=[("t", 0)], offset_reset="earliest") as c:
-        records = await read_all(c, 40)
-    assert [r.offset for r in records] == list(range(40))
-    assert [r.value for r in records] == [f"value-{i}".encode() for i in range(20)] * 2
+        records = await read_all(c, 20 * len(codecs))
+    assert [r.offset for r in records] == list(range(20 * len(codecs)))
+    assert [r.value for r in records] == [f"value-{i}".encode() for i in range(20)] * len(codecs)
 
 
 async def test_fixed_partitions_seek_pause_and_standalone_commits(broker):

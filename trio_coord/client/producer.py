@@ -536,7 +536,7 @@ def open_producer(bootstrap: str | Sequence[str], **options: Any) -> Producer:
     (the largest batch, hence record, 524288), ``buffer_bytes`` (records
     waiting to be stored, 32 MiB: :meth:`Producer.enqueue` waits while it is
     full), ``max_in_flight=16`` requests per broker, ``compression`` (None,
-    ``"zlib"`` or ``"lzma"``), ``delivery_timeout=120`` s,
+    ``"zlib"``, ``"lzma"``, ``"lz4"`` or ``"zstd"``), ``delivery_timeout=120`` s,
     ``request_timeout=30`` s, ``close_timeout=30`` s (how long leaving the
     block waits for records still in flight) and ``client_id``.
 

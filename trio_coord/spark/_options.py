@@ -32,6 +32,7 @@ from ..client._bootstrap import parse_bootstrap
 from ..core.validation import validate_group_id, validate_topic_name
 from ..protocol.errors import CoordError
 from ..protocol.messages import EARLIEST, TopicPartition
+from ..protocol.records import COMPRESSION
 
 __all__ = [
     "KAFKA_ALIASES",
@@ -441,8 +442,9 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     _check_known(opts, _WRITE_OPTIONS, "write")
     topic = opts.get("topic")
     compression = opts.get("compression", "").strip().lower() or None
-    if compression not in (None, "zlib", "lzma"):
-        raise OptionError(f'option "compression" is {compression!r}; choose zlib or lzma')
+    if compression not in COMPRESSION:
+        known = ", ".join(c for c in COMPRESSION if c)
+        raise OptionError(f'option "compression" is {compression!r}; choose one of {known}')
     return WriteOptions(
         bootstrap=_bootstrap(opts),
         topic=None if topic is None else _topic(topic, "topic"),
