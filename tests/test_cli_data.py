@@ -473,12 +473,20 @@ def test_user_mistakes_get_one_clear_error_line_and_status_1(bootstrap, capsys):
             ("groups", "delete-offsets", "no-such-group", "--topic", "two"),
             "error: group 'no-such-group' does not exist on this coordinator",
         ),
+        (
+            (*reset, "two"),  # no target
+            "error: say where to: --to-earliest, --to-latest, --to-offset N, --to-datetime ISO "
+            "or --shift-by N (or give the offsets with --from-file)",
+        ),
+        (
+            (*reset, "two:9", "--to-earliest"),
+            "error: topic two has none of the partitions 9",
+        ),
     ]:
         assert cli_error(capsys, *args, *b) == expected, args
 
     # Bad usage is argparse's: status 2 and the usage line.
     for args in (
-        (*reset, "two"),  # no target
         (*reset, "two", "--to-latest", "--dry-run", "--execute"),
         (*reset, "two", "--to-latest", "--to-earliest"),
     ):
@@ -497,11 +505,11 @@ def test_user_mistakes_get_one_clear_error_line_and_status_1(bootstrap, capsys):
         (
             ["groups", "reset-offsets"],
             [
-                "--topic", "--partitions", "--to-earliest", "--to-latest", "--to-offset",
-                "--to-datetime", "--shift-by", "--dry-run", "--execute", "--json",
+                "--topic", "--all-topics", "--from-file", "--to-earliest", "--to-latest",
+                "--to-offset", "--to-datetime", "--shift-by", "--dry-run", "--execute", "--json",
             ],
         ),
-        (["groups", "delete-offsets"], ["--topic", "--partitions", "--json"]),
+        (["groups", "delete-offsets"], ["--topic", "--all-topics", "--json"]),
         (["topics", "describe"], ["--json"]),
         (
             ["broker"],
@@ -555,3 +563,52 @@ def test_json_with_text_events_is_refused(bootstrap, capsys):
         capsys, "consume", "split", "--group", "x", "--json", "--events", "text", "-b", bootstrap
     )
     assert "drop --events text" in line
+
+
+def test_reset_offsets_takes_kafkas_topic_partition_forms_all_topics_and_a_csv(
+    bootstrap, capsys, tmp_path
+):
+    for topic, partitions in (("ra", "2"), ("rb", "1")):
+        cli_ok(capsys, "topics", "create", topic, "--partitions", partitions, "-b", bootstrap)
+        for p in range(int(partitions)):
+            lines = "".join(f"{i}\n" for i in range(5))
+            assert run("produce", topic, "--partition", str(p), "-b", bootstrap, stdin=lines)
+    reset(bootstrap, "kf", {("ra", 0): 3, ("ra", 1): 3, ("rb", 0): 3})
+    b = ("-b", bootstrap)
+
+    def plan(*args: str) -> list[tuple[str, int, int]]:
+        out = cli_ok(capsys, "groups", "reset-offsets", "kf", *args, "--execute", "--json", *b)
+        return [(r["topic"], r["partition"], r["new"]) for r in json.loads(out)["partitions"]]
+
+    # Kafka's --topic TOPIC:P,P, repeatable: only ra-1 and all of rb move.
+    assert plan("--topic", "ra:1", "--topic", "rb", "--to-earliest") == [
+        ("ra", 1, 0),
+        ("rb", 0, 0),
+    ]
+    assert committed(bootstrap, "kf") == {("ra", 0): 3, ("ra", 1): 0, ("rb", 0): 0}
+    # --all-topics: every topic the group has offsets for.
+    assert plan("--all-topics", "--to-latest") == [("ra", 0, 5), ("ra", 1, 5), ("rb", 0, 5)]
+    # --from-file: Kafka's CSV, the offsets themselves (clamped into the log like any target).
+    csv = tmp_path / "offsets.csv"
+    csv.write_text("# topic,partition,offset\nra,0,1\nrb,0,2\n")
+    assert plan("--from-file", str(csv)) == [("ra", 0, 1), ("rb", 0, 2)]
+    assert committed(bootstrap, "kf") == {("ra", 0): 1, ("ra", 1): 5, ("rb", 0): 2}
+    csv.write_text("ra,zero,1\n")
+    assert "line 1: 'ra,zero,1' is not topic,partition,offset" in cli_error(
+        capsys, "groups", "reset-offsets", "kf", "--from-file", str(csv), *b
+    )
+
+
+def test_describe_all_groups(bootstrap, capsys):
+    cli_ok(capsys, "groups", "create", "described-a", "-b", bootstrap)
+    cli_ok(capsys, "groups", "create", "described-b", "-b", bootstrap)
+    listed = json.loads(
+        cli_ok(capsys, "groups", "describe", "--all-groups", "--json", "-b", bootstrap)
+    )
+    names = [g["group"] for g in listed]
+    assert {"described-a", "described-b"} <= set(names) and names == sorted(names)
+    text = cli_ok(capsys, "groups", "describe", "--all-groups", "-b", bootstrap)
+    assert "described-a" in text and "described-b" in text
+    assert "name one GROUP, or give --all-groups" in cli_error(
+        capsys, "groups", "describe", "-b", bootstrap
+    )

@@ -303,13 +303,24 @@ async def cmd_groups_list(args: argparse.Namespace) -> None:
 
 
 async def cmd_groups_describe(args: argparse.Namespace) -> None:
-    """Describe one group."""
+    """Describe one group, or every group (--all-groups: a JSON list, or texts one by one)."""
+    if (args.group is None) == (not args.all_groups):
+        raise UsageError("name one GROUP, or give --all-groups")
 
-    async def ask(admin: Admin) -> tuple[GroupDescription, list[PartitionLag]]:
-        return await admin.describe_group(args.group), await admin.group_lag(args.group)
+    async def ask(admin: Admin) -> list[tuple[GroupDescription, list[PartitionLag]]]:
+        names = [args.group] if args.group else [g.group_id for g in await admin.list_groups()]
+        return [(await admin.describe_group(n), await admin.group_lag(n)) for n in names]
 
-    desc, lag = await _ask_admin(args, ask)
-    _say(args, group_to_json(desc, lag), describe_text(desc, lag))
+    described = await _ask_admin(args, ask)
+    if not args.all_groups:
+        (desc, lag), *_ = described
+        _say(args, group_to_json(desc, lag), describe_text(desc, lag))
+        return
+    _say(
+        args,
+        [group_to_json(desc, lag) for desc, lag in described],
+        "\n\n".join(describe_text(desc, lag) for desc, lag in described) or "no groups",
+    )
 
 
 def describe_text(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> str:
@@ -373,32 +384,121 @@ def _parse_datetime(text: str) -> int:
     return round(when.timestamp() * 1000)
 
 
-def _partitions_arg(text: str | None) -> set[int] | None:
-    if text is None:
-        return None
+def _topic_specs(args: argparse.Namespace) -> dict[str, set[int] | None]:
+    """``--topic T`` / ``--topic T:0,1`` (Kafka's form, repeatable) as topic -> partitions
+    (None: all of them); the older ``--partitions 0,1`` still narrows a single --topic."""
+    specs: dict[str, set[int] | None] = {}
+    for text in args.topic or ():
+        name, colon, listed = text.partition(":")
+        if not colon:
+            specs[name] = None
+            continue
+        try:
+            chosen = {int(p) for p in listed.split(",") if p.strip()}
+        except ValueError:
+            raise UsageError(
+                f"--topic {text!r}: write TOPIC or TOPIC:P,P,... with partition numbers"
+            ) from None
+        specs[name] = (specs.get(name) or set()) | chosen
+    if getattr(args, "partitions", None) is not None:
+        if len(specs) != 1:
+            raise UsageError("--partitions narrows one --topic; write --topic TOPIC:P,P instead")
+        try:
+            chosen = {int(p) for p in args.partitions.split(",") if p.strip()}
+        except ValueError:
+            raise UsageError(
+                f"--partitions {args.partitions!r} is not a comma-separated list of numbers"
+            ) from None
+        (name,) = specs
+        specs[name] = chosen
+    return specs
+
+
+async def _chosen_partitions(admin: Admin, args: argparse.Namespace) -> list[TopicPartition]:
+    """The partitions --topic / --all-topics name (all-topics: every topic the group has
+    offsets for); UsageError if that is none."""
+    if getattr(args, "all_topics", False):
+        committed = await admin.committed_offsets(args.group)
+        specs: dict[str, set[int] | None] = {tp.topic: None for tp in committed}
+        if not specs:
+            raise UsageError(f"group {args.group} has no committed offsets (--all-topics)")
+    else:
+        specs = _topic_specs(args)
+        if not specs:
+            raise UsageError("say which partitions: --topic TOPIC[:P,P] or --all-topics")
+    tps = [
+        tp
+        for tp in await admin.topic_partitions(specs)
+        if specs[tp.topic] is None or tp.partition in specs[tp.topic]  # type: ignore[operator]
+    ]
+    if not tps:
+        asked = "; ".join(
+            f"topic {t} has none of the partitions {','.join(map(str, sorted(chosen or ())))}"
+            for t, chosen in sorted(specs.items())
+        )
+        raise UsageError(asked)
+    return tps
+
+
+def _offsets_file(path: str) -> dict[TopicPartition, int]:
+    """Kafka's reset CSV: ``topic,partition,offset`` per line (what --export prints there)."""
+    targets: dict[TopicPartition, int] = {}
     try:
-        return {int(p) for p in text.split(",") if p.strip()}
-    except ValueError:
-        raise UsageError(
-            f"--partitions {text!r} is not a comma-separated list of numbers"
-        ) from None
+        with open(path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--from-file {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            topic, partition, offset = fields
+            targets[TopicPartition(topic, int(partition))] = int(offset)
+        except ValueError:
+            raise UsageError(
+                f"--from-file {path}, line {number}: {line!r} is not topic,partition,offset"
+            ) from None
+    if not targets:
+        raise UsageError(f"--from-file {path} holds no topic,partition,offset line")
+    return targets
 
 
 async def cmd_groups_reset_offsets(args: argparse.Namespace) -> None:
     """Plan (and with --execute apply) new committed offsets for a group."""
-    wanted = _partitions_arg(args.partitions)
+    target = (
+        args.to_earliest
+        or args.to_latest
+        or args.to_offset is not None
+        or args.to_datetime is not None
+        or args.shift_by is not None
+    )
+    if args.from_file and (target or args.topic or args.all_topics):
+        raise UsageError(
+            "--from-file gives the partitions and offsets itself: drop --topic, --all-topics "
+            "and the --to-.../--shift-by target"
+        )
+    if not args.from_file and not target:
+        raise UsageError(
+            "say where to: --to-earliest, --to-latest, --to-offset N, --to-datetime ISO or "
+            "--shift-by N (or give the offsets with --from-file)"
+        )
+    from_file = _offsets_file(args.from_file) if args.from_file else None
 
     async def ask(admin: Admin) -> list[dict[str, Any]]:
-        tps = [
-            tp
-            for tp in await admin.topic_partitions([args.topic])
-            if wanted is None or tp.partition in wanted
-        ]
-        if not tps:
-            raise UsageError(f"topic {args.topic} has none of the partitions {args.partitions}")
+        if from_file is not None:
+            tps = sorted(from_file)
+            known = set(await admin.topic_partitions({tp.topic for tp in tps}))
+            missing = [str(tp) for tp in tps if tp not in known]
+            if missing:
+                raise UsageError(f"--from-file names partitions that do not exist: {missing}")
+        else:
+            tps = await _chosen_partitions(admin, args)
         committed = await admin.committed_offsets(args.group, tps)
         bounds = await admin.list_offsets(tps)
-        if args.to_datetime is not None:
+        if from_file is not None:
+            targets = from_file
+        elif args.to_datetime is not None:
             targets = {
                 tp: o.offset
                 for tp, o in (
@@ -446,14 +546,9 @@ async def cmd_groups_reset_offsets(args: argparse.Namespace) -> None:
 
 async def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
     """Delete a group's committed offsets for a topic's partitions."""
-    wanted = _partitions_arg(args.partitions)
 
     async def ask(admin: Admin) -> list[TopicPartition]:
-        tps = [
-            tp
-            for tp in await admin.topic_partitions([args.topic])
-            if wanted is None or tp.partition in wanted
-        ]
+        tps = await _chosen_partitions(admin, args)
         await admin.delete_offsets(args.group, tps)
         return tps
 
@@ -461,7 +556,8 @@ async def cmd_groups_delete_offsets(args: argparse.Namespace) -> None:
     _say(
         args,
         {"group": args.group, "deleted": [_tp(tp) for tp in tps]},
-        f"deleted the offsets of group {args.group} for {len(tps)} partition(s) of {args.topic}",
+        f"deleted the offsets of group {args.group} for {len(tps)} partition(s) of "
+        + ", ".join(sorted({tp.topic for tp in tps})),
     )
 
 
@@ -698,6 +794,21 @@ def _log_level(args: argparse.Namespace) -> str:
             raise UsageError(f"TRIO_COORD_LOG_LEVEL={env!r} is not one of {', '.join(LOG_LEVELS)}")
         return env
     return str(getattr(args, "log_default", "WARNING"))
+
+
+def _add_partition_choice(p: argparse.ArgumentParser, what: str) -> None:
+    """--topic T[:P,P] (repeatable, as in Kafka's tools) or --all-topics."""
+    p.add_argument(
+        "--topic",
+        "-t",
+        action="append",
+        metavar="TOPIC[:P,P]",
+        help=f"a topic {what}, or only the partitions listed after ':' (repeatable)",
+    )
+    p.add_argument(
+        "--all-topics", action="store_true", help="every topic the group has offsets for"
+    )
+    p.add_argument("--partitions", metavar="P,P", help=argparse.SUPPRESS)  # (older form)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -985,7 +1096,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("delete", cmd_groups_delete, "delete an empty group and its offsets"),
     ):
         p = groups.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("group")
+        if action == "describe":
+            p.add_argument("group", nargs="?")
+            p.add_argument("--all-groups", action="store_true", help="every group of every broker")
+        else:
+            p.add_argument("group")
         _add_client_options(p)
         p.set_defaults(func=func)
 
@@ -998,9 +1113,14 @@ def build_parser() -> argparse.ArgumentParser:
         "partition's log are clamped into it.",
     )
     p.add_argument("group")
-    p.add_argument("--topic", "-t", required=True, help="the topic whose offsets move")
-    p.add_argument("--partitions", metavar="N,N,...", help="only these partitions (default: all)")
-    target = p.add_mutually_exclusive_group(required=True)
+    _add_partition_choice(p, "whose offsets move")
+    p.add_argument(
+        "--from-file",
+        metavar="CSV",
+        help="the new offsets themselves, one topic,partition,offset per line (Kafka's "
+        "reset CSV); instead of --topic and a --to-... target",
+    )
+    target = p.add_mutually_exclusive_group()
     target.add_argument("--to-earliest", action="store_true", help="the log start")
     target.add_argument("--to-latest", action="store_true", help="the log end (skip everything)")
     target.add_argument("--to-offset", type=int, metavar="N", help="offset N")
@@ -1025,8 +1145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "member of the group consumes the topic.",
     )
     p.add_argument("group")
-    p.add_argument("--topic", "-t", required=True)
-    p.add_argument("--partitions", metavar="N,N,...", help="only these partitions (default: all)")
+    _add_partition_choice(p, "whose offsets go")
     _add_client_options(p)
     p.set_defaults(func=cmd_groups_delete_offsets)
 
