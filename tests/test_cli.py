@@ -335,3 +335,41 @@ def test_an_address_in_use_is_named(tmp_path):
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "choose another --port" in result.stderr
+
+
+def test_broker_settings_come_from_flags_then_environment_then_config_file(
+    tmp_path, monkeypatch, capsys
+):
+    from trio_coord.cli import main
+
+    config = tmp_path / "broker.toml"
+    config.write_text("max-connections = 5000\nsegment_bytes = 1048576\nport = 7000\n")
+    monkeypatch.setenv("TRIO_COORD_MAX_CONNECTIONS", "6000")
+    monkeypatch.setenv("TRIO_COORD_REPAIR", "true")
+    argv = ["broker", "--config", str(config), "--port", "7001", "--print-config"]
+    assert main([*argv, "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["max-connections"] == 6000  # the variable beats the file
+    assert settings["segment-bytes"] == 1048576  # the file beats the default
+    assert settings["port"] == 7001  # the flag beats everything
+    assert settings["repair"] is True
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "max-connections = 6000  # TRIO_COORD_MAX_CONNECTIONS" in text
+    assert f"segment-bytes = 1048576  # {config}" in text and "port = 7001  # flag" in text
+
+
+def test_a_setting_that_does_not_exist_or_does_not_parse_is_named(tmp_path, monkeypatch, capsys):
+    from trio_coord.cli import main
+
+    config = tmp_path / "broker.toml"
+    config.write_text("max-conections = 5000\n")
+    assert main(["broker", "--config", str(config), "--print-config"]) == 1
+    err = capsys.readouterr().err
+    assert "'max-conections' is not a broker setting (did you mean max-connections?)" in err
+    config.write_text("port = 'eighty'\n")
+    assert main(["broker", "--config", str(config), "--print-config"]) == 1
+    assert "--port 'eighty' is not a valid value" in capsys.readouterr().err
+    monkeypatch.setenv("TRIO_COORD_REPAIR", "maybe")
+    assert main(["broker", "--print-config"]) == 1
+    assert "TRIO_COORD_REPAIR: --repair is a switch" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from typing import Any, TextIO, TypeVar
 import trio
 
 from . import __version__
+from ._settings import SettingsError, apply_settings, effective_settings
 from .broker import BrokerConfig, open_broker
 from .broker.cluster import read_status
 from .client import Admin, Consumer, Delivery, PartitionLag, open_admin, open_producer
@@ -767,6 +768,14 @@ def _positive_int(text: str) -> int:
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of command ``name``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
 def _log_level_everywhere(parser: argparse.ArgumentParser) -> None:
     """Let every command take ``--log-level`` too (``trio-coord broker --log-level DEBUG``),
     without a default of its own that would hide one given before the command."""
@@ -1013,6 +1022,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read settings from this TOML file: each key is a flag above without its "
+        "dashes (max-connections = 5000); TRIO_COORD_<FLAG> variables "
+        "(TRIO_COORD_MAX_CONNECTIONS) override it, and flags override both",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every setting in force and where it came from, then exit",
+    )
     p.set_defaults(func=cmd_broker, log_default="INFO")
 
     topics = sub.add_parser(
@@ -1314,7 +1335,25 @@ async def cmd_cluster_status(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(arguments)
+    if args.command == "broker":  # file, then environment, under the flags: parse again
+        broker = _subparser(parser, "broker")
+        try:
+            origin = apply_settings(broker, args.config, os.environ)
+        except SettingsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        args = parser.parse_args(arguments)
+        if args.print_config:
+            rows = effective_settings(broker, args, origin, arguments)
+            if args.json:
+                _print_json({name: value for name, value, _ in rows})
+            else:
+                for name, value, source in rows:
+                    shown = json.dumps(value) if value is not None else "(unset)"
+                    print(f"{name} = {shown}  # {source}")
+            return 0
     try:
         level = _log_level(args)
     except UsageError as exc:
