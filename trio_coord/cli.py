@@ -162,6 +162,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         repair=args.repair,
         tune_gc=True,  # this process runs a broker: its state is long-lived
         kafka_port=args.kafka_port,
+        metrics_port=args.metrics_port,
         kafka_max_request_bytes=args.max_request_bytes,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
@@ -175,9 +176,11 @@ async def cmd_broker(args: argparse.Namespace) -> None:
     ) as broker:
         data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
         where = f"cluster: {args.store}" if args.store else f"data dir: {data_dir}"
-        kafka = None
+        kafka = metrics = None
         if broker.kafka_address is not None:
             kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
+        if broker.metrics_address is not None:
+            metrics = f"http://{broker.metrics_address[0]}:{broker.metrics_address[1]}/metrics"
         _say(
             args,
             {
@@ -187,9 +190,11 @@ async def cmd_broker(args: argparse.Namespace) -> None:
                 "broker_id": args.broker_id,
                 "store": args.store,
                 "kafka_address": kafka,
+                "metrics_url": metrics,
             },
             f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}"
             + ("" if kafka is None else f", Kafka clients on {kafka}")
+            + ("" if metrics is None else f", metrics at {metrics}")
             + f"\n{where}  (Ctrl-C to stop)",
         )
         await _until_signalled()
@@ -1004,6 +1009,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="while starting, repair damaged partition segments and a damaged metadata log: "
         "move the damaged bytes aside, keep every intact batch and record, never reuse an "
         "offset (what the damaged bytes held is lost; the log says what)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 picks a free port "
+        "(default: none; docs/operations.md lists the metrics)",
     )
     p.add_argument(
         "--kafka-port",

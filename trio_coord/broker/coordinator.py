@@ -86,7 +86,8 @@ class CoordinatorService:
         log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[], None] | None = None,
+        on_stable: Callable[[float, str], None] | None = None,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics
@@ -95,6 +96,9 @@ class CoordinatorService:
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
         self._on_stable = on_stable
+        self._on_restart = on_restart
+        self.heartbeats = 0
+        """Heartbeats accepted (for metrics; a plain count: this is the hottest path)."""
         self._runners: dict[str, GroupRunner] = {}
         self._by_conn: dict[Connection, dict[str, str]] = {}  # conn → {member id: group id}
         self._nursery: trio.Nursery | None = None
@@ -126,6 +130,7 @@ class CoordinatorService:
             position_flush_interval=self._config.position_flush_interval,
             on_event=self._on_event,
             on_stable=self._on_stable,
+            on_restart=self._on_restart,
             bind_connection=self._bind_connection,
         )
         self._runners[group.group_id] = runner
@@ -216,6 +221,10 @@ class CoordinatorService:
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
 
+    def runners(self) -> list[GroupRunner]:
+        """The groups this service runs (for metrics and tools)."""
+        return list(self._runners.values())
+
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat or raise the fencing error (synchronous and O(1))."""
         runner = self._runners.get(request.group)
@@ -224,6 +233,7 @@ class CoordinatorService:
                 f"group {request.group!r} does not exist on this coordinator; rejoin"
             )
         runner.heartbeat(request)
+        self.heartbeats += 1
 
     async def leave(self, request: LeaveGroupRequest) -> None:
         """A member leaves its group cleanly."""

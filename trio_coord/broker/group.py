@@ -82,6 +82,27 @@ LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
 
 
+CAUSES = ("join", "leave", "crash", "topic", "reset", "other")
+"""Why a rebalance runs, as metrics label it: a member joined, left cleanly, failed
+(session expiry, lost connection, no answer in time), a subscribed topic changed,
+offsets were reset; or anything else."""
+
+
+def _cause_of(reason: str) -> str:
+    """The :data:`CAUSES` entry of a rebalance request's reason text."""
+    if reason.startswith("topic "):
+        return "topic"
+    if reason.startswith("offsets reset"):
+        return "reset"
+    if reason.endswith(" joined"):
+        return "join"
+    if " left the group" in reason:
+        return "leave"
+    if reason.startswith("member "):
+        return "crash"
+    return "other"
+
+
 def _wall_clock_ms() -> int:
     """Commit timestamps are for people: wall-clock time, unlike every deadline here."""
     return time.time_ns() // 1_000_000
@@ -131,7 +152,8 @@ class GroupRunner:
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[], None] | None = None,
+        on_stable: Callable[[float, str], None] | None = None,
+        on_restart: Callable[[str], None] | None = None,
         bind_connection: Callable[[Connection, str, str | None], None],
     ) -> None:
         self.group = group
@@ -143,7 +165,11 @@ class GroupRunner:
         self._flush_interval = position_flush_interval
         self._retry_backoff = store_retry_backoff
         self._on_event = on_event
-        self._on_stable = on_stable  # (a cheap hook: the broker's collector keeper)
+        # Cheap hooks for the broker (its collector keeper, its metrics), unlike on_event
+        # whose "stable" event lists every partition's owner:
+        self._on_stable = on_stable  # (seconds the rebalance took, its cause)
+        self._on_restart = on_restart  # (the cause of the restart)
+        self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, Connection] = {}
         self._liveness = Liveness(self._session_expired)
@@ -286,6 +312,7 @@ class GroupRunner:
             # a burst of joins would restart it for each). The member is in its plan if the
             # plan is not made yet, else the rebalance that follows takes it in.
             self._late_joins.add(member_id)
+            self._cause = self._cause or "join"
             self._kick.set()
         else:
             self.request_rebalance(f"member {member_id} joined")
@@ -459,6 +486,7 @@ class GroupRunner:
     def request_rebalance(self, reason: str) -> None:
         """Start a rebalance soon; cancel the one in flight, which is now out of date."""
         log.debug("group %s: rebalance requested: %s", self.group_id, reason)
+        self._cause = _cause_of(reason)
         self._kick.set()
         if self._rebalance_scope is not None:
             self._rebalance_scope.cancel()
@@ -649,6 +677,8 @@ class GroupRunner:
                 continue
             if scope.cancelled_caught:
                 self._emit("rebalance_restarted")
+                if self._on_restart is not None:
+                    self._on_restart(self._cause or "other")
 
     async def _debounce_first_joins(self) -> None:
         """A group coming to life waits for the burst of joins to end before its first rebalance.
@@ -745,7 +775,9 @@ class GroupRunner:
         self._late_joins.clear()
         self.rebalances += 1
         if self._on_stable is not None:
-            self._on_stable()
+            self._on_stable(trio.current_time() - started, self._cause or "other")
+        if not self._kick.is_set():
+            self._cause = ""
         elapsed = trio.current_time() - started
         log.info(
             "group %s: generation %d stable with %d member(s) after %.1f ms",

@@ -110,6 +110,9 @@ class PartitionService:
         # while it waited for its fsync), or when the log closes or fails.
         self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
         self._reported: set[tuple[object, int]] = set()  # damage logged already
+        self.traffic: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        """Per topic: bytes and records produced, bytes and records fetched (for metrics;
+        native requests)."""
         logs.on_advance(self._wake)
 
     def _wake(self, topic: str, partition: int) -> None:
@@ -171,9 +174,13 @@ class PartitionService:
         tp = TopicPartition(request.topic, request.partition)
         try:
             log = self._logs.get(tp.topic, tp.partition) or await self._logs.create(*tp)
-            return ProduceResponse(await log.append(request.records, request.count, newest))
+            base = await log.append(request.records, request.count, newest)
         except LogBusyError as exc:
             raise ResourcesExhaustedError(f"{tp.topic}-{tp.partition}: {exc}") from None
+        counts = self.traffic[tp.topic]
+        counts[0] += size
+        counts[1] += request.count
+        return ProduceResponse(base)
 
     # -- fetch -----------------------------------------------------------------------------
 
@@ -245,9 +252,12 @@ class PartitionService:
                 )
                 continue
             start, end = (0, 0) if log is None else (log.start_offset, log.end_offset)
+            counts = self.traffic[part.topic]
             for batch in batches:
                 total += len(batch.records)
                 used += len(batch.records) + _BATCH_BYTES
+                counts[2] += len(batch.records)
+                counts[3] += batch.count
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches

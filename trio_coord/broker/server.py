@@ -67,6 +67,7 @@ from .topics import TopicManager
 
 if TYPE_CHECKING:
     from ..kafka.listener import KafkaListener
+    from .metrics import BrokerMetrics
 
 __all__ = ["Broker", "BrokerConfig", "connection_limit", "open_broker"]
 
@@ -160,6 +161,9 @@ class BrokerConfig:
     claim_grace: float = 1.0
     """Cluster only: how long a vacant slot waits for the broker chosen to claim it
     before any broker may, and how still the view must be before a broker sheds a slot."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics at ``http://HOST:PORT/metrics`` (0: a free port; None: no
+    metrics endpoint). See docs/operations.md, "Metrics"."""
     tune_gc: bool = False
     """Keep long-lived state out of the garbage collector's walks (``gc.freeze`` after
     loading and every 30 s, a full collection hourly): for a process that runs a broker
@@ -187,6 +191,8 @@ class BrokerConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not between 0 and 65535")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port {self.metrics_port} is not between 0 and 65535")
         if self.kafka_port is not None and not 0 <= self.kafka_port <= 65535:
             raise ValueError(f"kafka_port {self.kafka_port} is not between 0 and 65535")
         if not 1 <= self.kafka_max_batch_bytes <= self.kafka_max_request_bytes:
@@ -265,6 +271,10 @@ class Broker:
         self.logs = logs
         self.gc_keeper = CollectorKeeper() if config.tune_gc else None
         """Keeps long-lived state out of the collector's walks (``config.tune_gc``)."""
+        self.metrics: BrokerMetrics | None = None
+        """Its Prometheus metrics (None without ``config.metrics_port``)."""
+        self.metrics_address: tuple[str, int] | None = None
+        """Where ``/metrics`` is served (the real port once listening)."""
         self.writer = RecordWriter(
             store,
             existing_paths=set(),
@@ -351,8 +361,19 @@ class Broker:
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
             on_event=config.on_event,
-            on_stable=None if self.gc_keeper is None else self.gc_keeper.changed,
+            on_stable=self._rebalanced,
+            on_restart=self._rebalance_restarted,
         )
+
+    def _rebalanced(self, seconds: float, cause: str) -> None:
+        if self.gc_keeper is not None:
+            self.gc_keeper.changed()
+        if self.metrics is not None:
+            self.metrics.rebalanced(seconds, cause)
+
+    def _rebalance_restarted(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.restarted(cause)
 
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
         """Live brokers, the topics asked for and the coordinator of the group asked about.
@@ -582,6 +603,8 @@ class Broker:
                 await nursery.start(self._reap_connections)
                 if self.gc_keeper is not None:
                     nursery.start_soon(self.gc_keeper.run)
+                if self.config.metrics_port is not None:
+                    await self._serve_metrics(nursery)
                 for service in self.coordinator.services.values():
                     await nursery.start(service.run)
                 listeners = await nursery.start(self._listen, nursery)
@@ -614,6 +637,19 @@ class Broker:
                 handler_nursery=handler_nursery,
                 task_status=task_status,
             )
+
+    async def _serve_metrics(self, nursery: trio.Nursery) -> None:
+        """Start ``/metrics`` (prometheus_client is imported only when it is asked for)."""
+        from .metrics import BrokerMetrics
+
+        self.metrics = BrokerMetrics(self)
+        port = self.config.metrics_port or 0
+        with _naming_the_address(self.config.host, port, "--metrics-port"):
+            listeners = await nursery.start(self.metrics.serve, self.config.host, port)
+        self.metrics_address = listeners[0].socket.getsockname()[:2]
+        log.info(
+            "broker %d: metrics at http://%s:%d/metrics", self.broker_id, *self.metrics_address
+        )
 
     async def _listen_kafka(
         self,

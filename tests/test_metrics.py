@@ -1,0 +1,127 @@
+"""/metrics: a real HTTP client scrapes it, prometheus_client's parser reads it.
+
+What an operator graphs must be there and true: connections, groups by state,
+members, heartbeats, rebalances by cause with their durations (a crash among
+them), produced and fetched bytes per topic, log end offsets, committed
+offsets and lag per group and partition, memory and GC time.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from trio_coord import open_admin, open_broker, open_consumer, open_producer
+
+
+def _scrape(url: str) -> dict[str, list]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain")
+        text = answer.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _value(samples: list, name: str, **labels: str) -> float:
+    (found,) = [s.value for s in samples if s.name == name and s.labels == labels]
+    return found
+
+
+async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
+    settings = dict(metrics_port=0, initial_rebalance_delay=0.0)
+    async with open_broker(tmp_path, **settings) as broker:  # type: ignore[arg-type]
+        assert broker.metrics_address is not None
+        host, port = broker.metrics_address
+        url = f"http://{host}:{port}/metrics"
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("orders", 2)
+        async with open_producer(broker.bootstrap) as producer:
+            for i in range(10):
+                await producer.send("orders", f"order {i}", partition=i % 2)
+        opts = dict(offset_reset="earliest", session_timeout=1.0)
+        async with open_consumer(broker.bootstrap, "billing", ["orders"], **opts) as consumer:
+            seen = 0
+            with trio.fail_after(10):
+                while seen < 10:
+                    seen += len(await consumer.getmany())
+            await consumer.commit()
+            async with open_consumer(broker.bootstrap, "billing", ["orders"], **opts) as other:
+                await other.wait_assigned()
+            with trio.fail_after(10):
+                while len(consumer.assignment) != 2:
+                    await trio.sleep(0.02)
+            await trio.sleep(0.5)  # (a few heartbeats)
+            metrics = await trio.to_thread.run_sync(_scrape, url)
+
+    assert _value(metrics["trio_coord_connections"], "trio_coord_connections") >= 1
+    assert _value(metrics["trio_coord_groups"], "trio_coord_groups", state="STABLE") == 1
+    members = metrics["trio_coord_group_members"]
+    assert _value(members, "trio_coord_group_members", group="billing") == 1
+    assert _value(metrics["trio_coord_heartbeats"], "trio_coord_heartbeats_total") > 0
+    rebalances = metrics["trio_coord_rebalance_duration_seconds"]
+    joins = _value(rebalances, "trio_coord_rebalance_duration_seconds_count", cause="join")
+    leaves = _value(rebalances, "trio_coord_rebalance_duration_seconds_count", cause="leave")
+    assert joins >= 2 and leaves >= 1
+    assert _value(rebalances, "trio_coord_rebalance_duration_seconds_sum", cause="join") > 0
+    produced = metrics["trio_coord_produced_records"]
+    assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 10
+    fetched = metrics["trio_coord_fetched_records"]
+    assert _value(fetched, "trio_coord_fetched_records_total", topic="orders") >= 10
+    ends = metrics["trio_coord_log_end_offset"]
+    assert [
+        _value(ends, "trio_coord_log_end_offset", topic="orders", partition=p) for p in "01"
+    ] == [
+        5,
+        5,
+    ]
+    for p in "01":
+        labels = dict(group="billing", topic="orders", partition=p)
+        committed = metrics["trio_coord_group_committed_offset"]
+        assert _value(committed, "trio_coord_group_committed_offset", **labels) == 5
+        assert _value(metrics["trio_coord_group_lag"], "trio_coord_group_lag", **labels) == 0
+    assert (
+        _value(metrics["trio_coord_resident_memory_bytes"], "trio_coord_resident_memory_bytes") > 0
+    )
+    assert "trio_coord_gc_seconds" in metrics
+
+
+async def test_the_endpoint_answers_only_get_metrics_and_survives_junk(tmp_path) -> None:
+    async with open_broker(tmp_path, metrics_port=0) as broker:
+        host, port = broker.metrics_address  # type: ignore[misc]
+
+        def ask(path: str) -> int:
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        assert await trio.to_thread.run_sync(ask, "/nope") == 404
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(b"x" * 20_000)  # no end of header in sight: refused, not kept
+        answer = await stream.receive_some(1000)
+        assert answer.startswith(b"HTTP/1.1 431")
+        await stream.aclose()
+        assert await trio.to_thread.run_sync(ask, "/metrics") == 200
+
+
+def test_a_port_in_use_for_metrics_is_named(tmp_path) -> None:
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+
+    async def start() -> None:
+        async with open_broker(tmp_path, metrics_port=port):
+            pass
+
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}.*--metrics-port"):
+            trio.run(start)
+    finally:
+        held.close()
