@@ -373,3 +373,25 @@ def test_a_setting_that_does_not_exist_or_does_not_parse_is_named(tmp_path, monk
     monkeypatch.setenv("TRIO_COORD_REPAIR", "maybe")
     assert main(["broker", "--print-config"]) == 1
     assert "TRIO_COORD_REPAIR: --repair is a switch" in capsys.readouterr().err
+
+
+def test_the_shell_completes_commands_and_options(tmp_path):
+    # What `eval "$(register-python-argcomplete trio-coord)"` makes bash ask.
+    out = tmp_path / "completions"
+    env = {
+        **ENV,
+        "_ARGCOMPLETE": "1",
+        "_ARGCOMPLETE_IFS": "\n",
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+    }
+    for line, expected in (
+        ("trio-coord groups re", "reset-offsets"),
+        ("trio-coord broker --metrics", "--metrics-port"),
+    ):
+        subprocess.run(
+            [sys.executable, "-m", "trio_coord"],
+            env={**env, "COMP_LINE": line, "COMP_POINT": str(len(line))},
+            timeout=30,
+            check=True,
+        )
+        assert expected in out.read_text().split()

@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK
 """The ``trio-coord`` command line: parse, call the public API, print.
 
 Every subcommand is a thin shell over ``open_broker``, ``open_admin``,
@@ -1348,6 +1349,10 @@ async def cmd_cluster_status(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (see docs/operations.md)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
     if args.command == "broker":  # file, then environment, under the flags: parse again
