@@ -151,3 +151,17 @@ def test_rebalance_churn_bench_quick() -> None:
     assert coop["kept_pause_max_ms"] == 0.0 and coop["pause_max_ms"] == 0.0
     assert eager["kept_pause_max_ms"] > 0.0
     assert len(result["changes"]["eager"]) == 2 * result["params"]["changes"]
+
+
+@pytest.mark.slow
+def test_kafka_bench_quick_json() -> None:
+    """The quick Kafka benchmark measures trio-coord and librdkafka's mock cluster, with ratios."""
+    result = run_quick("kafka.py")
+    for target in ("trio_coord", "mock"):
+        figures = result[target]
+        assert figures["produce_records_per_s"] > 0, figures
+        assert figures["consume_records_per_s"] > 0, figures
+    for name in ("produce", "consume"):
+        value = result["ratio"][name]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+    assert result["params"]["quick"] is True

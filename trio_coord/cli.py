@@ -158,6 +158,8 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         initial_rebalance_delay=args.initial_rebalance_delay,
         repair=args.repair,
         tune_gc=True,  # this process runs a broker: its state is long-lived
+        kafka_port=args.kafka_port,
+        kafka_max_request_bytes=args.max_request_bytes,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -170,6 +172,9 @@ async def cmd_broker(args: argparse.Namespace) -> None:
     ) as broker:
         data_dir = os.path.abspath(args.data_dir)  # noqa: ASYNC240 (once, at start-up)
         where = f"cluster: {args.store}" if args.store else f"data dir: {data_dir}"
+        kafka = None
+        if broker.kafka_address is not None:
+            kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
         _say(
             args,
             {
@@ -178,9 +183,11 @@ async def cmd_broker(args: argparse.Namespace) -> None:
                 "data_dir": data_dir,
                 "broker_id": args.broker_id,
                 "store": args.store,
+                "kafka_address": kafka,
             },
-            f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}\n"
-            f"{where}  (Ctrl-C to stop)",
+            f"trio-coord broker {args.broker_id} listening on {broker.bootstrap}"
+            + ("" if kafka is None else f", Kafka clients on {kafka}")
+            + f"\n{where}  (Ctrl-C to stop)",
         )
         await _until_signalled()
 
@@ -828,6 +835,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="while starting, repair damaged partition segments and a damaged metadata log: "
         "move the damaged bytes aside, keep every intact batch and record, never reuse an "
         "offset (what the damaged bytes held is lost; the log says what)",
+    )
+    p.add_argument(
+        "--kafka-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also listen for Kafka clients on this port; 0 picks a free one (default: no "
+        "Kafka listener; see docs/kafka.md)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=BrokerConfig().kafka_max_request_bytes,
+        metavar="BYTES",
+        help="close a Kafka connection that announces a larger request, before reading it "
+        "(default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.set_defaults(func=cmd_broker, log_default="INFO")

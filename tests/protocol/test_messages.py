@@ -69,7 +69,7 @@ from trio_coord.protocol.messages import (
     TopicPartition,
 )
 
-BROKER = BrokerInfo(7, "10.0.0.7", 9093)
+BROKER = BrokerInfo(7, "10.0.0.7", 9093, 9092)
 OFFSET = PartitionOffset("orders", 3, 1234, "checkpoint-9")
 TOPIC = TopicInfo("orders", 12, leaders=[7] * 12)
 MEMBER = MemberDescription(

@@ -10,22 +10,32 @@ reads wakes when a batch is appended: the Trio shape of Kafka's fetch
 purgatory (``min_bytes=0`` answers at once). Produce validates a batch (it
 decodes, its count and newest timestamp match the header) before storing
 it, so a bad producer cannot poison the consumers of a partition.
+
+A partition may also hold Kafka batches (RecordBatch v2, produced through
+the Kafka listener, ``trio_coord.kafka``): a fetch converts them to native
+batches at this boundary (decompressing them if need be: the cost is a
+decode and an encode per batch, paid on every native fetch of it), and a
+search by time decodes the one batch that holds the answer.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Iterator
 
 import trio
 
+from ..kafka.records import RecordBatchError, decode_records, split_records
 from ..log import (
+    KAFKA_FORMAT,
     LogBusyError,
     LogCorruptError,
     LogError,
     LogManager,
     LogOffsetOutOfRangeError,
     PartitionLog,
+    StoredBatch,
 )
 from ..protocol.errors import (
     CoordError,
@@ -56,7 +66,7 @@ from ..protocol.messages import (
     ProduceResponse,
     TopicPartition,
 )
-from ..protocol.records import decode_batch
+from ..protocol.records import decode_batch, encode_batch
 from .topics import TopicManager
 
 __all__ = ["PartitionService"]
@@ -288,14 +298,39 @@ class PartitionService:
             ) from None
         batches: list[FetchedBatch] = []
         used = 0
-        for batch in stored:
-            size = len(batch.payload) + _BATCH_BYTES
+        for piece in self._native(stored, part, room):
+            size = len(piece.records) + _BATCH_BYTES
             fits = used + size <= budget or (first and not batches and size <= room)
             if not fits:
                 break
             used += size
-            batches.append(FetchedBatch(batch.base_offset, batch.count, batch.payload))
+            batches.append(piece)
         return batches
+
+    def _native(
+        self, stored: list[StoredBatch], part: FetchPartition, room: int
+    ) -> Iterator[FetchedBatch]:
+        """The stored batches as native batches: Kafka batches converted at this boundary.
+
+        A Kafka batch (RecordBatch v2, maybe compressed) is decoded and
+        re-encoded as native batches of at most a quarter of ``room`` each
+        (a compressed batch may hold far more than a frame), skipping the
+        pieces wholly below the offset asked for.
+        """
+        for batch in stored:
+            if batch.format != KAFKA_FORMAT:
+                yield FetchedBatch(batch.base_offset, batch.count, batch.payload)
+                continue
+            try:
+                records = decode_records(batch.payload)
+            except RecordBatchError as exc:
+                raise StorageError(
+                    f"{part.topic}-{part.partition}: the Kafka batch at offset "
+                    f"{batch.base_offset} cannot be read: {exc}"
+                ) from None
+            for base, piece in split_records(batch.base_offset, records, max(room // 4, 1)):
+                if base + len(piece) > part.offset:
+                    yield FetchedBatch(base, len(piece), encode_batch(piece))
 
     # -- list offsets ----------------------------------------------------------------------------
 
@@ -330,7 +365,14 @@ class PartitionService:
             raise StorageError(f"{log.topic}-{log.partition} cannot be searched: {exc}") from None
         if batch is None:
             return log.end_offset
-        for index, record in enumerate(decode_batch(batch.payload)):
+        try:
+            if batch.format == KAFKA_FORMAT:
+                records = decode_records(batch.payload)
+            else:
+                records = decode_batch(batch.payload)
+        except RecordBatchError as exc:
+            raise StorageError(f"{log.topic}-{log.partition} cannot be searched: {exc}") from None
+        for index, record in enumerate(records):
             if record.timestamp_ms >= timestamp_ms:
                 return max(batch.base_offset + index, log.start_offset)
         return batch.next_offset  # (the batch's newest record is that new; not reached)

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,6 +38,7 @@ from .._aio import unwrap_lone_exception
 from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord, TopicTombstone
+from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
@@ -62,6 +63,9 @@ from .paging import page
 from .partitions import PartitionService
 from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
+
+if TYPE_CHECKING:
+    from ..kafka.listener import KafkaListener
 
 __all__ = ["Broker", "BrokerConfig", "connection_limit", "open_broker"]
 
@@ -129,6 +133,14 @@ class BrokerConfig:
     """The same for all connections together (Kafka's queued.max.request.bytes)."""
     max_batch_bytes: int | None = None
     max_fetch_bytes: int = 16 * 1024 * 1024
+    kafka_port: int | None = None
+    """The port of the Kafka listener (0: a free one; None: no Kafka listener). See
+    docs/kafka.md."""
+    kafka_max_request_bytes: int = 100 * 1024 * 1024
+    """A Kafka request frame larger than this closes its connection before it is read
+    (Kafka's socket.request.max.bytes)."""
+    kafka_max_batch_bytes: int = 1024 * 1024 + 12
+    """The largest record batch a Kafka producer may send (Kafka's message.max.bytes)."""
     shutdown_grace: float = 5.0
     log: LogConfig = field(default_factory=LogConfig)
     assignors: tuple[Assignor, ...] = ()
@@ -174,6 +186,13 @@ class BrokerConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not between 0 and 65535")
+        if self.kafka_port is not None and not 0 <= self.kafka_port <= 65535:
+            raise ValueError(f"kafka_port {self.kafka_port} is not between 0 and 65535")
+        if not 1 <= self.kafka_max_batch_bytes <= self.kafka_max_request_bytes:
+            raise ValueError(
+                f"kafka_max_batch_bytes ({self.kafka_max_batch_bytes}) must be positive and "
+                f"at most kafka_max_request_bytes ({self.kafka_max_request_bytes})"
+            )
         for name in (
             "max_group_size",
             "max_partitions",
@@ -291,6 +310,19 @@ class Broker:
         self._refusals_logged = -math.inf
         self._services = trio.CancelScope()
         self._listening = trio.CancelScope()
+        self._kafka_listening = trio.CancelScope()
+        self.kafka: KafkaListener | None = None
+        """The Kafka listener (None without ``config.kafka_port``)."""
+        self.kafka_address: tuple[str, int] | None = None
+        """Where the Kafka listener listens (the real port once listening)."""
+        if config.kafka_port is not None:
+            # (imported here: a broker without a Kafka listener never loads kio)
+            from ..kafka.dispatch import FrontEnd
+            from ..kafka.listener import KafkaListener
+
+            self.kafka = KafkaListener(
+                FrontEnd(self, _kafka_limits(config, self.max_connections)), self._shared_bytes
+            )
 
     def new_coordinator_service(self, writer: RecordWriter) -> CoordinatorService:
         """A coordinator service writing through ``writer`` (one per slot held)."""
@@ -363,7 +395,49 @@ class Broker:
     @property
     def info(self) -> BrokerInfo:
         """This broker as Metadata describes it."""
-        return BrokerInfo(self.config.broker_id, self.address[0], self.address[1])
+        kafka_port = 0 if self.kafka_address is None else self.kafka_address[1]
+        return BrokerInfo(self.config.broker_id, self.address[0], self.address[1], kafka_port)
+
+    # -- what the Kafka front end uses (trio_coord.kafka.service.KafkaService) -------------
+
+    @property
+    def broker_id(self) -> int:
+        """This broker's id."""
+        return self.config.broker_id
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id Kafka clients are told."""
+        return "trio-coord"
+
+    def kafka_nodes(self) -> list[KafkaNode]:
+        """Every live broker with a Kafka listener, as Kafka Metadata lists them."""
+        if self.member is None:
+            if self.kafka_address is None:
+                return []
+            return [KafkaNode(self.broker_id, self.config.host, self.kafka_address[1])]
+        return [
+            KafkaNode(b.broker_id, b.host, b.kafka_port)
+            for _, b in sorted(self.member.brokers.items())
+            if b.kafka_port
+        ]
+
+    def kafka_coordinator(self, group: str) -> KafkaNode | None:
+        """The Kafka address of the broker coordinating ``group`` (None: none right now)."""
+        if self.member is None:
+            nodes = self.kafka_nodes()
+            return nodes[0] if nodes else None
+        if self.coordinator.suspended:
+            return None
+        info = self.member.coordinator_of(self.coordinator.slot_of(group))
+        if info is None or not info.kafka_port:
+            return None
+        return KafkaNode(info.broker_id, info.host, info.kafka_port)
+
+    async def read_topics(self, names: list[str]) -> None:
+        """In a cluster, read topics another broker just made (a no-op on a single broker)."""
+        if self.member is not None and names:
+            await self.member.read_topics(names)
 
     def _current(self, record: Record) -> Record | None:
         if isinstance(record, TopicRecord | TopicTombstone):
@@ -506,6 +580,14 @@ class Broker:
                 listeners = await nursery.start(self._listen, nursery)
                 self.address = listeners[0].socket.getsockname()[:2]
                 log.info("broker %d listening on %s", self.config.broker_id, self.bootstrap)
+                if self.kafka is not None:
+                    kafka = await nursery.start(self._listen_kafka, self.kafka, nursery)
+                    self.kafka_address = kafka[0].socket.getsockname()[:2]
+                    log.info(
+                        "broker %d: Kafka listener on %s:%d",
+                        self.config.broker_id,
+                        *self.kafka_address,
+                    )
                 if self.member is not None:
                     await nursery.start(self.member.run, self.store)
                 self._services.shield = True
@@ -526,10 +608,26 @@ class Broker:
                 task_status=task_status,
             )
 
+    async def _listen_kafka(
+        self,
+        kafka: KafkaListener,
+        handler_nursery: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with self._kafka_listening:
+            await kafka.listen(
+                self.config.host,
+                self.config.kafka_port or 0,
+                handler_nursery,
+                task_status=task_status,
+            )
+
     async def _shutdown(self) -> None:
         """Stop accepting, refuse new work, let queued writes land (bounded), then stop."""
         self.shutting_down = True
         self._listening.cancel()
+        self._kafka_listening.cancel()
         with trio.move_on_after(self.config.shutdown_grace) as grace:
             grace.shield = True
             await self.writer.drain()
@@ -581,6 +679,47 @@ def connection_limit(config: BrokerConfig) -> int:
         f"max_connections {wanted} needs {wanted + reserve} file descriptors ({reserve} kept "
         f"for logs and the store), but this process may open only {soft} (ulimit -n; hard "
         f"limit {hard}); raise the limit (ulimit -n {need}) or lower --max-connections"
+    )
+
+
+def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
+    """The Kafka front end's bounds and reported settings, from the broker's config."""
+    log_config = config.log
+    retention_ms = (
+        -1 if log_config.retention_seconds is None else int(log_config.retention_seconds * 1000)
+    )
+    retention_bytes = -1 if log_config.retention_bytes is None else log_config.retention_bytes
+    topic = (
+        ("cleanup.policy", "delete"),
+        ("compression.type", "producer"),
+        ("max.message.bytes", str(config.kafka_max_batch_bytes)),
+        ("message.timestamp.type", "CreateTime"),
+        ("min.insync.replicas", "1"),
+        ("retention.bytes", str(retention_bytes)),
+        ("retention.ms", str(retention_ms)),
+        ("segment.bytes", str(log_config.segment_bytes)),
+    )
+    broker = (
+        ("auto.create.topics.enable", "false"),
+        ("broker.id", str(config.broker_id)),
+        ("default.replication.factor", "1"),
+        ("log.retention.ms", str(retention_ms)),
+        ("log.segment.bytes", str(log_config.segment_bytes)),
+        ("message.max.bytes", str(config.kafka_max_batch_bytes)),
+        ("num.partitions", "1"),
+        ("socket.request.max.bytes", str(config.kafka_max_request_bytes)),
+    )
+    return KafkaLimits(
+        max_request_bytes=config.kafka_max_request_bytes,
+        max_in_flight=config.max_in_flight,
+        max_connection_bytes=config.max_connection_bytes,
+        max_batch_bytes=config.kafka_max_batch_bytes,
+        max_fetch_bytes=config.max_fetch_bytes,
+        max_connections=max_connections,
+        connections_max_idle=config.connections_max_idle,
+        request_read_timeout=config.request_read_timeout,
+        topic_configs=topic,
+        broker_configs=broker,
     )
 
 

@@ -18,8 +18,10 @@ from .base import StoredBatch as StoredBatch
 from .manager import LogManager as LogManager
 from .manager import open_log_manager as open_log_manager
 from .partition import PartitionLog as PartitionLog
+from .segment import KAFKA as KAFKA_FORMAT
 
 __all__ = [
+    "KAFKA_FORMAT",
     "LogBusyError",
     "LogConfig",
     "LogCorruptError",

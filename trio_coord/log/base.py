@@ -106,13 +106,16 @@ class StoredBatch(NamedTuple):
 
     The batch holds the ``count`` records with offsets ``base_offset`` to
     ``next_offset - 1``; ``max_timestamp`` is the largest record timestamp
-    in it (milliseconds), as the producer reported it.
+    in it (milliseconds), as the producer reported it. ``format`` says which
+    encoding the payload is in (the log itself never looks inside).
     """
 
     base_offset: int
     count: int  # type: ignore[assignment]  # the spec'd name shadows tuple.count
     max_timestamp: int
     payload: bytes
+    format: int = 1
+    """The frame format: 1 a native batch, 3 a Kafka RecordBatch v2 (``log.segment``)."""
 
     @property
     def next_offset(self) -> int:

@@ -74,6 +74,7 @@ from .base import (
     StoredBatch,
 )
 from .segment import (
+    FORMAT,
     HEADER,
     MAX_RELATIVE_OFFSET,
     Segment,
@@ -241,8 +242,23 @@ class PartitionLog:
         """How many segments the log has now."""
         return len(self._segments)
 
-    async def append(self, payload: bytes, count: int, max_timestamp: int) -> int:
+    async def append(
+        self,
+        payload: bytes,
+        count: int,
+        max_timestamp: int,
+        *,
+        fmt: int = FORMAT,
+        assigned: Callable[[int], None] | None = None,
+    ) -> int:
         """Append one batch; returns its base offset once acknowledged per the flush policy.
+
+        ``fmt`` is the frame format (``log.segment``: 1 native, 3 Kafka
+        RecordBatch v2, whose base offset the append rewrites).
+        ``assigned(base)`` is called, synchronously, as soon as the batch is
+        written with its offset, before the wait for durability: the
+        idempotent producer's state must know a batch's offset even if this
+        call is then cancelled.
 
         Appends are serialized per partition (offsets in call order). The
         batch holds ``count`` records (at least 1) whose largest timestamp
@@ -251,7 +267,7 @@ class PartitionLog:
         has failed, or if the write fails (then nothing was appended). See
         the module docstring for what a cancelled append means.
         """
-        check_batch(payload, count, max_timestamp)
+        check_batch(payload, count, max_timestamp, fmt)
         self._check_writable()
         async with self._append_lock:
             self._check_writable()  # it may have closed or failed meanwhile
@@ -265,11 +281,13 @@ class PartitionLog:
                 segment = self._segments[-1]
             try:
                 segment.append(
-                    base, count, max_timestamp, payload, self._config.index_interval_bytes
+                    base, count, max_timestamp, payload, self._config.index_interval_bytes, fmt
                 )
             except OSError as exc:
                 self._undo_write(segment, exc)
             self._written = base + count
+            if assigned is not None:
+                assigned(base)
             if not self._fsync_mode:
                 self._advance(self._written)
                 return base

@@ -11,7 +11,7 @@ trusted, its index loaded from disk (and rebuilt if missing or broken).
 The ``.log`` file is a sequence of frames, each a fixed header and the
 payload::
 
-    format     u8    1
+    format     u8    1 (native batch), 3 (Kafka RecordBatch v2) or 2 (gap)
     base       i64   offset of the batch's first record
     count      i32   records in the batch (>= 1)
     max_ts     i64   largest record timestamp, ms
@@ -23,6 +23,12 @@ all big-endian. A frame of format :data:`GAP` (no payload) is a *gap*:
 ``--repair`` writes one in place of damaged bytes, covering exactly the
 offsets they held, so that offsets run on and none is ever given out again;
 reads skip it.
+
+A frame of format :data:`KAFKA` holds a Kafka RecordBatch v2 exactly as the
+client sent it, but for its first 8 bytes (the batch's base offset), which
+the append sets to the offset the log assigned, and bytes 12 to 16 (the
+partition leader epoch), set to 0. Neither is covered by the batch's own
+CRC-32C, so the batch stays valid, and a fetch serves the bytes as stored.
 
 Recovery tells a torn write from damage. A torn write is an incomplete
 *last* write: nothing intact follows it. Bytes that fail their checks but
@@ -66,6 +72,7 @@ __all__ = [
     "GAP",
     "HEADER",
     "INDEX_ENTRY",
+    "KAFKA",
     "MAX_COUNT",
     "MAX_PAYLOAD",
     "MAX_RELATIVE_OFFSET",
@@ -83,6 +90,12 @@ FORMAT: Final = 1
 """The frame format byte of a batch."""
 GAP: Final = 2
 """The frame format byte of a gap: offsets lost to damage, no payload (see ``repair``)."""
+KAFKA: Final = 3
+"""The frame format byte of a Kafka RecordBatch v2 (its base offset set by the append)."""
+_FORMATS: Final = (FORMAT, GAP, KAFKA)
+_DATA_FORMATS: Final = frozenset((FORMAT, KAFKA))
+_KAFKA_PATCH: Final = struct.Struct(">qi")  # base offset, then batchLength (kept)
+_KAFKA_PREFIX: Final = 16  # base offset, batch length, partition leader epoch
 
 _PREFIX: Final = struct.Struct(">Bqiqi")  # the header up to the CRC
 _CRC: Final = struct.Struct(">I")
@@ -152,7 +165,7 @@ def _pread_full(fd: int, size: int, pos: int) -> bytes:
     return b"".join(parts)
 
 
-def _pwrite_all(fd: int, parts: Sequence[bytes], pos: int) -> None:
+def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], pos: int) -> None:
     """Write every byte of ``parts`` at ``pos`` (one ``pwritev`` unless it comes up short)."""
     views = [memoryview(part).cast("B") for part in parts if len(part)]
     while views:
@@ -213,22 +226,22 @@ def _next_intact_frame(cursor: _Cursor, pos: int, min_base: int) -> _Frame | Non
     sanity and the CRC; used only after a frame failed its checks, to tell
     a torn tail (None: nothing intact follows) from damage in the middle.
     """
-    marker = bytes([FORMAT])
     size = HEADER.size
     while True:
         chunk = cursor.get(pos, size)
         if chunk is None:
             return None
-        at = bytes(chunk).find(marker)
-        if at < 0:
+        data = bytes(chunk)
+        found = [at for at in (data.find(bytes([f])) for f in _DATA_FORMATS) if at >= 0]
+        if not found:
             pos += size
             continue
-        pos += at
+        pos += min(found)
         header = cursor.get(pos, size)
         if header is None:
             return None
-        _fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
-        if base >= min_base and 1 <= count and length >= 0:
+        fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
+        if fmt in _DATA_FORMATS and base >= min_base and 1 <= count and length >= 0:
             payload = cursor.get(pos + size, length)
             if payload is not None and (
                 zlib.crc32(payload, zlib.crc32(header[: _PREFIX.size])) == crc
@@ -257,7 +270,7 @@ def _valid_frames(cursor: _Cursor, pos: int, expected_base: int) -> Iterator[_Fr
         if header is None:
             return
         fmt, base, count, max_ts, length, crc = HEADER.unpack(header)
-        if fmt not in (FORMAT, GAP) or base != expected_base or count < 1 or length < 0:
+        if fmt not in _FORMATS or base != expected_base or count < 1 or length < 0:
             return
         if fmt == GAP and length:
             return
@@ -597,18 +610,38 @@ class Segment:
         return self._fd
 
     def append(
-        self, base_offset: int, count: int, max_timestamp: int, payload: bytes, interval: int
+        self,
+        base_offset: int,
+        count: int,
+        max_timestamp: int,
+        payload: bytes,
+        interval: int,
+        fmt: int = FORMAT,
     ) -> None:
         """Write one batch at the end of the log (page cache; no fsync) and index it if due.
 
+        ``fmt`` is the frame format: :data:`FORMAT` (opaque payload) or
+        :data:`KAFKA` (a RecordBatch v2 whose base offset and partition
+        leader epoch are rewritten on the way, without copying the payload).
         On an OSError nothing is accounted for: the segment's size and
         offsets are as before, though the file may hold a partial frame past
         ``size`` that the caller must truncate.
         """
-        prefix = _PREFIX.pack(FORMAT, base_offset, count, max_timestamp, len(payload))
-        crc = zlib.crc32(payload, zlib.crc32(prefix))
+        prefix = _PREFIX.pack(fmt, base_offset, count, max_timestamp, len(payload))
+        parts: list[bytes | memoryview]
+        if fmt == KAFKA:
+            (length,) = struct.unpack_from(">i", payload, 8)
+            head = _KAFKA_PATCH.pack(base_offset, length) + bytes(4)
+            body = memoryview(payload)[_KAFKA_PREFIX:]
+            crc = zlib.crc32(body, zlib.crc32(head, zlib.crc32(prefix)))
+            parts = [prefix + _CRC.pack(crc), head, body]
+        elif fmt == FORMAT:
+            crc = zlib.crc32(payload, zlib.crc32(prefix))
+            parts = [prefix + _CRC.pack(crc), payload]
+        else:
+            raise ValueError(f"frame format {fmt} cannot be appended")
         pos = self.size
-        _pwrite_all(self._fd, [prefix + _CRC.pack(crc), payload], pos)
+        _pwrite_all(self._fd, parts, pos)
         self._note(pos, base_offset, count, max_timestamp, HEADER.size + len(payload), interval)
 
     def truncate_to_size(self) -> None:
@@ -658,7 +691,7 @@ class Segment:
                     raise self._corrupt(pos, "a payload is cut short")
                 if zlib.crc32(payload, zlib.crc32(header[: _PREFIX.size])) != crc:
                     raise self._corrupt(pos, "a batch fails its CRC check")
-                out.append(StoredBatch(base, count, max_ts, bytes(payload)))
+                out.append(StoredBatch(base, count, max_ts, bytes(payload), _fmt))
                 used += length
             pos += size + length
         return used, True
@@ -683,7 +716,7 @@ class Segment:
                 payload = cursor.get(pos + size, length)
                 if payload is None:
                     raise self._corrupt(pos, "a payload is cut short")
-                return StoredBatch(base, count, max_ts, bytes(payload))
+                return StoredBatch(base, count, max_ts, bytes(payload), fmt)
             pos += size + length
         return None
 
@@ -698,8 +731,13 @@ class Segment:
         )
 
 
-def check_batch(payload: bytes, count: int, max_timestamp: int) -> None:
-    """Raise ValueError unless ``payload``, ``count`` and ``max_timestamp`` fit a frame."""
+def check_batch(payload: bytes, count: int, max_timestamp: int, fmt: int = FORMAT) -> None:
+    """Raise ValueError unless ``payload``, ``count`` and ``max_timestamp`` fit a frame
+    of format ``fmt``."""
+    if fmt not in _DATA_FORMATS:
+        raise ValueError(f"frame format {fmt} cannot be appended")
+    if fmt == KAFKA and len(payload) < _KAFKA_PREFIX:
+        raise ValueError("a Kafka record batch holds at least its 16-byte prefix")
     if not 1 <= count <= MAX_COUNT:
         raise ValueError(f"a batch must hold 1 to {MAX_COUNT} records, not {count}")
     if len(payload) > MAX_PAYLOAD:

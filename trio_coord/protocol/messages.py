@@ -139,11 +139,16 @@ class PartitionOffset(_Wire):
 
 
 class BrokerInfo(_Wire):
-    """A live broker and the address clients reach it at."""
+    """A live broker and the address clients reach it at.
+
+    ``kafka_port`` is the port of its Kafka listener on the same host (0:
+    it has none; see docs/kafka.md).
+    """
 
     broker_id: int
     host: str
     port: int
+    kafka_port: int = 0
 
     @property
     def address(self) -> str:

@@ -1,0 +1,79 @@
+"""Helpers of the Kafka-protocol tests: a broker process with a Kafka listener, topics.
+
+(In a module of its own, not the conftest, so that test modules can import
+it by name: ``tests/kafka`` is no package, since a package named ``kafka``
+would shadow kafka-python.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class KafkaBroker:
+    """A broker process: its native and Kafka bootstrap addresses, and its log file."""
+
+    native: str
+    kafka: str
+    log_path: Path
+    process: subprocess.Popen[str]
+
+    def log_text(self) -> str:
+        """What the broker logged so far."""
+        return self.log_path.read_text()
+
+
+def start_broker(directory: Path, *extra: str) -> KafkaBroker:
+    """Start ``trio-coord broker --kafka-port 0`` in ``directory`` and wait until it listens."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / "broker.log"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trio_coord",
+            "broker",
+            "--data-dir",
+            str(directory / "data"),
+            "--port",
+            "0",
+            "--kafka-port",
+            "0",
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log_path.open("w"),
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.wait(10)
+        raise AssertionError(f"the broker did not start: {log_path.read_text()}")
+    announced = json.loads(line)
+    return KafkaBroker(announced["address"], announced["kafka_address"], log_path, process)
+
+
+def stop_broker(broker: KafkaBroker) -> None:
+    """Stop the broker (SIGTERM, then SIGKILL after 10 s)."""
+    broker.process.terminate()
+    try:
+        broker.process.wait(10)
+    except subprocess.TimeoutExpired:
+        broker.process.kill()
+        broker.process.wait()
+
+
+def create_topic(kafka_bootstrap: str, name: str, partitions: int = 1) -> None:
+    """Create a topic through the Kafka admin API (confluent-kafka)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions)]).values():
+        future.result(15)
