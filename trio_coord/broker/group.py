@@ -27,7 +27,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -36,7 +36,6 @@ from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata,
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..core.validation import PATTERN_PREFIX
-from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
@@ -58,6 +57,8 @@ from ..protocol.messages import (
     MemberSubscription,
     OffsetCommitRequest,
     PartitionOffset,
+    RequestBody,
+    ResponseBody,
     StartFetchersRequest,
     StopFetchersRequest,
     StopFetchersResponse,
@@ -71,9 +72,19 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner", "LeaderAssignmentError"]
+__all__ = [
+    "KAFKA_ASSIGNOR_PREFIX",
+    "PENDING_JOIN_TIMEOUT",
+    "EventCallback",
+    "GroupRunner",
+    "LeaderAssignmentError",
+    "MemberLink",
+]
 
 log = logging.getLogger(__name__)
+
+KAFKA_ASSIGNOR_PREFIX = "kafka:"
+"""Assignor names a Kafka front end gives its members' protocols (computed by their leader)."""
 
 PENDING_JOIN_TIMEOUT = 30.0
 """The longest a member id handed out by a first-step join waits for its second step."""
@@ -95,6 +106,37 @@ revoking (a cooperative plan: what each member gives up), compute_requested (a
 leader is asked for the assignment), disconnected, stepped_out and resumed (a
 static member);
 ``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
+
+
+class MemberLink(Protocol):
+    """How the group engine reaches a member: what it pushes, and whether it is still there.
+
+    A native :class:`~trio_coord.protocol.connection.Connection` is one (the
+    pushes travel as frames); a front end for another wire protocol gives
+    each member an object of its own that turns the pushes (StopFetchers,
+    StartFetchers, ComputeAssignment) into answers to that member's pending
+    requests (``trio_coord.kafka.groups.KafkaMemberLink``). The coordinator
+    keeps, per link, the members it carries, for ``connection_lost``.
+    """
+
+    @property
+    def peer(self) -> str:
+        """Where the member is (shown as its host)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once the member can no longer be reached this way."""
+        ...
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest push the link carries (a longer assignment is sent in parts)."""
+        ...
+
+    async def request(self, body: RequestBody) -> ResponseBody | None:
+        """Push ``body`` to the member and return its answer (ConnectionClosedError if gone)."""
+        ...
 
 
 class LeaderAssignmentError(Exception):
@@ -131,7 +173,7 @@ class GroupRunner:
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
         on_event: EventCallback | None = None,
-        bind_connection: Callable[[Connection, str, str | None], None],
+        bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
         self.group = group
         self._writer = writer
@@ -143,7 +185,7 @@ class GroupRunner:
         self._retry_backoff = store_retry_backoff
         self._on_event = on_event
         self._bind = bind_connection
-        self._conns: dict[str, Connection] = {}
+        self._conns: dict[str, MemberLink] = {}
         self._liveness = Liveness(self._session_expired)
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
@@ -187,7 +229,7 @@ class GroupRunner:
 
     # -- membership --------------------------------------------------------------
 
-    def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+    def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
         """Admit a member (a new one, a live one rejoining, or one known from before a restart).
 
         A join without a member id (and without an instance id) is not
@@ -318,7 +360,7 @@ class GroupRunner:
             member_id, self.group.generation, request.session_timeout_ms, rejoin=True
         )
 
-    def _resume_static(self, member: Member, request: JoinGroupRequest, conn: Connection) -> bool:
+    def _resume_static(self, member: Member, request: JoinGroupRequest, conn: MemberLink) -> bool:
         """A static member is back: hand it its partitions again, without a rebalance.
 
         Only in a stable group, and only if it asks for what it had (topics,
@@ -448,7 +490,7 @@ class GroupRunner:
             return
         self.remove_member(member_id, "lost its connection", stopped=False)
 
-    def _conn_of(self, member: Member) -> Connection:
+    def _conn_of(self, member: Member) -> MemberLink:
         conn = self._conns.get(member.member_id)
         if conn is None:
             raise ConnectionClosedError(f"static member {member.member_id} is disconnected")
@@ -802,7 +844,10 @@ class GroupRunner:
         given: dict[str, list[TopicPartition]] = {}
         for entry in answers[0].assignment:
             given.setdefault(entry.member_id, []).extend(entry.partitions)
-        return input, group.check_assignment(input, given)
+        # A Kafka client's assignor ("kafka:NAME", computed by the Kafka leader) may leave
+        # partitions unassigned for a round (cooperative-sticky holds back what it revokes).
+        complete = not input.assignor.startswith(KAFKA_ASSIGNOR_PREFIX)
+        return input, group.check_assignment(input, given, complete=complete)
 
     async def _ask_leader(
         self, leader: Member, input: AssignmentInput
