@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka_fixtures import KafkaBroker, create_topic
@@ -114,7 +115,6 @@ async def test_committed_offsets_equal_log_end_after_clean_close(
     create_topic(kafka_broker.kafka, topic, 3)
     produce(kafka_broker, topic, 30, 3)
     group = f"g-{topic}"
-    import trio
 
     def consume_and_close() -> None:
         with closing([consumer(kafka_broker, group, **{"enable.auto.commit": True})]) as cs:
@@ -127,15 +127,7 @@ async def test_committed_offsets_equal_log_end_after_clean_close(
     assert [(row.tp.partition, row.committed, row.lag) for row in lag] == [
         (p, 10, 0) for p in range(3)
     ]
-    out = subprocess.run(
-        [sys.executable, "-m", "trio_coord", "groups", "describe", group, "--json", "-b"]
-        + [kafka_broker.native],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    described = json.loads(out)
+    described = await trio.to_thread.run_sync(_describe, kafka_broker, group)
     assert {(o["topic"], o["partition"], o["committed"]) for o in described["offsets"]} == {
         (topic, p, 10) for p in range(3)
     }
@@ -245,16 +237,17 @@ def test_static_member_restarts_without_rebalance(kafka_broker: KafkaBroker, top
         assert sorted(owned(cs[0]) + owned(cs[1])) == list(range(4))
 
 
-def _generation(broker: KafkaBroker, group: str) -> int:
+def _describe(broker: KafkaBroker, group: str) -> Any:
+    """``trio-coord groups describe GROUP --json``, parsed."""
+    command = [sys.executable, "-m", "trio_coord", "groups", "describe", group, "--json"]
     out = subprocess.run(
-        [sys.executable, "-m", "trio_coord", "groups", "describe", group, "--json", "-b"]
-        + [broker.native],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
+        [*command, "-b", broker.native], capture_output=True, text=True, timeout=30, check=True
     ).stdout
-    return int(json.loads(out)["generation"])
+    return json.loads(out)
+
+
+def _generation(broker: KafkaBroker, group: str) -> int:
+    return int(_describe(broker, group)["generation"])
 
 
 def test_cooperative_sticky(kafka_broker: KafkaBroker, topic: str) -> None:
