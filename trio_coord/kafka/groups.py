@@ -597,23 +597,54 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
             link = groups.by_instance.get((group_id, instance_id))
         runner = coordinator.runner(group_id)
         member = runner.group.members.get(member_id) if runner and member_id else None
-        if (
+        same = (
             link is not None
             and member is not None
-            and link.member_id == member_id
             and runner is not None
-            and (runner.group.rebalancing or link.rebalancing or link.stop_waiter is not None)
+            and link.member_id == member_id
             and member.topics == frozenset(topics)
             and member.assignors == tuple(assignors)
             and member.user_data == request.user_data
             and member.session_timeout == session_ms / 1000
             and member.rebalance_timeout == rebalance_ms / 1000
-        ):
-            # A member rejoining a rebalance in flight, as it was: nothing for the engine
-            # to redo (joining it again would restart the rebalance).
+        )
+        state = runner.group.state if runner is not None else None
+        if same and link is not None and runner is not None and member is not None:
+            # A member joining again as it was (Kafka clients do, e.g. after a timeout of
+            # their own): the engine need not hear of it (a join would restart a rebalance).
             link.bind(ctx.conn, ctx.peer)
-            link.joining()
-        else:
+            current = link.join_answer
+            if link.stop_waiter is not None or link.rebalancing:
+                link.joining()  # (asked to join again: acknowledges the stop)
+            elif state in (GroupState.ASSIGNING, GroupState.STARTING) and current is not None:
+                # The assignment of this round is being made: the same answer again.
+                return answer(KafkaCode.none, member_id, current)
+            elif state is GroupState.STOPPING:
+                link.joining()
+            elif (
+                state is GroupState.STABLE
+                and groups.leaders.get(group_id) != member_id
+                and link.generation == runner.group.generation
+            ):
+                # As Kafka does: a follower of a stable group gets the current generation
+                # and, in SyncGroup, its current assignment.
+                generation = runner.group.generation
+                mine = link.assignment
+                data = (
+                    mine[1]
+                    if mine is not None and mine[0] == generation
+                    else encode_assignment(member.assignment)
+                )
+                link.join_answer = _JoinAnswer(
+                    generation,
+                    link.protocol or names[0],
+                    groups.leaders.get(group_id, member_id),
+                )
+                link.sync_answer = (generation, data)
+                return answer(KafkaCode.none, member_id, link.join_answer)
+            else:
+                same = False
+        if not same or link is None:
             if link is None:
                 link = KafkaMemberLink(groups, group_id, instance_id)
             # (the engine sees the link's old connection first: a static member's
