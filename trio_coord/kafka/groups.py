@@ -272,6 +272,8 @@ class KafkaMemberLink:
         self.join_pending = False
         self.join_ready = trio.Event()
         self.join_answer: _JoinAnswer | None = None
+        self.answer_waiting = False
+        """``join_answer`` is for a JoinGroup still to come (the member was told to rejoin)."""
         self.stop_waiter: trio.Event | None = None
         self.sync_ready = trio.Event()
         self.sync_answer: tuple[int, bytes] | None = None
@@ -319,10 +321,16 @@ class KafkaMemberLink:
     # -- what the JoinGroup, SyncGroup and Heartbeat handlers do ---------------------------
 
     def joining(self) -> None:
-        """A JoinGroup arrived: the member stopped; it waits for its answer."""
+        """A JoinGroup arrived: the member stopped; it waits for its answer (or has it)."""
         self.join_pending = True
         self.join_ready = trio.Event()
-        self.join_answer = None
+        if self.answer_waiting:
+            # The engine reached its assign phase while the member was elsewhere: the
+            # answer is ready (the leader's round waits for this member's SyncGroup).
+            self.answer_waiting = False
+            self.join_ready.set()
+        else:
+            self.join_answer = None
         self.rebalancing = False
         if self.stop_waiter is not None:
             self.stop_waiter.set()
@@ -337,6 +345,7 @@ class KafkaMemberLink:
             self.join_ready.set()
         else:
             self.rebalancing = True  # (it is in SyncGroup or stable: it must join again)
+            self.answer_waiting = True
             self._fail_sync()
 
     def _fail_sync(self) -> None:
@@ -361,6 +370,7 @@ class KafkaMemberLink:
     async def _stop(self) -> StopFetchersResponse:
         if not self.join_pending:
             self.rebalancing = True
+            self.answer_waiting = False  # (a new round: the next assign phase answers)
             self._fail_sync()
             self.stop_waiter = event = trio.Event()
             try:
