@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..core.assignors import Assignment, Assignor
+from ..core.assignors import KAFKA_ASSIGNOR_PREFIX, Assignment, Assignor
 from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata, check_offsets
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
@@ -73,7 +73,6 @@ if TYPE_CHECKING:
     from .topics import TopicManager
 
 __all__ = [
-    "KAFKA_ASSIGNOR_PREFIX",
     "PENDING_JOIN_TIMEOUT",
     "EventCallback",
     "GroupRunner",
@@ -82,9 +81,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-KAFKA_ASSIGNOR_PREFIX = "kafka:"
-"""Assignor names a Kafka front end gives its members' protocols (computed by their leader)."""
 
 PENDING_JOIN_TIMEOUT = 30.0
 """The longest a member id handed out by a first-step join waits for its second step."""

@@ -63,6 +63,7 @@ from ._sticky import balanced_assignment
 __all__ = [
     "ASSIGNORS",
     "BUILTIN_ASSIGNORS",
+    "KAFKA_ASSIGNOR_PREFIX",
     "Assignment",
     "Assignor",
     "GroupSpec",
@@ -253,6 +254,11 @@ def make_registry(
 def _listing(items: Sequence[str], limit: int = 5) -> str:
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+KAFKA_ASSIGNOR_PREFIX = "kafka:"
+"""The prefix of the assignor names the Kafka front end gives its members' protocols:
+computed by the group's Kafka leader only, never by a broker-side assignor of that name."""
 
 
 def validate_assignment(

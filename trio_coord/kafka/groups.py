@@ -67,7 +67,7 @@ from kio.schema.consumer_protocol_subscription.v3.data import (
 )
 from kio.serial import entity_reader, entity_writer
 
-from ..broker.group import KAFKA_ASSIGNOR_PREFIX
+from ..core.assignors import KAFKA_ASSIGNOR_PREFIX
 from ..core.group import MAX_NAME_LENGTH, GroupState
 from ..protocol.errors import (
     ConnectionClosedError,
