@@ -843,7 +843,10 @@ class GroupRunner:
         # A Kafka client's assignor ("kafka:NAME", computed by the Kafka leader) may leave
         # partitions unassigned for a round (cooperative-sticky holds back what it revokes).
         complete = not input.assignor.startswith(KAFKA_ASSIGNOR_PREFIX)
-        return input, group.check_assignment(input, given, complete=complete)
+        try:
+            return input, group.check_assignment(input, given, complete=complete)
+        except ValueError as exc:  # a leader's mistake (or a hostile one), not a bug here
+            raise LeaderAssignmentError(str(exc)) from None
 
     async def _ask_leader(
         self, leader: Member, input: AssignmentInput
