@@ -704,8 +704,8 @@ async def _sync_group(ctx: RequestContext, body: Any) -> Any:
 
     link = groups.links.get((body.group_id, body.member_id))
     if link is None:
-        try:
-            ctx.front.service.coordinator.runner(body.group_id)  # (NOT_COORDINATOR?)
+        try:  # (NOT_COORDINATOR where another broker coordinates the group)
+            ctx.front.service.coordinator.fetch_offsets(body.group_id, [])
         except CoordError as exc:
             return answer(_code(exc))
         return answer(KafkaCode.unknown_member_id)
@@ -754,6 +754,7 @@ def _heartbeat_now(ctx: RequestContext, body: Any) -> Any:
             raise KafkaError(KafkaCode.unknown_member_id, "not a member")
         member = runner.group.members.get(body.member_id)
         if member is None:
+            groups.drop(link)  # (expelled: it joins again with no member id)
             raise KafkaError(KafkaCode.unknown_member_id, "not a member")
         link.bind(ctx.conn, ctx.peer)
         if link.rebalancing:
@@ -1045,11 +1046,13 @@ async def _delete_groups(ctx: RequestContext, body: Any) -> Any:
     schema = response_schema(42, ctx.version)
     result_cls = nested(schema, "DeletableGroupResult")
     coordinator = ctx.front.service.coordinator
+    groups = ctx.front.state(KafkaGroups)
     results = []
     for group_id in body.groups_names:
         code = KafkaCode.none
         try:
             await coordinator.delete_group(group_id)
+            groups.leaders.pop(group_id, None)
         except CoordError as exc:
             code = _code(exc)
         results.append(make(result_cls, group_id=group_id, error_code=code))
