@@ -262,3 +262,23 @@ async def test_bad_leader_assignment_and_metadata_are_refused(autojump_clock: An
         # The group recovers once the leader joins again with a good assignment.
         synced = await join_and_sync([a])
         assert synced[a.member_id] == [TopicPartition("t", p) for p in range(4)]
+
+
+async def test_leader_assigning_what_does_not_exist_fails_the_rebalance(
+    autojump_clock: Any,
+) -> None:
+    """A partition that does not exist, or given twice: the leader's mistake, then recovery."""
+    recorder = Recorder()
+    async with front_end(recorder) as (_, front):
+        a = Member(front, "a")
+        answer = await a.join_fully()
+        bad = {a.member_id: encode_assignment([TopicPartition("t", 9), TopicPartition("u", 0)])}
+        with trio.move_on_after(5):
+            result = await a.sync(bad)
+            assert result.error_code == KafkaCode.rebalance_in_progress
+        assert answer.leader == a.member_id
+        failures = [d["error"] for w, d in recorder.events if w == "rebalance_failed"]
+        assert failures and "LeaderAssignmentError" in failures[0]
+        assert "no such partition" in failures[0]
+        synced = await join_and_sync([a])
+        assert synced[a.member_id] == [TopicPartition("t", p) for p in range(4)]
