@@ -282,3 +282,32 @@ async def test_leader_assigning_what_does_not_exist_fails_the_rebalance(
         assert "no such partition" in failures[0]
         synced = await join_and_sync([a])
         assert synced[a.member_id] == [TopicPartition("t", p) for p in range(4)]
+
+
+async def test_a_join_waiting_on_a_closed_connection_ends_at_once(autojump_clock: Any) -> None:
+    """The connection of a member waiting in JoinGroup ends: removed, and its handler returns."""
+    recorder = Recorder()
+    async with front_end(recorder) as (broker, front):
+        a, b = Member(front, "a"), Member(front, "b")
+        await join_and_sync([a, b])
+        c = Member(front, "c")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(c.join_fully)
+            await trio.sleep(1.0)
+            ended: list[float] = []
+
+            async def rejoin_a() -> None:
+                answer = await a.join()
+                assert answer.error_code != KafkaCode.none
+                ended.append(trio.current_time())
+
+            nursery.start_soon(rejoin_a)
+            await trio.sleep(1.0)
+            closed = trio.current_time()
+            a.conn.close()
+            await trio.sleep(0.5)
+            assert ended == [closed]
+            assert recorder.times("removed")[-1] == closed
+            nursery.cancel_scope.cancel()
+        runner = broker.coordinator.runner("g")
+        assert runner is not None and a.member_id not in runner.group.members

@@ -311,8 +311,8 @@ class KafkaMemberLink:
             self._groups.drop(self)
 
     def _wake(self) -> None:
-        """Wake every engine push waiting on the member (it is gone)."""
-        for event in (self.stop_waiter, self.sync_sent):
+        """Wake every engine push and every request waiting on the member (it is gone)."""
+        for event in (self.stop_waiter, self.sync_sent, self.join_ready, self.sync_ready):
             if event is not None:
                 event.set()
         if self.leader_round is not None:
@@ -507,7 +507,7 @@ class KafkaGroups:
 async def _keep_alive(ctx: RequestContext, link: KafkaMemberLink) -> None:
     """A member waiting in JoinGroup or SyncGroup is alive: renew its session meanwhile."""
     coordinator = ctx.front.service.coordinator
-    while True:
+    while not link.closed:  # (a static member's session must run out once it is gone)
         runner = coordinator.runner(link.group_id)
         member = runner.group.members.get(link.member_id) if runner is not None else None
         if member is None:
