@@ -311,6 +311,15 @@ def test_validate_accepts_a_valid_assignment_and_a_member_left_out() -> None:
     validate_assignment(VALID, {"a": tps("t-0", "t-1", "u-0")})  # b owns nothing
 
 
+def test_validate_incomplete_checks_everything_but_completeness() -> None:
+    """A Kafka leader's cooperative assignor leaves revoked partitions out for one round."""
+    validate_assignment(VALID, {"a": tps("u-0"), "b": tps("t-0")}, complete=False)
+    with pytest.raises(ValueError, match=r"assigned more than once: t-0$"):
+        validate_assignment(VALID, {"a": tps("t-0"), "b": tps("t-0")}, complete=False)
+    with pytest.raises(ValueError, match=r"'b' got u-0 but does not subscribe to 'u'$"):
+        validate_assignment(VALID, {"b": tps("u-0")}, complete=False)
+
+
 @pytest.mark.parametrize(
     ("assignment", "message"),
     [

@@ -28,7 +28,6 @@ from ..core.assignors import ASSIGNORS, Assignor
 from ..core.group import Group, GroupLimits, GroupState
 from ..core.records import GroupRecord, GroupTombstone, OffsetRecord, OffsetTombstone, Record
 from ..core.validation import validate_group_id
-from ..protocol.connection import Connection
 from ..protocol.errors import (
     CoordinatorNotAvailableError,
     GroupAlreadyExistsError,
@@ -50,7 +49,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import BadVersionError, StoreError
-from .group import EventCallback, GroupRunner, LogOffsets
+from .group import EventCallback, GroupRunner, LogOffsets, MemberLink
 from .persistence import RecordWriter
 from .topics import PATTERN_PREFIX, TopicManager, subscription_patterns
 
@@ -100,7 +99,7 @@ class CoordinatorService:
         self.heartbeats = 0
         """Heartbeats accepted (for metrics; a plain count: this is the hottest path)."""
         self._runners: dict[str, GroupRunner] = {}
-        self._by_conn: dict[Connection, dict[str, str]] = {}  # conn → {member id: group id}
+        self._by_conn: dict[MemberLink, dict[str, str]] = {}  # conn → {member id: group id}
         self._nursery: trio.Nursery | None = None
         topics.add_listener(self._topic_changed)
 
@@ -187,7 +186,7 @@ class CoordinatorService:
 
     # -- connections -------------------------------------------------------------------
 
-    def _bind_connection(self, conn: Connection, member_id: str, group_id: str | None) -> None:
+    def _bind_connection(self, conn: MemberLink, member_id: str, group_id: str | None) -> None:
         members = self._by_conn.setdefault(conn, {})
         if group_id is None:
             members.pop(member_id, None)
@@ -196,7 +195,7 @@ class CoordinatorService:
         else:
             members[member_id] = group_id
 
-    def connection_lost(self, conn: Connection) -> None:
+    def connection_lost(self, conn: MemberLink) -> None:
         """Remove every member that lived on ``conn`` (each as a failure, not a leave)."""
         for member_id, group_id in list(self._by_conn.pop(conn, {}).items()):
             runner = self._runners.get(group_id)
@@ -205,7 +204,7 @@ class CoordinatorService:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+    async def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
         """Admit a member to a group, creating the group on first join.
 
         A subscription entry ``re:PATTERN`` subscribes to every topic whose
@@ -444,7 +443,7 @@ class Coordinators:
 
     # -- routed requests (see CoordinatorService for each) --------------------------------
 
-    async def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+    async def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
         """Admit a member (see :meth:`CoordinatorService.join`)."""
         with self._writing(request.group):
             return await self.service(request.group).join(request, conn)
@@ -516,7 +515,7 @@ class Coordinators:
         service = self.services.get(self.slot_of(group_id))
         return None if service is None else service.committed_offset(group_id, tp)
 
-    def connection_lost(self, conn: Connection) -> None:
+    def connection_lost(self, conn: MemberLink) -> None:
         """Remove the members that lived on ``conn``, in every slot."""
         for service in list(self.services.values()):
             service.connection_lost(conn)

@@ -27,16 +27,15 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..core.assignors import Assignment, Assignor
+from ..core.assignors import KAFKA_ASSIGNOR_PREFIX, Assignment, Assignor
 from ..core.fencing import check_commit, check_heartbeat, check_offset_metadata, check_offsets
 from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member, StartPlan
 from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..core.validation import PATTERN_PREFIX
-from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
@@ -58,6 +57,8 @@ from ..protocol.messages import (
     MemberSubscription,
     OffsetCommitRequest,
     PartitionOffset,
+    RequestBody,
+    ResponseBody,
     StartFetchersRequest,
     StopFetchersRequest,
     StopFetchersResponse,
@@ -71,7 +72,13 @@ if TYPE_CHECKING:
     from .persistence import RecordWriter
     from .topics import TopicManager
 
-__all__ = ["PENDING_JOIN_TIMEOUT", "EventCallback", "GroupRunner", "LeaderAssignmentError"]
+__all__ = [
+    "PENDING_JOIN_TIMEOUT",
+    "EventCallback",
+    "GroupRunner",
+    "LeaderAssignmentError",
+    "MemberLink",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,37 @@ static member);
 ``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
+class MemberLink(Protocol):
+    """How the group engine reaches a member: what it pushes, and whether it is still there.
+
+    A native :class:`~trio_coord.protocol.connection.Connection` is one (the
+    pushes travel as frames); a front end for another wire protocol gives
+    each member an object of its own that turns the pushes (StopFetchers,
+    StartFetchers, ComputeAssignment) into answers to that member's pending
+    requests (``trio_coord.kafka.groups.KafkaMemberLink``). The coordinator
+    keeps, per link, the members it carries, for ``connection_lost``.
+    """
+
+    @property
+    def peer(self) -> str:
+        """Where the member is (shown as its host)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once the member can no longer be reached this way."""
+        ...
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest push the link carries (a longer assignment is sent in parts)."""
+        ...
+
+    async def request(self, body: RequestBody) -> ResponseBody | None:
+        """Push ``body`` to the member and return its answer (ConnectionClosedError if gone)."""
+        ...
+
+
 class LeaderAssignmentError(Exception):
     """The group's leader could not compute the assignment (its assignor raised).
 
@@ -154,7 +192,7 @@ class GroupRunner:
         on_event: EventCallback | None = None,
         on_stable: Callable[[float, str], None] | None = None,
         on_restart: Callable[[str], None] | None = None,
-        bind_connection: Callable[[Connection, str, str | None], None],
+        bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
         self.group = group
         self._writer = writer
@@ -171,7 +209,7 @@ class GroupRunner:
         self._on_restart = on_restart  # (the cause of the restart)
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
-        self._conns: dict[str, Connection] = {}
+        self._conns: dict[str, MemberLink] = {}
         self._liveness = Liveness(self._session_expired)
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
@@ -215,7 +253,7 @@ class GroupRunner:
 
     # -- membership --------------------------------------------------------------
 
-    def join(self, request: JoinGroupRequest, conn: Connection) -> JoinGroupResponse:
+    def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
         """Admit a member (a new one, a live one rejoining, or one known from before a restart).
 
         A join without a member id (and without an instance id) is not
@@ -347,7 +385,7 @@ class GroupRunner:
             member_id, self.group.generation, request.session_timeout_ms, rejoin=True
         )
 
-    def _resume_static(self, member: Member, request: JoinGroupRequest, conn: Connection) -> bool:
+    def _resume_static(self, member: Member, request: JoinGroupRequest, conn: MemberLink) -> bool:
         """A static member is back: hand it its partitions again, without a rebalance.
 
         Only in a stable group, and only if it asks for what it had (topics,
@@ -477,7 +515,7 @@ class GroupRunner:
             return
         self.remove_member(member_id, "lost its connection", stopped=False)
 
-    def _conn_of(self, member: Member) -> Connection:
+    def _conn_of(self, member: Member) -> MemberLink:
         conn = self._conns.get(member.member_id)
         if conn is None:
             raise ConnectionClosedError(f"static member {member.member_id} is disconnected")
@@ -838,7 +876,13 @@ class GroupRunner:
         given: dict[str, list[TopicPartition]] = {}
         for entry in answers[0].assignment:
             given.setdefault(entry.member_id, []).extend(entry.partitions)
-        return input, group.check_assignment(input, given)
+        # A Kafka client's assignor ("kafka:NAME", computed by the Kafka leader) may leave
+        # partitions unassigned for a round (cooperative-sticky holds back what it revokes).
+        complete = not input.assignor.startswith(KAFKA_ASSIGNOR_PREFIX)
+        try:
+            return input, group.check_assignment(input, given, complete=complete)
+        except ValueError as exc:  # a leader's mistake (or a hostile one), not a bug here
+            raise LeaderAssignmentError(str(exc)) from None
 
     async def _ask_leader(
         self, leader: Member, input: AssignmentInput

@@ -63,6 +63,7 @@ from ._sticky import balanced_assignment
 __all__ = [
     "ASSIGNORS",
     "BUILTIN_ASSIGNORS",
+    "KAFKA_ASSIGNOR_PREFIX",
     "Assignment",
     "Assignor",
     "GroupSpec",
@@ -255,8 +256,13 @@ def _listing(items: Sequence[str], limit: int = 5) -> str:
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
 
 
+KAFKA_ASSIGNOR_PREFIX = "kafka:"
+"""The prefix of the assignor names the Kafka front end gives its members' protocols:
+computed by the group's Kafka leader only, never by a broker-side assignor of that name."""
+
+
 def validate_assignment(
-    spec: GroupSpec, assignment: Mapping[str, Iterable[TopicPartition]]
+    spec: GroupSpec, assignment: Mapping[str, Iterable[TopicPartition]], *, complete: bool = True
 ) -> None:
     """Raise ValueError, saying what is wrong, unless ``assignment`` is valid for ``spec``.
 
@@ -264,7 +270,9 @@ def validate_assignment(
     TopicPartitions that exist (``0 <= partition < spec.partitions[topic]``)
     of topics that member subscribes to; no partition is given twice (to two
     members, or twice to one); every partition of every topic some member
-    subscribes to is given. A member missing from ``assignment`` owns
+    subscribes to is given (unless ``complete`` is False: a Kafka client's
+    cooperative assignor leaves what it revokes unassigned for one round).
+    A member missing from ``assignment`` owns
     nothing. Balance is not checked: that is each assignor's own promise.
     """
     if not isinstance(assignment, Mapping):
@@ -301,12 +309,16 @@ def validate_assignment(
     twice = sorted(tp for tp, n in seen.items() if n > 1)
     if twice:
         problems.append(f"assigned more than once: {_listing([str(tp) for tp in twice])}")
-    missing = [
-        TopicPartition(topic, p)
-        for topic in spec.topics()
-        for p in range(spec.partitions[topic])
-        if TopicPartition(topic, p) not in seen
-    ]
+    missing = (
+        []
+        if not complete
+        else [
+            TopicPartition(topic, p)
+            for topic in spec.topics()
+            for p in range(spec.partitions[topic])
+            if TopicPartition(topic, p) not in seen
+        ]
+    )
     if missing:
         problems.append(f"assigned to no member: {_listing([str(tp) for tp in missing])}")
     if problems:

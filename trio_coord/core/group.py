@@ -689,10 +689,17 @@ class Group:
         """Run a broker-side assignor on ``input`` and check what it returned."""
         return self.check_assignment(input, available[input.assignor].assign(input.spec))
 
-    def check_assignment(self, input: AssignmentInput, assignment: object) -> Assignment:
-        """Return ``assignment`` (from an assignor or a leader), sorted, or raise ValueError."""
+    def check_assignment(
+        self, input: AssignmentInput, assignment: object, *, complete: bool = True
+    ) -> Assignment:
+        """Return ``assignment`` (from an assignor or a leader), sorted, or raise ValueError.
+
+        ``complete=False`` accepts partitions given to nobody (a Kafka leader's
+        cooperative assignor holds back what it revokes for one round);
+        exclusivity and subscriptions are checked all the same.
+        """
         try:
-            validate_assignment(input.spec, assignment)  # type: ignore[arg-type]
+            validate_assignment(input.spec, assignment, complete=complete)  # type: ignore[arg-type]
         except ValueError as exc:
             by = f" (computed by leader {input.leader})" if input.leader else ""
             raise ValueError(

@@ -20,24 +20,38 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import trio
 
 from .codec import RequestHead, known_versions
 from .service import KafkaLimits, KafkaService
 
-__all__ = ["HANDLER_MODULES", "Api", "ApiTable", "FrontEnd", "RequestContext"]
+__all__ = ["HANDLER_MODULES", "Api", "ApiTable", "ClientConnection", "FrontEnd", "RequestContext"]
 
 HANDLER_MODULES: Final = (
     "trio_coord.kafka.metadata",
     "trio_coord.kafka.produce",
     "trio_coord.kafka.fetch",
     "trio_coord.kafka.admin",
+    "trio_coord.kafka.groups",
 )
-"""The modules whose ``APIS`` the front end serves (the group APIs will add one)."""
+"""The modules whose ``APIS`` the front end serves."""
 
 _S = TypeVar("_S")
+
+
+class ClientConnection(Protocol):
+    """The Kafka connection a request came on, as handlers that outlive a request need it."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the client is gone."""
+        ...
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the connection ends (at once if it has)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -55,6 +69,8 @@ class RequestContext:
     peer: str
     after: trio.Event | None = None
     turn: trio.Event | None = None
+    conn: ClientConnection | None = None
+    """The connection (None in tests that call a handler directly)."""
 
     @property
     def version(self) -> int:

@@ -29,6 +29,7 @@ import functools
 import logging
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -172,17 +173,54 @@ class _Connection:
         send, receive = trio.open_memory_channel[_Slot](max(0, limits.max_in_flight - 1))
         self._send = send
         self._receive = receive
+        self.closed = False
+        """True once the client closed (or the connection failed): its group members are gone."""
+        self._on_close: list[Callable[[], None]] | None = None
+
+    @property
+    def peer(self) -> str:
+        """The client's address."""
+        return self._peer
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the connection ends (at once if it has)."""
+        if self.closed:
+            callback()
+            return
+        if self._on_close is None:
+            self._on_close = []
+        self._on_close.append(callback)
+
+    def _ended(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        callbacks, self._on_close = self._on_close or [], None
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a close callback of the Kafka connection from %s failed", self._peer)
 
     async def serve(self) -> None:
         with unwrap_lone_exception():
             await self._serve()
 
     async def _serve(self) -> None:
+        try:
+            await self._serve_all()
+        finally:
+            self._ended()
+
+    async def _serve_all(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop, nursery.cancel_scope)
             try:
                 await self._read_loop(nursery)
             finally:
+                # Ended by the client (or a malformed request): its group members are gone
+                # now, not once the answers still pending (a JoinGroup waiting) are written.
+                self._ended()
                 self._send.close()
 
     # -- reading ---------------------------------------------------------------------------
@@ -290,7 +328,7 @@ class _Connection:
             charge += await self._take(extra)
         slot = _Slot(charge)
         finish = await self._queue(slot)
-        ctx = RequestContext(self._front, head, header.client_id, self._peer)
+        ctx = RequestContext(self._front, head, header.client_id, self._peer, conn=self)
         if api.ordered:
             ctx.after, ctx.turn = self._turn, trio.Event()
             self._turn = ctx.turn

@@ -13,12 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..log import LogCorruptError, PartitionLog
-from ..protocol.messages import TopicInfo
+from ..protocol.messages import (
+    DeleteOffsetsRequest,
+    GroupDescription,
+    GroupSummary,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    OffsetCommitRequest,
+    PartitionOffset,
+    TopicInfo,
+    TopicPartition,
+)
 
-__all__ = ["KafkaLimits", "KafkaNode", "KafkaService", "Logs", "Topics"]
+if TYPE_CHECKING:
+    from ..broker.group import GroupRunner, MemberLink
+
+__all__ = ["GroupCoordination", "KafkaLimits", "KafkaNode", "KafkaService", "Logs", "Topics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +114,60 @@ class Logs(Protocol):
         ...
 
 
+class GroupCoordination(Protocol):
+    """The group engine's coordinators (``broker.coordinator.Coordinators`` satisfies it).
+
+    Each call is routed to the coordinator of the group, and raises
+    NOT_COORDINATOR (or COORDINATOR_NOT_AVAILABLE) where this broker is not it.
+    """
+
+    async def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
+        """Admit a member reached through ``conn`` (a per-member link for Kafka members)."""
+        ...
+
+    def heartbeat(self, request: HeartbeatRequest) -> None:
+        """Accept a heartbeat or raise the fencing error."""
+        ...
+
+    async def leave(self, request: LeaveGroupRequest) -> None:
+        """A member leaves."""
+        ...
+
+    async def commit(self, request: OffsetCommitRequest) -> None:
+        """Durably commit offsets."""
+        ...
+
+    async def delete_offsets(self, request: DeleteOffsetsRequest) -> None:
+        """Forget offsets of partitions no member consumes."""
+        ...
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None
+    ) -> list[PartitionOffset]:
+        """Committed offsets (those that exist)."""
+        ...
+
+    def list_groups(self) -> list[GroupSummary]:
+        """The groups this broker coordinates."""
+        ...
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """One group (GROUP_ID_NOT_FOUND if none)."""
+        ...
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete an empty group and its offsets."""
+        ...
+
+    def runner(self, group_id: str) -> GroupRunner | None:
+        """The engine of a group coordinated here (None: none here)."""
+        ...
+
+    def connection_lost(self, conn: MemberLink) -> None:
+        """Remove the members reached through ``conn`` (a failure, not a leave)."""
+        ...
+
+
 class KafkaService(Protocol):
     """The broker, as the Kafka handlers use it."""
 
@@ -133,6 +202,11 @@ class KafkaService(Protocol):
 
     def kafka_coordinator(self, group: str) -> KafkaNode | None:
         """The broker coordinating ``group``, or None while no broker does."""
+        ...
+
+    @property
+    def coordinator(self) -> GroupCoordination:
+        """The group engine (the consumer-group APIs)."""
         ...
 
     async def read_topics(self, names: list[str]) -> None:
