@@ -280,8 +280,9 @@ def test_the_kafka_sources_names_mean_the_same_here():
 
 def test_write_options():
     assert write_options({**BOOT, "topic": "t", "path": "ignored"}).topic == "t"
-    with pytest.raises(OptionError, match="choose zlib or lzma"):
+    with pytest.raises(OptionError, match="choose one of zlib, lzma, lz4, zstd"):
         write_options({**BOOT, "compression": "snappy"})
+    assert write_options({**BOOT, "topic": "t", "compression": "zstd"}).compression == "zstd"
     with pytest.raises(OptionError, match="positive whole number"):
         write_options({**BOOT, "batchSize": "-5"})
 
