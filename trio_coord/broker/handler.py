@@ -12,7 +12,7 @@ When the connection ends, the members that lived on it are removed as failed.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -50,6 +50,7 @@ from ..protocol.messages import (
     ListOffsetsRequest,
     MemberDescription,
     MetadataRequest,
+    MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
@@ -62,12 +63,69 @@ from ..protocol.messages import (
     ResponseBody,
     TopicPartition,
 )
+from .coordinator import Coordinators
 from .paging import encoded_size, page, page_members
+from .partitions import PartitionService
+from .topics import TopicManager
 
-if TYPE_CHECKING:
-    from .server import Broker
 
-__all__ = ["BrokerHandler"]
+class NativeBroker(Protocol):
+    """What a native connection's handler uses of its broker (``Broker`` is one).
+
+    The handler depends on this, not on the broker itself: it is built with
+    any object that has these, and nothing here imports ``server``.
+    """
+
+    @property
+    def coordinator(self) -> Coordinators:
+        """The coordinator services of the slots this broker holds."""
+        ...
+
+    @property
+    def topics(self) -> TopicManager:
+        """The topics."""
+        ...
+
+    @property
+    def partitions(self) -> PartitionService:
+        """Produce, Fetch, ListOffsets on the partitions this broker holds."""
+        ...
+
+    @property
+    def clustered(self) -> bool:
+        """True in a cluster on ZooKeeper (topics made elsewhere may not be here yet)."""
+        ...
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once the broker refuses new work."""
+        ...
+
+    @property
+    def page_bytes(self) -> int:
+        """How much of a frame one page of a listing may fill."""
+        ...
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame."""
+        ...
+
+    @property
+    def max_fetch_bytes(self) -> int:
+        """The most one fetch answer carries."""
+        ...
+
+    async def read_topics(self, names: list[str]) -> None:
+        """Read topics just made by another broker of the cluster (a no-op otherwise)."""
+        ...
+
+    def metadata(self, request: MetadataRequest) -> MetadataResponse:
+        """Brokers, topics, and a group's coordinator, as Metadata answers them."""
+        ...
+
+
+__all__ = ["BrokerHandler", "NativeBroker"]
 
 _HEARTBEAT_OK = HeartbeatResponse()
 
@@ -89,7 +147,7 @@ def _described(
 class BrokerHandler(RequestHandler):
     """Routes one connection's requests; see the module docstring."""
 
-    def __init__(self, broker: Broker, conn: Connection) -> None:
+    def __init__(self, broker: NativeBroker, conn: Connection) -> None:
         self._broker = broker
         self._coordinator = broker.coordinator
         self._topics = broker.topics
@@ -101,8 +159,8 @@ class BrokerHandler(RequestHandler):
         """A fetch may be answered with up to a frame of records: charge it while it waits."""
         if type(body) is not FetchRequest:
             return 0
-        config = self._broker.config
-        limit = min(config.max_fetch_bytes, config.max_frame_size)
+        broker = self._broker
+        limit = min(broker.max_fetch_bytes, broker.max_frame_size)
         return min(limit, body.max_bytes) if body.max_bytes > 0 else limit
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
@@ -130,12 +188,12 @@ class BrokerHandler(RequestHandler):
         return _HEARTBEAT_OK
 
     def _metadata(self, body: MetadataRequest) -> ResponseBody | None:
-        if self._broker.member is not None and self._unknown(body.topics or ()):
+        if self._broker.clustered and self._unknown(body.topics or ()):
             return None  # a topic made on another broker may not have reached us yet
         return self._broker.metadata(body)
 
     def _list_offsets(self, body: ListOffsetsRequest) -> ResponseBody | None:
-        if self._broker.member is not None and self._unknown({tp.topic for tp in body.partitions}):
+        if self._broker.clustered and self._unknown({tp.topic for tp in body.partitions}):
             return None  # a topic made on another broker may not have reached us yet
         return self._partitions.list_offsets(body)
 
@@ -200,34 +258,27 @@ class BrokerHandler(RequestHandler):
         after it is acknowledged; a client told "created" must not be told
         UNKNOWN_TOPIC here meanwhile.
         """
-        member = self._broker.member
-        if member is not None:
-            await member.read_topics(self._unknown(body.topics or ()))
+        await self._broker.read_topics(self._unknown(body.topics or ()))
         return self._broker.metadata(body)
 
     async def _list_offsets_after_reading_topics(self, body: ListOffsetsRequest) -> ResponseBody:
         """ListOffsets naming topics this broker does not know: read them from the store first."""
-        member = self._broker.member
-        if member is not None:
-            await member.read_topics(self._unknown(sorted({tp.topic for tp in body.partitions})))
+        await self._broker.read_topics(self._unknown(sorted({tp.topic for tp in body.partitions})))
         return self._partitions.list_offsets(body)
 
     async def _produce(self, body: ProduceRequest) -> ResponseBody:
-        if self._broker.member is not None:
-            await self._broker.member.read_topics(self._unknown([body.topic]))
+        await self._broker.read_topics(self._unknown([body.topic]))
         return await self._partitions.produce(body)
 
     async def _create_topic(self, body: CreateTopicRequest) -> ResponseBody:
         return CreateTopicResponse(await self._topics.create_topic(body.name, body.partitions))
 
     async def _add_partitions(self, body: AddPartitionsRequest) -> ResponseBody:
-        if self._broker.member is not None:
-            await self._broker.member.read_topics(self._unknown([body.topic]))
+        await self._broker.read_topics(self._unknown([body.topic]))
         return AddPartitionsResponse(await self._topics.add_partitions(body.topic, body.total))
 
     async def _delete_topic(self, body: DeleteTopicRequest) -> ResponseBody:
-        if self._broker.member is not None:
-            await self._broker.member.read_topics(self._unknown([body.name]))
+        await self._broker.read_topics(self._unknown([body.name]))
         await self._topics.delete_topic(body.name)
         return DeleteTopicResponse()
 
@@ -248,7 +299,7 @@ class BrokerHandler(RequestHandler):
         return DeleteOffsetsResponse()
 
     async def _fetch(self, body: FetchRequest) -> ResponseBody:
-        return await self._partitions.fetch(body, self._broker.config.max_frame_size)
+        return await self._partitions.fetch(body, self._broker.max_frame_size)
 
 
 _NOW: dict[type, Callable[[BrokerHandler, Any], ResponseBody | None]] = {

@@ -411,6 +411,21 @@ class Broker:
         return MetadataResponse(brokers, topics, coordinator, following)
 
     @property
+    def clustered(self) -> bool:
+        """True for a broker of a cluster on ZooKeeper."""
+        return self.member is not None
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame (``config.max_frame_size``)."""
+        return self.config.max_frame_size
+
+    @property
+    def max_fetch_bytes(self) -> int:
+        """The most one fetch answer carries (``config.max_fetch_bytes``)."""
+        return self.config.max_fetch_bytes
+
+    @property
     def page_bytes(self) -> int:
         """How much of a frame one page of a listing may fill (the rest is its envelope)."""
         return self.config.max_frame_size // 2
