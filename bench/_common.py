@@ -20,6 +20,7 @@ tells where it is with :class:`Progress`, one line on stderr.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -501,3 +502,51 @@ async def spawn(
         yield child
     finally:
         await child.stop(stop_grace)
+
+
+def spark_bench_main(
+    argv: Sequence[str] | None,
+    *,
+    description: str,
+    defaults: Any,
+    quick: Any,
+    what: str,
+    measure: Callable[[Any], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+    fields: Sequence[str] = (),
+) -> int:
+    """The command line the Spark benches share: sizes, repetitions, master, --quick, --json.
+
+    ``defaults`` and ``quick`` are the bench's Params (records, size,
+    partitions, repeat, master, ...); ``what`` names a record in the help
+    (records, rows); ``extra`` adds the bench's own options, named in
+    ``fields``. Returns the exit status (2 for bad arguments).
+    """
+    d = defaults
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--records", type=int, help=f"{what} (default {d.records:,})")
+    parser.add_argument("--size", type=int, help=f"value bytes (default {d.size})")
+    parser.add_argument("--partitions", type=int, help=f"partitions (default {d.partitions})")
+    parser.add_argument("--repeat", type=int, help=f"repetitions (default {d.repeat})")
+    parser.add_argument("--master", help=f"Spark master (default {d.master})")
+    parser.add_argument("--quick", action="store_true", help=f"5,000 {what}, one repetition")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    params = chosen_params(
+        args,
+        quick if args.quick else defaults,
+        ("records", "size", "partitions", "repeat", "master", *fields),
+    )
+    if params.records < 1 or params.partitions < 1 or params.repeat < 1 or params.size < 10:
+        print("records, partitions and repeat must be >= 1, size >= 10", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    result = measure(params)
+    if args.json:
+        emit_json(result)
+    else:
+        print(render(result))
+    return 0

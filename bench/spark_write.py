@@ -28,7 +28,6 @@ of each repetition, whose median is reported with its range.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import trio
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import chosen_params, cpu_count, emit_json, format_table, load_average, ratio
+from bench._common import cpu_count, format_table, load_average, ratio, spark_bench_main
 from trio_coord import LogConfig, open_admin
 from trio_coord.protocol.messages import LATEST, TopicPartition
 from trio_coord.spark import BlockingClient, background_broker, local_session
@@ -175,40 +174,27 @@ def render(result: Mapping[str, Any]) -> str:
     )
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = Params()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, help=f"rows (default {d.records:,})")
-    parser.add_argument("--size", type=int, help=f"value bytes (default {d.size})")
-    parser.add_argument("--partitions", type=int, help=f"topic partitions (default {d.partitions})")
-    parser.add_argument("--repeat", type=int, help=f"repetitions (default {d.repeat})")
-    parser.add_argument("--master", help=f"Spark master (default {d.master})")
-    parser.add_argument("--quick", action="store_true", help="5,000 rows, one repetition")
-    parser.add_argument(
-        "--fsync", action="store_true", help="the broker fsyncs before acknowledging each append"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 for bad arguments)."""
-    args = _parse(argv)
-    params = chosen_params(
-        args,
-        QUICK if args.quick else Params(),
-        ("records", "size", "partitions", "repeat", "master", "fsync"),
+
+    def fsync(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--fsync",
+            action="store_true",
+            help="the broker fsyncs before acknowledging each append",
+        )
+
+    return spark_bench_main(
+        argv,
+        description=__doc__.split("\n\n")[0],
+        defaults=Params(),
+        quick=QUICK,
+        what="rows",
+        measure=measure,
+        render=render,
+        extra=fsync,
+        fields=("fsync",),
     )
-    if params.records < 1 or params.partitions < 1 or params.repeat < 1 or params.size < 10:
-        print("records, partitions and repeat must be >= 1, size >= 10", file=sys.stderr)
-        return 2
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    result = measure(params)
-    if args.json:
-        emit_json(result)
-    else:
-        print(render(result))
-    return 0
 
 
 if __name__ == "__main__":
