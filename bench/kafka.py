@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import queue
 import statistics
 import subprocess
@@ -181,12 +182,14 @@ class _Member:
             stdout=subprocess.PIPE,
             text=True,
         )
+        self.events = events
+
+    def wait_ready(self) -> None:
+        """Wait until the member's consumer exists, then start reading its reports."""
         assert self.process.stdout is not None
-        ready = self.process.stdout.readline()
-        if not ready:
+        if not self.process.stdout.readline():
             raise SystemExit("a group member did not start")
-        self.reader = threading.Thread(target=self._read, args=(events,), daemon=True)
-        self.reader.start()
+        threading.Thread(target=self._read, args=(self.events,), daemon=True).start()
 
     def _read(self, events: queue.Queue[Any]) -> None:
         assert self.process.stdout is not None
@@ -214,7 +217,8 @@ class _Member:
 def _settle(
     events: queue.Queue[Any], survivors: list[_Member], partitions: int, since: float
 ) -> float:
-    """Seconds from ``since`` until ``survivors`` own every partition exactly once, each some.
+    """Seconds from ``since`` until ``survivors`` own every partition exactly once, each some,
+    and until the first survivor was told to revoke (the rebalance began).
 
     Reports are applied as they come; the moment is that of the report that
     completed the assignment, once no other report followed for 0.5 s (an
@@ -222,18 +226,21 @@ def _settle(
     complete-looking mix of old and new generations would be undone at once).
     """
     done_at: float | None = None
+    revoked_at = math.inf
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             member, report = events.get(timeout=0.5)
         except queue.Empty:
             if done_at is not None:
-                return done_at - since
+                return done_at - since, revoked_at - since
             continue
         if report["event"] == "assign":
             member.owned |= set(report["partitions"])
         elif report["event"] == "revoke":
             member.owned -= set(report["partitions"])
+            if member in survivors:
+                revoked_at = min(revoked_at, report["t"])
         owned = [p for m in survivors for p in m.owned]
         complete = sorted(owned) == list(range(partitions)) and all(m.owned for m in survivors)
         if not complete:
@@ -253,17 +260,19 @@ def _rebalance_round(
     argv.append(str(params["heartbeat_interval_ms"]))
     members = [_Member(i, argv, events) for i in range(n + 1)]
     try:
+        for m in members:
+            m.wait_ready()
         started = min(m.send("go") for m in members[:n])
         _settle(events, members[:n], partitions, started)
-        join = _settle(events, members, partitions, members[n].send("go"))
-        leave = _settle(events, members[1:], partitions, members[0].send("close"))
+        join, _ = _settle(events, members, partitions, members[n].send("go"))
+        leave, _ = _settle(events, members[1:], partitions, members[0].send("close"))
         killed = time.monotonic()
         members[1].process.kill()  # SIGKILL: no LeaveGroup, the sockets just close
-        crash = _settle(events, members[2:], partitions, killed)
+        crash, crash_revoke = _settle(events, members[2:], partitions, killed)
     finally:
         for m in members:
             m.stop()
-    return {"join": join, "leave": leave, "crash": crash}
+    return {"join": join, "leave": leave, "crash": crash, "crash_revoke": crash_revoke}
 
 
 def run_rebalance(
@@ -271,7 +280,8 @@ def run_rebalance(
 ) -> dict[str, Any]:
     """Rebalance latency, alternating targets, ``params["rebalance_rounds"]`` times."""
     samples: dict[str, dict[str, list[float]]] = {
-        t: {"join": [], "leave": [], "crash": []} for t in ("trio_coord", "mock")
+        t: {"join": [], "leave": [], "crash": [], "crash_revoke": []}
+        for t in ("trio_coord", "mock")
     }
     # The mock creates topics on first use only (no CreateTopics), with its default
     # partition count: trio-coord's topic gets as many.
@@ -297,7 +307,7 @@ def run_rebalance(
         result[target] = {f"{what}_ms": statistics.median(v) for what, v in figures.items()}
     result["ratio"] = {
         what: result["trio_coord"][f"{what}_ms"] / result["mock"][f"{what}_ms"]
-        for what in ("join", "leave", "crash")
+        for what in ("join", "leave", "crash", "crash_revoke")
     }
     return result
 
@@ -374,17 +384,20 @@ def render(result: dict[str, Any]) -> str:
             f"rebalance: {p['members']} members (+1 joining) on {rebalance['partitions']} "
             f"partitions, session.timeout.ms {p['session_timeout_ms']}, heartbeat.interval.ms "
             f"{p['heartbeat_interval_ms']}, {p['rebalance_rounds']} round(s), medians",
-            f"{'target':<12}{'join ms':>10}{'leave ms':>10}{'crash ms':>10}",
+            f"{'target':<12}{'join ms':>10}{'leave ms':>10}{'crash ms':>10}"
+            f"{'crash: revoke ms':>18}",
         ]
         for target in ("trio_coord", "mock"):
             f = rebalance[target]
             lines.append(
                 f"{target:<12}{f['join_ms']:>10,.0f}{f['leave_ms']:>10,.0f}{f['crash_ms']:>10,.0f}"
+                f"{f['crash_revoke_ms']:>18,.0f}"
             )
         r = rebalance["ratio"]
         lines.append(
             f"ratio trio-coord/mock (lower is faster): join {r['join']:.2f}x, "
-            f"leave {r['leave']:.2f}x, crash {r['crash']:.2f}x (goal: crash < 1x)"
+            f"leave {r['leave']:.2f}x, crash {r['crash']:.2f}x (goal: crash < 1x), "
+            f"crash: revoke {r['crash_revoke']:.2f}x"
         )
     return "\n".join(lines)
 
@@ -412,7 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rebalance rounds per target (default 3; 0 skips the rebalance measures)",
     )
     parser.add_argument(
-        "--session-timeout-ms", type=int, default=6000, help="session.timeout.ms (default 6000)"
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="session.timeout.ms of every member (default 6000; 3000 with --quick)",
     )
     parser.add_argument(
         "--heartbeat-interval-ms",
@@ -433,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rebalance_rounds": (
             args.rebalance_rounds if args.rebalance_rounds is not None else (1 if args.quick else 3)
         ),
-        "session_timeout_ms": args.session_timeout_ms,
+        "session_timeout_ms": args.session_timeout_ms or (3000 if args.quick else 6000),
         "heartbeat_interval_ms": args.heartbeat_interval_ms,
         "quick": args.quick,
     }
