@@ -1,7 +1,8 @@
-"""Kafka-protocol produce and consume throughput: trio-coord against librdkafka's mock cluster.
+"""Kafka-protocol throughput and rebalance latency: trio-coord against librdkafka's mock cluster.
 
 ``python bench/kafka.py [--records N] [--size S] [--partitions P]
-[--repeat R] [--flush-interval F] [--json] [--quick]`` measures, with
+[--repeat R] [--flush-interval F] [--members N] [--rebalance-rounds K]
+[--session-timeout-ms S] [--heartbeat-interval-ms H] [--json] [--quick]`` measures, with
 confluent-kafka (librdkafka) clients in this process:
 
 * produce: a Producer (``linger.ms`` 5, no compression, acks=all, the
@@ -18,6 +19,25 @@ librdkafka's built-in mock cluster (``test.mock.num.brokers`` 3, in memory,
 in this process). The figures that travel between machines are the ratios
 trio-coord/mock of records per second (goal: >= 0.5), medians over the
 repetitions. ``--quick`` is a smoke run (few records, one repetition).
+
+Rebalance latency (``--members N`` (3), ``--session-timeout-ms`` (6000; 3000
+with ``--quick``), ``--heartbeat-interval-ms`` (500), ``--rebalance-rounds K``
+(3; 1 with ``--quick``; 0 skips)): N+1 confluent-kafka consumers (classic
+protocol, librdkafka's default eager assignors), each in a subprocess that
+reports every on_assign/on_revoke callback to this process through a pipe
+(with its ``time.monotonic()``, one clock for the machine), on a topic of as
+many partitions as the mock gives a topic it creates on first use (4; the
+mock has no CreateTopics). N members form the group; then, each timed from
+the moment of the event until the members left own every partition exactly
+once, each at least one (and no callback follows for 0.5 s):
+
+* join: the (N+1)th member subscribes;
+* leave: a member closes (LeaveGroup);
+* crash: a member is SIGKILLed; ``crash_revoke`` is the time until the
+  first survivor is told to revoke (the rebalance began).
+
+The same session timeout is used on both targets. Ratios are trio-coord/mock
+of the medians (lower is faster; the goal is crash < 1).
 
 The mock keeps about 5 MB per partition and drops older records beyond
 that, so N x S / P must stay below it (the default 100,000 x 100 B / 4 does).
