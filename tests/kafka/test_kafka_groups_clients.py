@@ -170,7 +170,7 @@ import sys
 from kafka import KafkaConsumer
 c = KafkaConsumer(sys.argv[3], bootstrap_servers=sys.argv[1], group_id=sys.argv[2],
                   auto_offset_reset="earliest", enable_auto_commit=False,
-                  session_timeout_ms=6000, heartbeat_interval_ms=500)
+                  session_timeout_ms=3000, heartbeat_interval_ms=500)
 print("ready", flush=True)
 while True:
     batches = c.poll(timeout_ms=100)
@@ -187,7 +187,7 @@ from aiokafka import AIOKafkaConsumer
 async def main():
     c = AIOKafkaConsumer(sys.argv[3], bootstrap_servers=sys.argv[1], group_id=sys.argv[2],
                          auto_offset_reset="earliest", enable_auto_commit=False,
-                         session_timeout_ms=6000, heartbeat_interval_ms=500)
+                         session_timeout_ms=3000, heartbeat_interval_ms=500)
     await c.start()
     print("ready", flush=True)
     while True:
@@ -236,6 +236,8 @@ def wait_for(done: Callable[[], bool], limit: float, what: Callable[[], str]) ->
 
 
 EVERYTHING = {b"%d" % i for i in range(120)}
+# Short sessions (the broker allows 1 s): a SIGKILLed member's partitions move once its
+# session has ended.
 
 
 def test_kafka_python_member_sigkilled_loses_no_acknowledged_record(
@@ -260,7 +262,7 @@ def test_kafka_python_member_sigkilled_loses_no_acknowledged_record(
             group_id=group,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            session_timeout_ms=6000,
+            session_timeout_ms=3000,
             heartbeat_interval_ms=500,
         )
         members[index] = m
@@ -331,7 +333,7 @@ def test_aiokafka_member_sigkilled_loses_no_acknowledged_record(
             group_id=group,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            session_timeout_ms=6000,
+            session_timeout_ms=3000,
             heartbeat_interval_ms=500,
         )
 
