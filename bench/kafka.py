@@ -1,7 +1,8 @@
-"""Kafka-protocol produce and consume throughput: trio-coord against librdkafka's mock cluster.
+"""Kafka-protocol throughput and rebalance latency: trio-coord against librdkafka's mock cluster.
 
 ``python bench/kafka.py [--records N] [--size S] [--partitions P]
-[--repeat R] [--flush-interval F] [--json] [--quick]`` measures, with
+[--repeat R] [--flush-interval F] [--members N] [--rebalance-rounds K]
+[--session-timeout-ms S] [--heartbeat-interval-ms H] [--json] [--quick]`` measures, with
 confluent-kafka (librdkafka) clients in this process:
 
 * produce: a Producer (``linger.ms`` 5, no compression, acks=all, the
@@ -19,6 +20,25 @@ in this process). The figures that travel between machines are the ratios
 trio-coord/mock of records per second (goal: >= 0.5), medians over the
 repetitions. ``--quick`` is a smoke run (few records, one repetition).
 
+Rebalance latency (``--members N`` (3), ``--session-timeout-ms`` (6000; 3000
+with ``--quick``), ``--heartbeat-interval-ms`` (500), ``--rebalance-rounds K``
+(3; 1 with ``--quick``; 0 skips)): N+1 confluent-kafka consumers (classic
+protocol, librdkafka's default eager assignors), each in a subprocess that
+reports every on_assign/on_revoke callback to this process through a pipe
+(with its ``time.monotonic()``, one clock for the machine), on a topic of as
+many partitions as the mock gives a topic it creates on first use (4; the
+mock has no CreateTopics). N members form the group; then, each timed from
+the moment of the event until the members left own every partition exactly
+once, each at least one (and no callback follows for 0.5 s):
+
+* join: the (N+1)th member subscribes;
+* leave: a member closes (LeaveGroup);
+* crash: a member is SIGKILLed; ``crash_revoke`` is the time until the
+  first survivor is told to revoke (the rebalance began).
+
+The same session timeout is used on both targets. Ratios are trio-coord/mock
+of the medians (lower is faster; the goal is crash < 1).
+
 The mock keeps about 5 MB per partition and drops older records beyond
 that, so N x S / P must stay below it (the default 100,000 x 100 B / 4 does).
 """
@@ -27,10 +47,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,6 +156,182 @@ def _consume(bootstrap: str, topic: str, partitions: int, records: int) -> float
     return elapsed
 
 
+# --- Rebalance latency -------------------------------------------------------
+
+MEMBER = """
+import json, sys, threading, time
+from confluent_kafka import Consumer
+bootstrap, group, topic, session, heartbeat = sys.argv[1:6]
+def say(event, **fields):
+    print(json.dumps({"event": event, "t": time.monotonic(), **fields}), flush=True)
+go, close = threading.Event(), threading.Event()
+def commands():
+    for line in sys.stdin:
+        {"go": go, "close": close}[line.strip()].set()
+    close.set()
+threading.Thread(target=commands, daemon=True).start()
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+              "session.timeout.ms": int(session), "heartbeat.interval.ms": int(heartbeat),
+              "log_level": 0})
+say("ready")
+go.wait()
+c.subscribe([topic],
+            on_assign=lambda _, ps: say("assign", partitions=[p.partition for p in ps]),
+            on_revoke=lambda _, ps: say("revoke", partitions=[p.partition for p in ps]))
+while not close.is_set():
+    c.poll(0.02)
+c.close()
+say("closed")
+"""
+
+
+class _Member:
+    """A confluent-kafka group member in a subprocess, reporting its (re)assignments.
+
+    A thread reads the member's reports (a JSON line per on_assign/on_revoke
+    callback, with the member's ``time.monotonic()``: one clock for every
+    process of the machine) and queues them as ``(member, report)``.
+    """
+
+    def __init__(self, index: int, argv: list[str], events: queue.Queue[Any]) -> None:
+        self.index = index
+        self.owned: set[int] = set()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", MEMBER, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.events = events
+
+    def wait_ready(self) -> None:
+        """Wait until the member's consumer exists, then start reading its reports."""
+        assert self.process.stdout is not None
+        if not self.process.stdout.readline():
+            raise SystemExit("a group member did not start")
+        threading.Thread(target=self._read, args=(self.events,), daemon=True).start()
+
+    def _read(self, events: queue.Queue[Any]) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            events.put((self, json.loads(line)))
+
+    def send(self, command: str) -> float:
+        """Send ``go`` or ``close``; returns the moment it was sent."""
+        assert self.process.stdin is not None
+        at = time.monotonic()
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return at
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.send("close")
+                self.process.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+
+
+def _settle(
+    events: queue.Queue[Any], survivors: list[_Member], partitions: int, since: float
+) -> float:
+    """Seconds from ``since`` until ``survivors`` own every partition exactly once, each some,
+    and until the first survivor was told to revoke (the rebalance began).
+
+    Reports are applied as they come; the moment is that of the report that
+    completed the assignment, once no other report followed for 0.5 s (an
+    eager rebalance revokes everything before it assigns anew, so a
+    complete-looking mix of old and new generations would be undone at once).
+    """
+    done_at: float | None = None
+    revoked_at = math.inf
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            member, report = events.get(timeout=0.5)
+        except queue.Empty:
+            if done_at is not None:
+                return done_at - since, revoked_at - since
+            continue
+        if report["event"] == "assign":
+            member.owned |= set(report["partitions"])
+        elif report["event"] == "revoke":
+            member.owned -= set(report["partitions"])
+            if member in survivors:
+                revoked_at = min(revoked_at, report["t"])
+        owned = [p for m in survivors for p in m.owned]
+        complete = sorted(owned) == list(range(partitions)) and all(m.owned for m in survivors)
+        if not complete:
+            done_at = None
+        elif done_at is None:
+            done_at = report["t"]
+    raise SystemExit(f"no complete assignment in 60 s: {[sorted(m.owned) for m in survivors]}")
+
+
+def _rebalance_round(
+    bootstrap: str, topic: str, partitions: int, group: str, params: dict[str, Any]
+) -> dict[str, float]:
+    """One group of N members, then a join, a clean leave and a SIGKILL: seconds each."""
+    n = params["members"]
+    events: queue.Queue[Any] = queue.Queue()
+    argv = [bootstrap, group, topic, str(params["session_timeout_ms"])]
+    argv.append(str(params["heartbeat_interval_ms"]))
+    members = [_Member(i, argv, events) for i in range(n + 1)]
+    try:
+        for m in members:
+            m.wait_ready()
+        started = min(m.send("go") for m in members[:n])
+        _settle(events, members[:n], partitions, started)
+        join, _ = _settle(events, members, partitions, members[n].send("go"))
+        leave, _ = _settle(events, members[1:], partitions, members[0].send("close"))
+        killed = time.monotonic()
+        members[1].process.kill()  # SIGKILL: no LeaveGroup, the sockets just close
+        crash, crash_revoke = _settle(events, members[2:], partitions, killed)
+    finally:
+        for m in members:
+            m.stop()
+    return {"join": join, "leave": leave, "crash": crash, "crash_revoke": crash_revoke}
+
+
+def run_rebalance(
+    params: dict[str, Any], trio_bootstrap: str, mock: Producer, mock_bootstrap: str
+) -> dict[str, Any]:
+    """Rebalance latency, alternating targets, ``params["rebalance_rounds"]`` times."""
+    samples: dict[str, dict[str, list[float]]] = {
+        t: {"join": [], "leave": [], "crash": [], "crash_revoke": []}
+        for t in ("trio_coord", "mock")
+    }
+    # The mock creates topics on first use only (no CreateTopics), with its default
+    # partition count: trio-coord's topic gets as many.
+    partitions = 0
+    for rep in range(params["rebalance_rounds"]):
+        order = ["trio_coord", "mock"] if rep % 2 == 0 else ["mock", "trio_coord"]
+        for target in order:
+            topic = f"rebalance-{rep}-{target}"
+            if target == "mock":
+                partitions = _create(mock_bootstrap, topic, 0, mock)
+                bootstrap = mock_bootstrap
+            else:
+                partitions = partitions or _create(mock_bootstrap, f"probe-{rep}", 0, mock)
+                _create(trio_bootstrap, topic, partitions, None)
+                bootstrap = trio_bootstrap
+            if partitions <= params["members"]:
+                raise SystemExit(f"{partitions} partitions for {params['members']} + 1 members")
+            figures = _rebalance_round(bootstrap, topic, partitions, f"g-{topic}", params)
+            for what, seconds in figures.items():
+                samples[target][what].append(seconds * 1000)
+    result: dict[str, Any] = {"partitions": partitions, "samples_ms": samples}
+    for target, figures in samples.items():
+        result[target] = {f"{what}_ms": statistics.median(v) for what, v in figures.items()}
+    result["ratio"] = {
+        what: result["trio_coord"][f"{what}_ms"] / result["mock"][f"{what}_ms"]
+        for what in ("join", "leave", "crash", "crash_revoke")
+    }
+    return result
+
+
 def run(params: dict[str, Any]) -> dict[str, Any]:
     """Run the benchmark with ``params``; the result as a JSON-able dict."""
     records, size = params["records"], params["size"]
@@ -155,6 +354,9 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
                     consume = _consume(bootstrap, topic, parts, records)
                     samples[target]["produce"].append(records / produce)
                     samples[target]["consume"].append(records / consume)
+            rebalance = None
+            if params["rebalance_rounds"]:
+                rebalance = run_rebalance(params, trio_bootstrap, mock, mock_bootstrap)
         finally:
             process.terminate()
             process.wait(10)
@@ -171,6 +373,8 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         )
         for what in ("produce", "consume")
     }
+    if rebalance is not None:
+        result["rebalance"] = rebalance
     return result
 
 
@@ -193,6 +397,28 @@ def render(result: dict[str, Any]) -> str:
         f"ratio trio-coord/mock: produce {ratio['produce']:.2f}x, consume {ratio['consume']:.2f}x "
         "(goal >= 0.5x)"
     )
+    rebalance = result.get("rebalance")
+    if rebalance is not None:
+        lines += [
+            "",
+            f"rebalance: {p['members']} members (+1 joining) on {rebalance['partitions']} "
+            f"partitions, session.timeout.ms {p['session_timeout_ms']}, heartbeat.interval.ms "
+            f"{p['heartbeat_interval_ms']}, {p['rebalance_rounds']} round(s), medians",
+            f"{'target':<12}{'join ms':>10}{'leave ms':>10}{'crash ms':>10}"
+            f"{'crash: revoke ms':>18}",
+        ]
+        for target in ("trio_coord", "mock"):
+            f = rebalance[target]
+            lines.append(
+                f"{target:<12}{f['join_ms']:>10,.0f}{f['leave_ms']:>10,.0f}{f['crash_ms']:>10,.0f}"
+                f"{f['crash_revoke_ms']:>18,.0f}"
+            )
+        r = rebalance["ratio"]
+        lines.append(
+            f"ratio trio-coord/mock (lower is faster): join {r['join']:.2f}x, "
+            f"leave {r['leave']:.2f}x, crash {r['crash']:.2f}x (goal: crash < 1x), "
+            f"crash: revoke {r['crash_revoke']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -209,6 +435,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1.0,
         help="trio-coord's flush interval; 0 fsyncs every batch (default 1.0)",
     )
+    parser.add_argument(
+        "--members", type=int, default=3, help="group members before one joins (default 3)"
+    )
+    parser.add_argument(
+        "--rebalance-rounds",
+        type=int,
+        default=None,
+        help="rebalance rounds per target (default 3; 0 skips the rebalance measures)",
+    )
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="session.timeout.ms of every member (default 6000; 3000 with --quick)",
+    )
+    parser.add_argument(
+        "--heartbeat-interval-ms",
+        type=int,
+        default=500,
+        help="heartbeat.interval.ms (default 500)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: few records, once")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -218,6 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "partitions": args.partitions,
         "repeat": args.repeat or (1 if args.quick else 3),
         "flush_interval": args.flush_interval,
+        "members": args.members,
+        "rebalance_rounds": (
+            args.rebalance_rounds if args.rebalance_rounds is not None else (1 if args.quick else 3)
+        ),
+        "session_timeout_ms": args.session_timeout_ms or (3000 if args.quick else 6000),
+        "heartbeat_interval_ms": args.heartbeat_interval_ms,
         "quick": args.quick,
     }
     result = run(params)

@@ -19,14 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_quick(script: str) -> dict:
+def run_quick(script: str, timeout: float = 60) -> dict:
     """Run ``bench/SCRIPT --quick --json`` and return its JSON result."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -155,8 +155,15 @@ def test_rebalance_churn_bench_quick() -> None:
 
 @pytest.mark.slow
 def test_kafka_bench_quick_json() -> None:
-    """The quick Kafka benchmark measures trio-coord and librdkafka's mock cluster, with ratios."""
-    result = run_quick("kafka.py")
+    """The quick Kafka benchmark measures trio-coord and librdkafka's mock cluster, with ratios:
+    throughput, and the rebalance latency of a join, a clean leave and a SIGKILL.
+
+    Bounds are loose (no performance claim), but one holds by construction: a
+    crashed member's partitions wait for its session to end on both targets,
+    and the mock then waits up to a whole session more for the survivors to
+    rejoin, so trio-coord's crash figure is the smaller one.
+    """
+    result = run_quick("kafka.py", timeout=150)
     for target in ("trio_coord", "mock"):
         figures = result[target]
         assert figures["produce_records_per_s"] > 0, figures
@@ -165,3 +172,15 @@ def test_kafka_bench_quick_json() -> None:
         value = result["ratio"][name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
     assert result["params"]["quick"] is True
+    rebalance = result["rebalance"]
+    session_ms = result["params"]["session_timeout_ms"]
+    for target in ("trio_coord", "mock"):
+        figures = rebalance[target]
+        for name in ("join", "leave", "crash", "crash_revoke"):
+            value = figures[f"{name}_ms"]
+            assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, figures)
+        assert figures["crash_ms"] <= 2.5 * session_ms, figures
+    for name in ("join", "leave", "crash", "crash_revoke"):
+        value = rebalance["ratio"][name]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, rebalance["ratio"]
+    assert rebalance["ratio"]["crash"] < 1, rebalance

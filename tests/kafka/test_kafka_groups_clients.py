@@ -4,15 +4,23 @@ With each client: two members of one group share four partitions exactly
 once and read every record, commit, and after a clean close the committed
 offsets equal the log end (read back by a new member of the group); one
 member leaving hands its partitions to the other; the admin client lists
-and describes the group.
+and describes the group. Three members on six partitions, one of them a
+subprocess SIGKILLed mid-stream: the survivors own every partition and read
+every acknowledged record it left, and after they close cleanly the committed
+offsets equal the log end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 from confluent_kafka import Producer
@@ -22,9 +30,9 @@ from kafka.admin import KafkaAdminClient
 from kafka_fixtures import KafkaBroker, create_topic
 
 
-def produce(broker: KafkaBroker, topic: str, count: int, partitions: int) -> None:
+def produce(broker: KafkaBroker, topic: str, count: int, partitions: int, start: int = 0) -> None:
     producer = Producer({"bootstrap.servers": broker.kafka})
-    for i in range(count):
+    for i in range(start, start + count):
         producer.produce(topic, b"v%d" % i, b"%d" % i, partition=i % partitions)
     assert producer.flush(15) == 0
 
@@ -151,6 +159,231 @@ def test_aiokafka_group_round_trip(kafka_broker: KafkaBroker, topic: str) -> Non
 
             committed = [await check.committed(TopicPartition(topic, p)) for p in range(4)]
             assert committed == [10, 10, 10, 10]
+        finally:
+            await check.stop()
+
+    asyncio.run(run())
+
+
+KAFKA_PYTHON_MEMBER = """
+import sys
+from kafka import KafkaConsumer
+c = KafkaConsumer(sys.argv[3], bootstrap_servers=sys.argv[1], group_id=sys.argv[2],
+                  auto_offset_reset="earliest", enable_auto_commit=False,
+                  session_timeout_ms=3000, heartbeat_interval_ms=500)
+print("ready", flush=True)
+while True:
+    batches = c.poll(timeout_ms=100)
+    for records in batches.values():
+        for r in records:
+            print(r.key.decode(), flush=True)
+    if batches:
+        c.commit()
+"""
+
+AIOKAFKA_MEMBER = """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer
+async def main():
+    c = AIOKafkaConsumer(sys.argv[3], bootstrap_servers=sys.argv[1], group_id=sys.argv[2],
+                         auto_offset_reset="earliest", enable_auto_commit=False,
+                         session_timeout_ms=3000, heartbeat_interval_ms=500)
+    await c.start()
+    print("ready", flush=True)
+    while True:
+        batches = await c.getmany(timeout_ms=100)
+        for records in batches.values():
+            for r in records:
+                print(r.key.decode(), flush=True)
+        if batches:
+            await c.commit()
+asyncio.run(main())
+"""
+
+
+class Victim:
+    """A group member in a subprocess; a thread collects the keys it reports having read."""
+
+    def __init__(self, script: Path, broker: KafkaBroker, group: str, topic: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), broker.kafka, group, topic],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+        self.seen: set[bytes] = set()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.strip():
+                self.seen.add(line.strip().encode())
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+        self.reader.join(10)
+
+
+def wait_for(done: Callable[[], bool], limit: float, what: Callable[[], str]) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.02)
+    assert done(), what()
+
+
+EVERYTHING = {b"%d" % i for i in range(120)}
+# Short sessions (the broker allows 1 s): a SIGKILLed member's partitions move once its
+# session has ended.
+
+
+def test_kafka_python_member_sigkilled_loses_no_acknowledged_record(
+    kafka_broker: KafkaBroker, topic: str, tmp_path: Path
+) -> None:
+    """Three kafka-python members, one SIGKILLed mid-stream: the two survivors own all six
+    partitions and read what it left; after they close cleanly, the committed offsets equal
+    the log end."""
+    create_topic(kafka_broker.kafka, topic, 6)
+    group = f"g-{topic}"
+    script = tmp_path / "member.py"
+    script.write_text(KAFKA_PYTHON_MEMBER)
+    victim = Victim(script, kafka_broker, group, topic)
+    seen: set[bytes] = set()
+    members: dict[int, KafkaConsumer] = {}
+    stop = threading.Event()
+
+    def run(index: int) -> None:
+        m = KafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_broker.kafka,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=3000,
+            heartbeat_interval_ms=500,
+        )
+        members[index] = m
+        try:
+            while not stop.is_set():
+                batches = m.poll(timeout_ms=100)
+                for records in batches.values():
+                    seen.update(r.key for r in records)
+                if batches:
+                    m.commit()
+        finally:
+            m.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        state = lambda: f"{len(seen)} + {len(victim.seen)} seen, {len(members)} members"  # noqa: E731
+        wait_for(
+            lambda: len(members) == 2 and all(len(m.assignment()) == 2 for m in members.values()),
+            30,
+            state,
+        )
+        produce(kafka_broker, topic, 60, 6)
+        wait_for(lambda: len(victim.seen) >= 5 and len(seen) >= 10, 30, state)
+        victim.kill()
+        killed = time.monotonic()
+        produce(kafka_broker, topic, 60, 6, start=60)
+
+        def owners() -> list[int]:
+            return sorted(tp.partition for m in members.values() for tp in m.assignment())
+
+        wait_for(lambda: owners() == list(range(6)) and seen | victim.seen == EVERYTHING, 30, state)
+        assert time.monotonic() - killed < 15
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+        if victim.process.poll() is None:
+            victim.kill()
+    check = KafkaConsumer(bootstrap_servers=kafka_broker.kafka, group_id=group)
+    try:
+        tps = [KTopicPartition(topic, p) for p in range(6)]
+        assert [check.committed(tp) for tp in tps] == [20] * 6
+        assert list(check.end_offsets(tps).values()) == [20] * 6
+    finally:
+        check.close()
+
+
+def test_aiokafka_member_sigkilled_loses_no_acknowledged_record(
+    kafka_broker: KafkaBroker, topic: str, tmp_path: Path
+) -> None:
+    """Three aiokafka members, one SIGKILLed mid-stream: the two survivors own all six
+    partitions and read what it left; after they stop cleanly, the committed offsets equal
+    the log end."""
+    from aiokafka import TopicPartition
+
+    create_topic(kafka_broker.kafka, topic, 6)
+    group = f"g-{topic}"
+    script = tmp_path / "member.py"
+    script.write_text(AIOKAFKA_MEMBER)
+    victim = Victim(script, kafka_broker, group, topic)
+
+    def member() -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_broker.kafka,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=3000,
+            heartbeat_interval_ms=500,
+        )
+
+    async def run() -> None:
+        seen: set[bytes] = set()
+        members = [member(), member()]
+        stop = asyncio.Event()
+
+        async def poll(m: AIOKafkaConsumer) -> None:
+            while not stop.is_set():
+                batches = await m.getmany(timeout_ms=100)
+                for records in batches.values():
+                    seen.update(r.key for r in records)
+                if batches:
+                    await m.commit()
+
+        def owners() -> list[int]:
+            return sorted(tp.partition for m in members for tp in m.assignment())
+
+        async def until(done: Callable[[], bool], limit: float) -> None:
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline and not done():
+                await asyncio.sleep(0.02)
+            assert done(), f"{len(seen)} + {len(victim.seen)} seen, {owners()}"
+
+        for m in members:
+            await m.start()
+        tasks = [asyncio.create_task(poll(m)) for m in members]
+        try:
+            await until(lambda: all(len(m.assignment()) == 2 for m in members), 30)
+            await asyncio.to_thread(produce, kafka_broker, topic, 60, 6)
+            await until(lambda: len(victim.seen) >= 5 and len(seen) >= 10, 30)
+            victim.kill()
+            killed = time.monotonic()
+            await asyncio.to_thread(produce, kafka_broker, topic, 60, 6, 60)
+            await until(lambda: owners() == list(range(6)) and seen | victim.seen == EVERYTHING, 30)
+            assert time.monotonic() - killed < 15
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for m in members:
+                await m.stop()
+            if victim.process.poll() is None:
+                victim.kill()
+        check = AIOKafkaConsumer(bootstrap_servers=kafka_broker.kafka, group_id=group)
+        await check.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(6)]
+            assert [await check.committed(tp) for tp in tps] == [20] * 6
+            assert list((await check.end_offsets(tps)).values()) == [20] * 6
         finally:
             await check.stop()
 
