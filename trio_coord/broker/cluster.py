@@ -51,7 +51,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -78,10 +78,65 @@ from .coordinator import CoordinatorService, slot_of
 from .persistence import GROUPS, TOPICS, RecordWriter, load_records, topic_path
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from ..log import LogManager
+    from .coordinator import Coordinators
+    from .topics import TopicManager
+
+
+class ClusterHost(Protocol):
+    """What a broker's cluster membership uses of the broker (``Broker`` is one).
+
+    ``ClusterMember`` depends on this, not on ``server``: the broker's
+    identity and address, its services (topics, logs, coordinator slots) and
+    the store and writer it swaps for a new ZooKeeper session.
+    """
+
+    store: MetadataStore
+    writer: RecordWriter
+
+    @property
+    def broker_id(self) -> int:
+        """This broker's id."""
+        ...
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where its native listener listens."""
+        ...
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of its native listener."""
+        ...
+
+    @property
+    def info(self) -> BrokerInfo:
+        """This broker as Metadata (and its registration) describes it."""
+        ...
+
+    @property
+    def topics(self) -> TopicManager:
+        """Its topics."""
+        ...
+
+    @property
+    def logs(self) -> LogManager:
+        """Its partition logs."""
+        ...
+
+    @property
+    def coordinator(self) -> Coordinators:
+        """The coordinator services of the slots it holds."""
+        ...
+
+    def new_coordinator_service(self, writer: RecordWriter) -> CoordinatorService:
+        """A coordinator service writing through ``writer`` (one per slot held)."""
+        ...
+
 
 __all__ = [
     "ClusterConfigError",
+    "ClusterHost",
     "ClusterMember",
     "ClusterStatus",
     "SlotHolder",
@@ -179,7 +234,7 @@ class ClusterMember:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: ClusterHost,
         url: str,
         *,
         slots: int,
@@ -205,7 +260,7 @@ class ClusterMember:
     @property
     def broker_id(self) -> int:
         """This broker's id."""
-        return self._broker.config.broker_id
+        return self._broker.broker_id
 
     def coordinator_of(self, slot: int) -> BrokerInfo | None:
         """The live broker holding ``slot`` (None while none does)."""

@@ -293,20 +293,20 @@ class Broker:
                 session_timeout=config.zk_session_timeout,
                 claim_grace=config.claim_grace,
             )
-        self.topics = TopicManager(
+        self.topics: TopicManager = TopicManager(
             self.writer,
             max_partitions=config.max_partitions,
             placement=None if self.member is None else placement(self.member),
         )
         self.topics.add_listener(self._topic_changed)
-        self.partitions = PartitionService(
+        self.partitions: PartitionService = PartitionService(
             logs,
             self.topics,
             max_batch_bytes=config.batch_limit,
             max_fetch_bytes=config.max_fetch_bytes,
             broker_id=config.broker_id if self.member is not None else 0,
         )
-        self.coordinator = Coordinators(
+        self.coordinator: Coordinators = Coordinators(
             1 if self.member is None else config.coordinator_slots,
             elected=self.member is not None,
         )
