@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -336,3 +337,40 @@ def test_hostile_group_requests_get_error_codes(kafka_broker: KafkaBroker, topic
         assert body.error_code == KafkaCode.unknown_member_id
     still_serving(kafka_broker)
     assert "Traceback" not in kafka_broker.log_text()
+
+
+async def test_a_live_kafka_group_is_rewound_by_trio_coord_reset_offsets(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    """`groups reset-offsets` (Admin.reset_offsets) rewinds a running Kafka group: the
+    engine stops its member, records the offsets, and the member reads from there again."""
+    create_topic(kafka_broker.kafka, topic, 3)
+    produce(kafka_broker, topic, 30, 3)
+    group = f"g-{topic}"
+    member = consumer(kafka_broker, group, **{"enable.auto.commit": True})
+    member.subscribe([topic])
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def poll_again() -> None:
+        while not stop.is_set():
+            m = member.poll(0.05)
+            if m is not None and m.error() is None:
+                seen.append(m.key())
+
+    try:
+        await trio.to_thread.run_sync(poll_until, [member], lambda got: len(got) == 30)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, poll_again)
+            try:
+                async with open_admin(kafka_broker.native) as admin:
+                    with trio.fail_after(30):
+                        await admin.reset_offsets(group, {(topic, p): 0 for p in range(3)})
+                with trio.fail_after(30):
+                    while len(set(seen)) < 30:
+                        await trio.sleep(0.05)
+            finally:
+                stop.set()
+        assert sorted(set(seen), key=int) == [b"%d" % i for i in range(30)]
+    finally:
+        await trio.to_thread.run_sync(member.close)
