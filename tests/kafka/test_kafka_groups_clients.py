@@ -388,3 +388,61 @@ def test_aiokafka_member_sigkilled_loses_no_acknowledged_record(
             await check.stop()
 
     asyncio.run(run())
+
+
+def _group_with_offsets(broker: KafkaBroker, topic: str, group: str) -> None:
+    """An empty group with committed offsets (made with trio-coord's own admin)."""
+    import trio
+
+    from trio_coord import open_admin
+
+    async def make() -> None:
+        async with open_admin(broker.native) as admin:
+            await admin.reset_offsets(group, {(topic, 0): 0})
+
+    create_topic(broker.kafka, topic, 1)
+    trio.run(make)
+
+
+def test_kafka_python_admin_lists_describes_and_deletes_groups(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    group = f"g-{topic}"
+    _group_with_offsets(kafka_broker, topic, group)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.kafka)
+    try:
+        assert group in {g["group_id"] for g in admin.list_groups()}
+        described = admin.describe_groups([group])[group]
+        assert (described["group_state"], described["members"]) == ("Empty", [])
+        admin.delete_groups([group])
+        assert group not in {g["group_id"] for g in admin.list_groups()}
+    finally:
+        admin.close()
+
+
+def test_aiokafka_admin_lists_and_describes_groups(kafka_broker: KafkaBroker, topic: str) -> None:
+    # (aiokafka 0.14's admin client has no DeleteGroups of its own.)
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    group = f"g-{topic}"
+    _group_with_offsets(kafka_broker, topic, group)
+
+    async def ask() -> tuple[list, list]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.kafka)
+        await admin.start()
+        try:
+            return await admin.list_consumer_groups(), await admin.describe_consumer_groups([group])
+        finally:
+            await admin.close()
+
+    listed, described = asyncio.run(ask())
+    assert group in {g[0] for g in listed}
+    (response,) = described
+    ((error, described_group, state, protocol_type, _protocol, members),) = response.groups
+    assert (error, described_group, state, protocol_type, members) == (
+        0,
+        group,
+        "Empty",
+        "consumer",
+        [],
+    )
