@@ -343,7 +343,7 @@ class GroupRunner:
         )
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)
-        self._watch_liveness(member_id, session_timeout)
+        self._liveness.watch(member_id, session_timeout)
         self._emit("joined", member_id=member_id)
         if new and self._rebalance_scope is not None:
             # A rebalance runs: it is not restarted (a new member owns nothing to stop, and
@@ -416,7 +416,7 @@ class GroupRunner:
         member.user_data = request.user_data
         self._conns[member.member_id] = conn
         self._bind(conn, member.member_id, self.group_id)
-        self._watch_liveness(member.member_id, member.session_timeout)
+        self._liveness.watch(member.member_id, member.session_timeout)
         plan = group.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
         self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
@@ -431,20 +431,13 @@ class GroupRunner:
         self._nursery.start_soon(self._answer_in_time, member, resume, plan.not_before)
         return True
 
-    def _watch_liveness(self, member_id: str, session_timeout: float) -> None:
-        self._liveness.watch(member_id, session_timeout)
-
     def _session_expired(self, member_id: str) -> None:
         self.remove_member(member_id, "session timeout expired", stopped=False)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (O(1): moves the member's deadline) or raise the fencing error."""
         member = check_heartbeat(self.group, request.member_id, request.generation)
-        positions = request.positions
-        if positions:
-            check_offset_metadata(positions, self._limits.offset_metadata_max_bytes)
-            positions = self._existing(positions)
-            check_offsets(positions)
+        positions = self._accepted(request.positions) if request.positions else []
         now = trio.current_time()
         self.group.heartbeat(now, member, positions, request.generation)
         self._liveness.renew(member.member_id)
@@ -463,9 +456,7 @@ class GroupRunner:
             raise UnknownMemberError(
                 f"member {request.member_id!r} is not in group {self.group_id}"
             )
-        check_offset_metadata(request.positions, self._limits.offset_metadata_max_bytes)
-        positions = self._existing(request.positions)
-        check_offsets(positions)
+        positions = self._accepted(request.positions)
         self.group.member_stopped(member.member_id, positions)
         if request.stay and member.instance_id and self.group.state is GroupState.STABLE:
             conn = self._conns.pop(member.member_id, None)
@@ -557,13 +548,16 @@ class GroupRunner:
         ]
         await self._writer.write(records)
 
-    def _existing(self, positions: list[PartitionOffset]) -> list[PartitionOffset]:
-        """``positions`` without those of partitions that no longer exist (a deleted topic's:
-        a member may report them until the rebalance that follows takes them away)."""
+    def _accepted(self, positions: list[PartitionOffset]) -> list[PartitionOffset]:
+        """The positions a heartbeat, leave or stop answer carries, checked as commits are
+        (metadata size, offset range), without those of partitions that no longer exist
+        (a deleted topic's: a member may report them until the next rebalance)."""
+        check_offset_metadata(positions, self._limits.offset_metadata_max_bytes)
         counts = self._topics.partitions
-        if all(o.partition < counts.get(o.topic, 0) for o in positions):
-            return positions
-        return [o for o in positions if o.partition < counts.get(o.topic, 0)]
+        if not all(o.partition < counts.get(o.topic, 0) for o in positions):
+            positions = [o for o in positions if o.partition < counts.get(o.topic, 0)]
+        check_offsets(positions)
+        return positions
 
     async def forget_topic(self, topic: str) -> None:
         """The topic was deleted: delete the group's committed offsets of it (logged on failure)."""
@@ -996,9 +990,7 @@ class GroupRunner:
         )
         if not isinstance(response, StopFetchersResponse):
             raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
-        check_offset_metadata(response.positions, self._limits.offset_metadata_max_bytes)
-        positions = self._existing(response.positions)
-        check_offsets(positions)
+        positions = self._accepted(response.positions)
         if self._is_current(member):
             self.group.member_stopped(member.member_id, positions, partitions)
 

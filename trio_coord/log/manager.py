@@ -209,9 +209,7 @@ class LogManager:
         waits for that, so that a topic created again under its name starts
         empty. A failure is logged with the directory to remove by hand.
         """
-        logs = [self._logs.pop(key) for key in sorted(self._logs) if key[0] == topic]
-        for key in [key for key in self._damaged if key[0] == topic]:
-            del self._damaged[key]
+        logs = self._forget(topic)
         if topic in self._removing or self._nursery is None:
             return
         done = self._removing[topic] = trio.Event()
@@ -229,9 +227,7 @@ class LogManager:
         held = {topic for topic, _ in self._logs} | {topic for topic, _ in self._damaged}
         unknown = sorted(held - set(known))
         for topic in unknown:
-            logs = [self._logs.pop(key) for key in sorted(self._logs) if key[0] == topic]
-            for key in [key for key in self._damaged if key[0] == topic]:
-                del self._damaged[key]
+            logs = self._forget(topic)
             done = self._removing[topic] = trio.Event()
             await self._remove(topic, logs, _ORPHANED, done)
             logger.warning(
@@ -243,6 +239,12 @@ class LogManager:
                 _ORPHANED,
             )
         return unknown
+
+    def _forget(self, topic: str) -> list[PartitionLog]:
+        """Unregister every partition of ``topic`` (and any damage noted); return its logs."""
+        for key in [key for key in self._damaged if key[0] == topic]:
+            del self._damaged[key]
+        return [self._logs.pop(key) for key in sorted(self._logs) if key[0] == topic]
 
     async def _remove(
         self, topic: str, logs: list[PartitionLog], suffix: str, done: trio.Event
