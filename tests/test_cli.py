@@ -370,6 +370,11 @@ def test_a_setting_that_does_not_exist_or_does_not_parse_is_named(tmp_path, monk
     config.write_text("port = 'eighty'\n")
     assert main(["broker", "--config", str(config), "--print-config"]) == 1
     assert "--port 'eighty' is not a valid value" in capsys.readouterr().err
+    config.write_text("port = [unclosed\n")
+    assert main(["broker", "--config", str(config), "--print-config"]) == 1
+    assert f"--config {config} is not valid TOML" in capsys.readouterr().err
+    assert main(["broker", "--config", str(tmp_path / "missing.toml"), "--print-config"]) == 1
+    assert "missing.toml: No such file or directory" in capsys.readouterr().err
     monkeypatch.setenv("TRIO_COORD_REPAIR", "maybe")
     assert main(["broker", "--print-config"]) == 1
     assert "TRIO_COORD_REPAIR: --repair is a switch" in capsys.readouterr().err
