@@ -10,6 +10,12 @@ for the whole test run, started on first use; tests isolate themselves with
 Tests that stop or restart a server make their own ``ZooKeeperServer`` in
 ``tmp_path`` instead. Missing Java or ZooKeeper fails these tests (never
 skips): run ``scripts/test``, which installs them.
+
+Parallel runs: ``scripts/test`` runs the suite on pytest-xdist workers with
+``--dist loadgroup``: the tests that use the SparkSession run on one worker
+(it starts one session), a file with a module-scoped fixture runs on one
+worker, and every other test runs wherever a worker is free. Session
+fixtures such as ``zookeeper_server`` start once per worker.
 """
 
 from __future__ import annotations
@@ -22,6 +28,32 @@ import pytest
 from zkserver import ZooKeeperServer, ZooKeeperUnavailable
 
 from trio_coord import Broker, open_broker
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests that share an expensive fixture, for ``--dist loadgroup``.
+
+    Tests using the ``spark`` session are one group (one worker starts one
+    SparkSession); a test using a module-scoped fixture is grouped with its
+    file (the fixture starts once). Every other test goes wherever a worker is
+    free. Runs before xdist reads the groups; harmless without xdist.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if "spark" in info.names_closure:
+            group = "spark"
+        elif any(
+            defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs
+        ):
+            group = item.path.relative_to(config.rootpath).as_posix()
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
