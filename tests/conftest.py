@@ -47,9 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if "spark" in info.names_closure:
             group = "spark"
-        elif any(
-            defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs
-        ):
+        elif any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs):
             group = item.path.relative_to(config.rootpath).as_posix()
         else:
             continue

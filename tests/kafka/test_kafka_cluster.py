@@ -63,13 +63,18 @@ async def test_metadata_leaders_and_coordinators_span_the_cluster(
             for i in (1, 2)
         ]
         with trio.fail_after(30):
-            while not all(
-                b.store.session_state.value is SessionState.CONNECTED
-                and b.member is not None
-                and set(b.member.brokers) == {1, 2}
-                and len(b.member.holders) == 4
-                for b in brokers
+            while (
+                not all(
+                    b.store.session_state.value is SessionState.CONNECTED
+                    and b.member is not None
+                    and set(b.member.brokers) == {1, 2}
+                    and len(b.member.holders) == 4
+                    for b in brokers
+                )
+                or sum(len(b.coordinator.services) for b in brokers) < 4
             ):
+                # (the slots are held, and their coordinators installed: on a busy
+                # machine installing lags behind the hand-out)
                 await trio.sleep(0.05)
         listed, got = await trio.to_thread.run_sync(_round_trip, _kafka(brokers[0]), "spread")
         assert listed == {1: _kafka(brokers[0]), 2: _kafka(brokers[1])}
