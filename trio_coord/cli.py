@@ -165,6 +165,8 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         kafka_port=args.kafka_port,
         metrics_port=args.metrics_port,
         kafka_max_request_bytes=args.max_request_bytes,
+        kafka_consumer_session_timeout=args.kafka_consumer_session_timeout,
+        kafka_consumer_heartbeat_interval=args.kafka_consumer_heartbeat_interval,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -1034,6 +1036,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="close a Kafka connection that announces a larger request, before reading it "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--kafka-consumer-session-timeout",
+        type=float,
+        default=BrokerConfig().kafka_consumer_session_timeout,
+        metavar="SECONDS",
+        help="session timeout of Kafka group.protocol=consumer (KIP-848) members, as Kafka's "
+        "group.consumer.session.timeout.ms (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kafka-consumer-heartbeat-interval",
+        type=float,
+        default=BrokerConfig().kafka_consumer_heartbeat_interval,
+        metavar="SECONDS",
+        help="heartbeat interval told to KIP-848 members (Kafka's "
+        "group.consumer.heartbeat.interval.ms); they learn assignment changes at their next "
+        "heartbeat (default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.add_argument(
