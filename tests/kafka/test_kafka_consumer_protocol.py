@@ -277,3 +277,38 @@ def test_regex_subscription_picks_up_a_topic_created_later(broker: KafkaBroker, 
         wait_for(lambda: len(poller.seen) == 9, 30, lambda: str(poller.seen))
     finally:
         poller.close()
+
+
+def test_static_member_restarting_gets_its_partitions_back(broker: KafkaBroker, topic: str) -> None:
+    """A static member (group.instance.id) closes (epoch -2) and a new process with its
+    instance id comes back: it gets the same partitions, the other member keeps its own."""
+    create_topic(broker.kafka, topic, 4)
+    group = f"g-{topic}"
+
+    def member(instance: str) -> Consumer:
+        c = consumer(broker, group, **{"group.instance.id": instance})
+        c.subscribe([topic])
+        return c
+
+    def owned(*members: Consumer) -> list[list[int]]:
+        return [sorted(tp.partition for tp in m.assignment()) for m in members]
+
+    def settle(members: list[Consumer], done: Callable[[], bool]) -> None:
+        # (one thread polls every member and asks for assignments: see Poller.assigned)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not done():
+            for m in members:
+                m.poll(0.02)
+        assert done(), owned(*members)
+
+    a, b = member("a"), member("b")
+    try:
+        settle([a, b], lambda: all(len(p) == 2 for p in owned(a, b)))
+        before = owned(a, b)
+        a.close()
+        settle([b], lambda: True)
+        a = member("a")
+        settle([a, b], lambda: owned(a, b) == before)
+    finally:
+        b.close()
+        a.close()

@@ -292,6 +292,15 @@ class ConsumerGroups:
             if table.get(key) is link:
                 del table[key]
 
+    def step_out(self, link: ConsumerMemberLink) -> None:
+        """A static member stepped out (epoch -2): its process is gone, but the engine keeps
+        the member (and its partitions) for a successor with its instance id, who takes
+        ``link``'s place in :attr:`by_engine` and :attr:`by_instance` when it joins."""
+        link.dropped = True
+        link._wake()
+        if self.links.get((link.group_id, link.member_id)) is link:
+            del self.links[(link.group_id, link.member_id)]
+
     def is_consumer_group(self, group_id: str) -> bool:
         """True if the group has KIP-848 members (a classic JoinGroup is refused then)."""
         runner = self.front.service.coordinator.runner(group_id)
@@ -578,7 +587,10 @@ async def _leave(
             )
         )
     finally:
-        groups.drop(link)
+        if stay:
+            groups.step_out(link)
+        else:
+            groups.drop(link)
     return answer(KafkaCode.none, link=link, epoch=body.member_epoch, member_id=body.member_id)
 
 
