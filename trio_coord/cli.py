@@ -94,6 +94,12 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
                 "partitions": [_tp(tp) for tp in m.partitions],
                 "instance_id": m.instance_id or None,
                 "rebalance_protocol": m.rebalance_protocol,
+                "generation": m.generation,
+                "member_epoch": None if m.member_epoch < 0 else m.member_epoch,
+                # The target is "partitions"; the current assignment differs from it only
+                # while a rebalance moves partitions (what the member may still fetch).
+                "current": [_tp(tp) for tp in (m.owned or m.partitions)],
+                "current_not_shown": m.owned_more,
             }
             for m in desc.members
         ],
@@ -344,6 +350,24 @@ def describe_text(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> s
             for m in desc.members
         ]
         lines += ["", format_table(["MEMBER", "HOST", "TOPICS", "PARTITIONS"], rows)]
+        kip848 = [m for m in desc.members if m.member_epoch >= 0]
+        if kip848:
+            # Kafka consumer-protocol (KIP-848) members: epoch, and target vs current.
+            rows = [
+                [
+                    m.member_id,
+                    str(m.member_epoch),
+                    " ".join(map(str, m.partitions)) or "-",
+                    (" ".join(map(str, m.owned)) + (f" (+{m.owned_more})" if m.owned_more else ""))
+                    if m.owned
+                    else "(= target)",
+                ]
+                for m in kip848
+            ]
+            lines += [
+                "",
+                format_table(["MEMBER", "EPOCH", "TARGET ASSIGNMENT", "CURRENT ASSIGNMENT"], rows),
+            ]
     if lag:
         table = [
             [

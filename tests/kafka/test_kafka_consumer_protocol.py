@@ -12,6 +12,7 @@ client's describe_consumer_groups) shows member epochs and assignments.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -254,6 +255,36 @@ def test_joining_member_moves_only_the_partitions_it_takes(broker: KafkaBroker, 
         assert sorted(
             tp.partition for m in described.members for tp in m.assignment.topic_partitions
         ) == list(range(6))
+        # trio-coord's own view: member epochs, target vs current (the same once stable).
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                "groups",
+                "describe",
+                group,
+                "--json",
+                "-b",
+                broker.native,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert cli.returncode == 0, cli.stderr
+        members = json.loads(cli.stdout)["members"]
+        generation = json.loads(cli.stdout)["generation"]
+        assert [m["member_epoch"] for m in members] == [generation + 1] * 3
+        assert all(m["current"] == m["partitions"] for m in members)
+        assert sorted(p for m in members for _t, p in m["partitions"]) == list(range(6))
+        text = subprocess.run(
+            [sys.executable, "-m", "trio_coord", "groups", "describe", group, "-b", broker.native],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        assert "EPOCH" in text and "TARGET ASSIGNMENT" in text
     finally:
         poller.close()
 

@@ -166,6 +166,11 @@ class ConsumerMemberLink:
         return f"<ConsumerMemberLink {self.group_id}/{self.member_id}>"
 
     @property
+    def member_epoch(self) -> int:
+        """The member epoch (what ``GroupRunner.describe`` shows for the member)."""
+        return self.epoch
+
+    @property
     def closed(self) -> bool:
         """True once the member left, or the connection it heartbeats on ended."""
         return self.dropped or self.conn is None or self.conn.closed
