@@ -13,12 +13,14 @@ writes.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import json
 import logging
 import os
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO, TypeVar
 
@@ -209,8 +211,23 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         await _until_signalled()
 
 
+def kafka_topic_id(info: TopicInfo) -> str | None:
+    """A topic's id as Kafka's tools print it (URL-safe base64 of the UUID, unpadded)."""
+    if not info.topic_id:
+        return None
+    return base64.urlsafe_b64encode(bytes.fromhex(info.topic_id)).decode().rstrip("=")
+
+
 def _topic_json(topics: Sequence[TopicInfo]) -> list[dict[str, Any]]:
-    return [{"topic": t.name, "partitions": t.partitions} for t in topics]
+    return [
+        {
+            "topic": t.name,
+            "partitions": t.partitions,
+            "topic_id": kafka_topic_id(t),
+            "topic_uuid": str(uuid.UUID(hex=t.topic_id)) if t.topic_id else None,
+        }
+        for t in topics
+    ]
 
 
 async def cmd_topics_create(args: argparse.Namespace) -> None:
@@ -286,12 +303,15 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
         [tp.topic, tp.partition, o.log_start, o.log_end, o.log_end - o.log_start]
         for tp, o in sorted(offsets.items())
     ]
+    ids = format_table(
+        ["TOPIC", "TOPIC-ID", "PARTITIONS"],
+        [[t.name, kafka_topic_id(t) or "-", str(t.partitions)] for t in topics],
+    )
     _say(
         args,
         [
             {
-                "topic": t.name,
-                "partitions": t.partitions,
+                **_topic_json([t])[0],
                 "offsets": [
                     {"partition": r[1], "log_start": r[2], "log_end": r[3]}
                     for r in rows
@@ -300,7 +320,7 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
             }
             for t in topics
         ],
-        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        ids + "\n\n" + format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
         if rows
         else "no topics (create one with: trio-coord topics create NAME --partitions N)",
     )

@@ -343,3 +343,44 @@ def test_static_member_restarting_gets_its_partitions_back(broker: KafkaBroker, 
     finally:
         b.close()
         a.close()
+
+
+def test_topic_ids_in_metadata_and_topics_describe(broker: KafkaBroker, topic: str) -> None:
+    """Metadata gives the id persisted with the topic, the one `topics describe` shows; a
+    topic recreated under the same name has a new one."""
+    from confluent_kafka import TopicCollection
+
+    admin = AdminClient({"bootstrap.servers": broker.kafka})
+
+    def kafka_id() -> str:
+        described = admin.describe_topics(TopicCollection([topic]))[topic].result(15)
+        # (librdkafka prints standard base64; Kafka's tools, and trio-coord's, URL-safe)
+        return str(described.topic_id).replace("+", "-").replace("/", "_")
+
+    def cli_id() -> str:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                "topics",
+                "describe",
+                topic,
+                "--json",
+                "-b",
+                broker.native,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)[0]["topic_id"]
+
+    create_topic(broker.kafka, topic, 1)
+    first = kafka_id()
+    assert first == cli_id()
+    for future in admin.delete_topics([topic]).values():
+        future.result(15)
+    create_topic(broker.kafka, topic, 1)
+    assert kafka_id() == cli_id() != first

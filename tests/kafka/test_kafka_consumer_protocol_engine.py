@@ -117,7 +117,12 @@ class Client:
             rebalance_timeout=timedelta(seconds=10) if joining else timedelta(milliseconds=-1),
             subscribed_topic_names=(TOPIC,) if joining else None,
             topic_partitions=(
-                (TopicPartitions(topic_id=topic_id(TOPIC), partitions=tuple(sorted(self.owned))),)
+                (
+                    TopicPartitions(
+                        topic_id=topic_id(self.front.service.topics, TOPIC),
+                        partitions=tuple(sorted(self.owned)),
+                    ),
+                )
                 if changed or joining
                 else None
             ),
@@ -134,7 +139,7 @@ class Client:
             target = frozenset(
                 int(p)
                 for tp in answer.assignment.topic_partitions
-                if tp.topic_id == topic_id(TOPIC)
+                if tp.topic_id == topic_id(self.front.service.topics, TOPIC)
                 for p in tp.partitions
             )
             gone = self.owned - target

@@ -326,12 +326,14 @@ class ConsumerGroups:
         return frozenset(out)
 
 
-def _topic_partitions(cls: type[Any], partitions: frozenset[TopicPartition]) -> tuple[Any, ...]:
+def _topic_partitions(
+    front: FrontEnd, cls: type[Any], partitions: frozenset[TopicPartition]
+) -> tuple[Any, ...]:
     by_topic: dict[str, list[int]] = {}
     for tp in sorted(partitions):
         by_topic.setdefault(tp.topic, []).append(tp.partition)
     return tuple(
-        make(cls, topic_id=topic_id(t), topic_name=t, partitions=tuple(ps))
+        make(cls, topic_id=topic_id(front.service.topics, t), topic_name=t, partitions=tuple(ps))
         for t, ps in by_topic.items()
     )
 
@@ -358,7 +360,9 @@ async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
         if link is not None and code is KafkaCode.none and epoch is None:
             parts = link.answer_assignment(full)
             if parts is not None:
-                given = make(assignment_cls, topic_partitions=_topic_partitions(tp_cls, parts))
+                given = make(
+                    assignment_cls, topic_partitions=_topic_partitions(ctx.front, tp_cls, parts)
+                )
             epoch = link.tell_epoch()
         return make(
             schema,
@@ -737,11 +741,15 @@ async def _describe(ctx: RequestContext, body: Any) -> Any:
                     subscribed_topic_regex=x["regex"],
                     assignment=make(
                         assignment_cls,
-                        topic_partitions=_topic_partitions(tp_cls, frozenset(x["current"])),
+                        topic_partitions=_topic_partitions(
+                            ctx.front, tp_cls, frozenset(x["current"])
+                        ),
                     ),
                     target_assignment=make(
                         assignment_cls,
-                        topic_partitions=_topic_partitions(tp_cls, frozenset(x["target"])),
+                        topic_partitions=_topic_partitions(
+                            ctx.front, tp_cls, frozenset(x["target"])
+                        ),
                     ),
                 )
             )

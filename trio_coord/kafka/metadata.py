@@ -30,9 +30,12 @@ _TOPIC_IDS: Final = uuid.UUID("6b0cb7e4-6a5e-4c43-9c55-3a1f1b1f0c11")
 _GROUP: Final = 0
 
 
-def topic_id(name: str) -> uuid.UUID:
-    """The topic id Metadata reports: derived from the name (a recreated topic keeps it)."""
-    return uuid.uuid5(_TOPIC_IDS, name)
+def topic_id(topics: Any, name: str) -> uuid.UUID:
+    """The id of topic ``name`` as Kafka clients see it: the one persisted with the topic
+    (``topics.ids``; a service without ids, or a topic not known, gets one derived from
+    the name, as topics had before ids were persisted)."""
+    found = getattr(topics, "ids", {}).get(name)
+    return uuid.UUID(hex=found) if found else uuid.uuid5(_TOPIC_IDS, name)
 
 
 class TopicIds:
@@ -50,10 +53,10 @@ class TopicIds:
         """The name of the topic with id ``topic`` (None if no topic has it)."""
         if topic is None:
             return None
-        partitions = self._front.service.topics.partitions
+        topics = self._front.service.topics
         name = self._names.get(topic)
-        if name is None or name not in partitions:
-            self._names = {topic_id(n): n for n in partitions}
+        if name is None or name not in topics.partitions or topic_id(topics, name) != topic:
+            self._names = {topic_id(topics, n): n for n in topics.partitions}
             name = self._names.get(topic)
         return name
 
@@ -168,7 +171,7 @@ def _metadata(ctx: RequestContext, names: list[str | uuid.UUID] | None) -> Any:
                 topic_cls,
                 error_code=KafkaCode.none,
                 name=name,
-                topic_id=topic_id(name),
+                topic_id=topic_id(service.topics, name),
                 is_internal=False,
                 partitions=tuple(parts),
             )

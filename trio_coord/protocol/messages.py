@@ -167,6 +167,8 @@ class TopicInfo(_Wire):
     name: str
     partitions: int
     leaders: list[int] = []
+    topic_id: str = ""
+    """The topic's id, 32 hex digits (Kafka clients see it as a UUID)."""
 
 
 class GroupSummary(_Wire):
