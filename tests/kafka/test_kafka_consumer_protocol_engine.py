@@ -322,3 +322,67 @@ async def test_classic_and_consumer_members_never_share_a_group(autojump_clock: 
             answer = await other.heartbeat()
             assert answer.error_code is KafkaCode.group_id_not_found
             nursery.cancel_scope.cancel()
+
+
+async def test_offset_commit_and_fetch_check_the_member_epoch(autojump_clock: Any) -> None:
+    """OffsetCommit/OffsetFetch v9 of a KIP-848 member: its epoch commits, another one is
+    STALE_MEMBER_EPOCH, a stranger UNKNOWN_MEMBER_ID; an admin (no member, epoch -1) reads."""
+    from kio.schema.offset_commit.v9.request import (
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.offset_fetch.v9.request import OffsetFetchRequestGroup
+
+    async with front_end() as (_broker, front):
+        a = Client(front, "a")
+        await run_for([a], 2.0)
+        assert a.owned and a.epoch > 0
+
+        async def commit(member_id: str, epoch: int) -> Any:
+            answer = await call(
+                front,
+                a.conn,
+                8,
+                9,
+                group_id="g",
+                generation_id_or_member_epoch=epoch,
+                member_id=member_id,
+                group_instance_id=None,
+                topics=(
+                    OffsetCommitRequestTopic(
+                        name=TOPIC,
+                        partitions=(
+                            OffsetCommitRequestPartition(
+                                partition_index=min(a.owned),
+                                committed_offset=0,
+                                committed_leader_epoch=-1,
+                                committed_metadata=None,
+                            ),
+                        ),
+                    ),
+                ),
+            )
+            return answer.topics[0].partitions[0].error_code
+
+        async def fetch(member_id: str | None, epoch: int) -> Any:
+            answer = await call(
+                front,
+                a.conn,
+                9,
+                9,
+                groups=(
+                    OffsetFetchRequestGroup(
+                        group_id="g", member_id=member_id, member_epoch=epoch, topics=None
+                    ),
+                ),
+                require_stable=False,
+            )
+            return answer.groups[0].error_code
+
+        assert await commit(a.member_id, a.epoch) is KafkaCode.none
+        assert await commit(a.member_id, a.epoch + 5) is KafkaCode.stale_member_epoch
+        assert await commit("stranger", a.epoch) is KafkaCode.unknown_member_id
+        assert await fetch(a.member_id, a.epoch) is KafkaCode.none
+        assert await fetch(a.member_id, a.epoch + 5) is KafkaCode.stale_member_epoch
+        assert await fetch("stranger", 3) is KafkaCode.unknown_member_id
+        assert await fetch(None, -1) is KafkaCode.none
