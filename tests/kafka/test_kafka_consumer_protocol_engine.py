@@ -198,7 +198,7 @@ ACTIONS = st.lists(
 
 
 @settings(
-    max_examples=40,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

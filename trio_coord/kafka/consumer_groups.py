@@ -238,17 +238,26 @@ class ConsumerMemberLink:
 
     async def _stop(self, body: StopFetchersRequest) -> StopFetchersResponse:
         revoked = self.assigned if body.partitions is None else frozenset(body.partitions)
-        if revoked & self.assigned:
-            self.assigned -= revoked
+        removed = revoked & self.assigned
+        if removed:
+            self.assigned -= removed
             self.version += 1
         if not revoked & (self.owned | self.told):
             return StopFetchersResponse([])  # never told of them, never reported them
         self.stopping = stop = _Stop(revoked)
+        acknowledged = False
         try:
             await stop.done.wait()
+            acknowledged = True
         finally:
             if self.stopping is stop:
                 self.stopping = None
+            if not acknowledged and removed:
+                # The rebalance was cancelled before the member gave them up: the engine
+                # still counts them as the member's (the next plan may leave them there,
+                # "unchanged"), so they are its again, whatever it did with them meanwhile.
+                self.assigned |= removed
+                self.version += 1
         if self.closed:
             raise ConnectionClosedError(f"Kafka member {self.member_id} is gone")
         return StopFetchersResponse([])
