@@ -386,3 +386,34 @@ async def test_offset_commit_and_fetch_check_the_member_epoch(autojump_clock: An
         assert await fetch(a.member_id, a.epoch + 5) is KafkaCode.stale_member_epoch
         assert await fetch("stranger", 3) is KafkaCode.unknown_member_id
         assert await fetch(None, -1) is KafkaCode.none
+
+
+async def test_a_bad_regex_or_assignor_is_refused_as_kafka_does(autojump_clock: Any) -> None:
+    """A pattern RE2 refuses is INVALID_REGULAR_EXPRESSION; an assignor the broker does not
+    have is UNSUPPORTED_ASSIGNOR; neither joins the group."""
+    async with front_end() as (_broker, front):
+
+        async def join(**fields: Any) -> Any:
+            return await call(
+                front,
+                FakeConnection(),
+                68,
+                1,
+                group_id="g",
+                member_id=uuid.uuid4().hex[:22],
+                member_epoch=0,
+                rebalance_timeout=timedelta(seconds=10),
+                topic_partitions=(),
+                **fields,
+            )
+
+        bad = await join(subscribed_topic_regex="t(")
+        assert bad.error_code is KafkaCode.invalid_regular_expression
+        assert "RE2" in bad.error_message
+        odd = await join(subscribed_topic_names=(TOPIC,), server_assignor="sticky")
+        assert odd.error_code is KafkaCode.unsupported_assignor
+        assert front.service.coordinator.runner("g") is None or not (
+            front.service.coordinator.runner("g").group.members  # type: ignore[union-attr]
+        )
+        good = await join(subscribed_topic_regex="t|u", server_assignor="range")
+        assert good.error_code is KafkaCode.none and good.member_epoch > 0

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
+import re2
 import trio
 
 from ..core.group import MAX_NAME_LENGTH, GroupState
@@ -79,6 +80,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NO_THROTTLE: Final = datetime.timedelta(0)
+MAX_REGEX_LENGTH: Final = 1000
+"""The longest ``subscribed_topic_regex`` (the engine's bound on ``re:`` patterns)."""
 SERVER_ASSIGNORS: Final = ("uniform", "range")
 """The server assignors a KIP-848 member may name (``uniform`` when it names none)."""
 
@@ -456,6 +459,23 @@ def _rebalance_ms(limit: float, asked: int) -> int:
     return max(1, min(asked, int(limit * 1000)))
 
 
+def _check_regex(regex: str) -> None:
+    """INVALID_REGULAR_EXPRESSION (as Kafka) for a pattern RE2 refuses or one too long."""
+    if len(regex) > MAX_REGEX_LENGTH:
+        raise KafkaError(
+            KafkaCode.invalid_regular_expression,
+            f"subscribed_topic_regex of {len(regex)} characters is longer than "
+            f"{MAX_REGEX_LENGTH}; use a shorter pattern",
+        )
+    try:
+        re2.compile(regex)
+    except re2.error as exc:
+        raise KafkaError(
+            KafkaCode.invalid_regular_expression,
+            f"subscribed_topic_regex {regex!r} is not an RE2 regular expression: {exc}",
+        ) from None
+
+
 def _request(
     ctx: RequestContext, body: Any, link: ConsumerMemberLink, engine_id: str
 ) -> JoinGroupRequest:
@@ -463,6 +483,7 @@ def _request(
     topics, regex = _subscription(body, link)
     entries = list(dict.fromkeys(topics))
     if regex is not None:
+        _check_regex(regex)
         entries.append(PATTERN_PREFIX + regex)
     if not entries:
         raise KafkaError(
