@@ -41,6 +41,21 @@ of the medians (lower is faster; the goal is crash < 1).
 
 The mock keeps about 5 MB per partition and drops older records beyond
 that, so N x S / P must stay below it (the default 100,000 x 100 B / 4 does).
+
+``--kip848`` measures only rebalance latency, the classic protocol
+(librdkafka's ``cooperative-sticky``, heartbeat.interval.ms 500) against
+``group.protocol=consumer`` (KIP-848, the broker's assignor), consumers in
+threads of this process: ``form`` is the time from N members subscribing at
+once until every partition is owned exactly once, each member owning some;
+``join`` the time from an (N+1)th member subscribing until that holds again
+for N+1. On trio-coord the topic has P partitions (``--members 10
+--partitions 1000``: KIP-848's published test had 10 members and up to 1,000
+partitions, ~5 s against ~103 s classic; the goal here is under 1 s); its
+broker runs with ``--kafka-consumer-heartbeat-interval`` (0.25 s here, 1 s
+by default: a member learns a revocation or an assignment at its next
+heartbeat). On the mock cluster (which serves KIP-848 too) topics have 4
+partitions, so min(N, 3) members: the figure that travels is each target's
+consumer/classic ratio, not trio-coord/mock.
 """
 
 from __future__ import annotations
@@ -485,19 +500,22 @@ def run_kip848(params: dict[str, Any]) -> dict[str, Any]:
                 for target in ("trio_coord", "mock"):
                     for protocol in ("classic", "consumer"):
                         topic = f"kip848-{rep}-{target}-{protocol}"
+                        members = params["members"]
                         if target == "mock":
                             partitions = _create(mock_bootstrap, topic, 0, mock)
                             bootstrap = mock_bootstrap
+                            # (its topics have 4 partitions: fewer members, so that the one
+                            # joining takes a partition from someone)
+                            members = max(1, min(members, partitions - 1))
                         else:
                             partitions = params["partitions"]
                             _create(trio_bootstrap, topic, partitions, None)
                             bootstrap = trio_bootstrap
-                        got = _kip848_round(
-                            bootstrap, topic, partitions, params["members"], protocol, 30.0
-                        )
+                        got = _kip848_round(bootstrap, topic, partitions, members, protocol, 30.0)
                         key = f"{target}/{protocol}"
                         entry = samples.setdefault(key, {"form_ms": [], "join_ms": []})
                         entry["partitions"] = [partitions]
+                        entry["members"] = [members]
                         for what, value in got.items():
                             entry[what].append(value)
             del mock
@@ -512,6 +530,7 @@ def run_kip848(params: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"params": params}
     for key, entry in samples.items():
         result[key] = {
+            "members": entry["members"][0],
             "partitions": entry["partitions"][0],
             "form_ms": median(entry["form_ms"]),
             "join_ms": median(entry["join_ms"]),
@@ -522,13 +541,8 @@ def run_kip848(params: dict[str, Any]) -> dict[str, Any]:
         for what in ("form_ms", "join_ms"):
             if classic[what] and consumer[what]:
                 ratios[f"{target} {what[:-3]} consumer/classic"] = consumer[what] / classic[what]
-    for protocol in ("classic", "consumer"):
-        a, b = result[f"trio_coord/{protocol}"], result[f"mock/{protocol}"]
-        for what in ("form_ms", "join_ms"):
-            if a[what] and b[what]:
-                ratios[f"{protocol} {what[:-3]} trio-coord/mock (different sizes)"] = (
-                    a[what] / b[what]
-                )
+    # (No trio-coord/mock ratio: the mock's topics have 4 partitions, so the two targets
+    # do not run the same group; each target's consumer/classic ratio is the figure.)
     result["ratio"] = ratios
     return result
 
@@ -539,7 +553,7 @@ def render_kip848(result: dict[str, Any]) -> str:
     lines = [
         f"{p['members']} members form a group, then one more joins; {p['rounds']} round(s), "
         f"medians; trio-coord's KIP-848 heartbeat interval {p['consumer_heartbeat_interval']}s",
-        f"{'target/protocol':<22}{'partitions':>11}{'form ms':>10}{'join ms':>10}",
+        f"{'target/protocol':<22}{'members':>8}{'partitions':>11}{'form ms':>10}{'join ms':>10}",
     ]
     for key in ("trio_coord/classic", "trio_coord/consumer", "mock/classic", "mock/consumer"):
         f = result[key]
@@ -547,7 +561,10 @@ def render_kip848(result: dict[str, Any]) -> str:
         def cell(v: float | None) -> str:
             return f"{v:>10,.0f}" if v is not None else f"{'failed':>10}"
 
-        lines.append(f"{key:<22}{f['partitions']:>11}{cell(f['form_ms'])}{cell(f['join_ms'])}")
+        lines.append(
+            f"{key:<22}{f['members']:>8}{f['partitions']:>11}{cell(f['form_ms'])}"
+            f"{cell(f['join_ms'])}"
+        )
     for name, value in result["ratio"].items():
         lines.append(f"ratio {name}: {value:.2f}x")
     return "\n".join(lines)

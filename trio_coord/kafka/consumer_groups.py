@@ -285,6 +285,8 @@ class ConsumerGroups:
         self.front = front
         self.links: dict[tuple[str, str], ConsumerMemberLink] = {}
         self.by_engine: dict[tuple[str, str], ConsumerMemberLink] = {}
+        self.by_group: dict[str, set[str]] = {}
+        """group → the engine ids of its KIP-848 members (for O(1) protocol checks)."""
         self.by_instance: dict[tuple[str, str], ConsumerMemberLink] = {}
 
     def register(self, link: ConsumerMemberLink, engine_id: str) -> None:
@@ -294,6 +296,7 @@ class ConsumerGroups:
         link.engine_id = engine_id
         self.links[(link.group_id, link.member_id)] = link
         self.by_engine[(link.group_id, engine_id)] = link
+        self.by_group.setdefault(link.group_id, set()).add(engine_id)
         if link.instance_id:
             self.by_instance[(link.group_id, link.instance_id)] = link
 
@@ -308,6 +311,12 @@ class ConsumerGroups:
         ):
             if table.get(key) is link:
                 del table[key]
+        if (link.group_id, link.engine_id) not in self.by_engine:
+            ids = self.by_group.get(link.group_id)
+            if ids is not None:
+                ids.discard(link.engine_id)
+                if not ids:
+                    del self.by_group[link.group_id]
 
     def step_out(self, link: ConsumerMemberLink) -> None:
         """A static member stepped out (epoch -2): its process is gone, but the engine keeps
@@ -323,7 +332,22 @@ class ConsumerGroups:
         runner = self.front.service.coordinator.runner(group_id)
         if runner is None:
             return False
-        return any((group_id, m) in self.by_engine for m in runner.group.members)
+        ids = self.by_group.get(group_id)
+        if not ids:
+            return False
+        members = runner.group.members
+        for engine_id in list(ids):
+            if engine_id in members:
+                return True
+            # (removed by the engine: a static member whose session ended) forget it
+            link = self.by_engine.pop((group_id, engine_id), None)
+            ids.discard(engine_id)
+            if link is not None and link.instance_id:
+                if self.by_instance.get((group_id, link.instance_id)) is link:
+                    del self.by_instance[(group_id, link.instance_id)]
+        if not ids:
+            del self.by_group[group_id]
+        return False
 
     def partitions(self, entries: Any) -> frozenset[TopicPartition] | None:
         """The partitions of a heartbeat's topic_partitions (None stays None)."""
@@ -694,8 +718,9 @@ def describe_members(front: FrontEnd, group_id: str) -> dict[str, dict[str, Any]
     """Per engine member id, what a KIP-848 member adds to a description (for the CLI too)."""
     groups = front.state(ConsumerGroups)
     out = {}
-    for (g, engine_id), link in groups.by_engine.items():
-        if g == group_id:
+    for engine_id in groups.by_group.get(group_id, ()):
+        link = groups.by_engine.get((group_id, engine_id))
+        if link is not None:
             out[engine_id] = {
                 "member_id": link.member_id,
                 "member_epoch": link.epoch,
