@@ -147,7 +147,7 @@ class BrokerConfig:
     """The session timeout of a Kafka consumer-protocol (KIP-848) member: the broker's,
     as Kafka's group.consumer.session.timeout.ms (the client does not choose it); held
     within ``min_session_timeout`` and ``max_session_timeout``."""
-    kafka_consumer_heartbeat_interval: float = 1.0
+    kafka_consumer_heartbeat_interval: float = 0.5
     """How often a KIP-848 member heartbeats (Kafka's group.consumer.heartbeat.interval.ms,
     5 s there): a member learns a revocation or a new assignment at its next heartbeat,
     so this bounds how long a rebalance waits for each member."""

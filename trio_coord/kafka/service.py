@@ -72,7 +72,7 @@ class KafkaLimits:
     """What DescribeConfigs reports for the broker."""
     consumer_session_timeout: float = 45.0
     """A KIP-848 member's session timeout (the broker's, as in Kafka)."""
-    consumer_heartbeat_interval: float = 1.0
+    consumer_heartbeat_interval: float = 0.5
     """A KIP-848 member's heartbeat interval (told in every heartbeat answer)."""
     max_rebalance_timeout: float = 300.0
     """A KIP-848 member's rebalance timeout (its max.poll.interval.ms) is capped at this."""
