@@ -377,12 +377,12 @@ def _topic_partitions(
 # -- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
 
-async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
+def _answerer(ctx: RequestContext) -> Any:
+    """The function that makes this request's ConsumerGroupHeartbeat answer."""
     schema = response_schema(68, ctx.version)
     assignment_cls = nested(schema, "Assignment")
     tp_cls = nested(schema, "TopicPartitions")
-    limits = ctx.front.limits
-    interval = datetime.timedelta(seconds=limits.consumer_heartbeat_interval)
+    interval = datetime.timedelta(seconds=ctx.front.limits.consumer_heartbeat_interval)
 
     def answer(
         code: KafkaCode,
@@ -411,6 +411,23 @@ async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
             assignment=given,
         )
 
+    return answer
+
+
+def _heartbeat_now(ctx: RequestContext, body: Any) -> Any | None:
+    """A plain heartbeat, answered at once (O(1) but for partitions that changed); None
+    for a join, a leave or a change of subscription (the async handler)."""
+    if body.member_epoch <= 0 or not body.group_id:
+        return None
+    groups = ctx.front.state(ConsumerGroups)
+    link = groups.links.get((body.group_id, body.member_id))
+    if link is not None and not link.dropped and _changed(link, body):
+        return None
+    return _beat(ctx, body, groups, link, _answerer(ctx))
+
+
+async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
+    answer = _answerer(ctx)
     groups = ctx.front.state(ConsumerGroups)
     try:
         if not body.group_id:
@@ -421,6 +438,31 @@ async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
         link = groups.links.get((body.group_id, body.member_id))
         if epoch in (-1, -2):
             return await _leave(ctx, body, groups, link, answer)
+        if (
+            link is not None
+            and not link.dropped
+            and epoch in link.told_epochs
+            and _changed(link, body)
+        ):
+            await _rejoin(ctx, body, groups, link)
+    except KafkaError as exc:
+        return answer(exc.code, str(exc), epoch=-1, member_id=body.member_id)
+    except CoordError as exc:
+        log.debug("ConsumerGroupHeartbeat of group %s from %s: %s", body.group_id, ctx.peer, exc)
+        return answer(_code(exc), str(exc), epoch=-1, member_id=body.member_id)
+    return _beat(ctx, body, groups, link, answer)
+
+
+def _beat(
+    ctx: RequestContext,
+    body: Any,
+    groups: ConsumerGroups,
+    link: ConsumerMemberLink | None,
+    answer: Any,
+) -> Any:
+    """A heartbeat of a member (epoch > 0): fenced, renewed, answered."""
+    epoch = body.member_epoch
+    try:
         if link is None or link.dropped:
             ctx.front.service.coordinator.fetch_offsets(body.group_id, [])  # NOT_COORDINATOR
             raise KafkaError(KafkaCode.unknown_member_id, "not a member; join with epoch 0")
@@ -440,8 +482,6 @@ async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
             )
         link.bind(ctx.conn, ctx.peer)
         owned = groups.partitions(body.topic_partitions)
-        if _changed(link, body):
-            await _rejoin(ctx, body, groups, link)
         ctx.front.service.coordinator.heartbeat(
             HeartbeatRequest(body.group_id, link.engine_id, member.generation)
         )
@@ -826,6 +866,6 @@ async def _describe(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(68, 0, 1, _heartbeat),
+    Api(68, 0, 1, _heartbeat, now=_heartbeat_now),
     Api(69, 0, 0, _describe),
 ]
