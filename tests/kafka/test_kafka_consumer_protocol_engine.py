@@ -33,7 +33,7 @@ from trio_coord import Broker, open_broker
 from trio_coord.kafka.codec import KafkaCode, RequestHead
 from trio_coord.kafka.dispatch import FrontEnd, RequestContext
 from trio_coord.kafka.groups import encode_subscription
-from trio_coord.kafka.metadata import topic_id
+from trio_coord.kafka.metadata import TopicIds, topic_id
 from trio_coord.kafka.service import KafkaLimits
 
 SESSION = 3.0
@@ -417,3 +417,48 @@ async def test_a_bad_regex_or_assignor_is_refused_as_kafka_does(autojump_clock: 
         )
         good = await join(subscribed_topic_regex="t|u", server_assignor="range")
         assert good.error_code is KafkaCode.none and good.member_epoch > 0
+
+
+async def test_a_heartbeat_that_changes_the_subscription_rebalances(autojump_clock: Any) -> None:
+    """A member that adds a topic in a later heartbeat is given its partitions too."""
+    async with front_end() as (broker, front):
+        await broker.topics.create_topic("u", 2)
+        a = Client(front, "a")
+        await run_for([a], 2.0)
+        assert a.owned == frozenset(range(PARTITIONS))
+        answer = await call(
+            front,
+            a.conn,
+            68,
+            1,
+            group_id="g",
+            member_id=a.member_id,
+            member_epoch=a.epoch,
+            subscribed_topic_names=(TOPIC, "u"),
+            topic_partitions=None,
+        )
+        assert answer.error_code is KafkaCode.none
+        epoch = answer.member_epoch
+        for _ in range(10):
+            await trio.sleep(INTERVAL)
+            answer = await call(
+                front,
+                a.conn,
+                68,
+                1,
+                group_id="g",
+                member_id=a.member_id,
+                member_epoch=epoch,
+                topic_partitions=None,
+            )
+            assert answer.error_code is KafkaCode.none
+            epoch = answer.member_epoch
+            if answer.assignment is not None:
+                names = {
+                    front.state(TopicIds).name(tp.topic_id): len(tp.partitions)
+                    for tp in answer.assignment.topic_partitions
+                }
+                if names == {TOPIC: PARTITIONS, "u": 2}:
+                    break
+        else:
+            raise AssertionError("the new topic's partitions never came")
