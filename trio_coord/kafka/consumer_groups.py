@@ -623,8 +623,11 @@ async def _join(ctx: RequestContext, body: Any, groups: ConsumerGroups, answer: 
         if ctx.version >= 1:
             raise KafkaError(KafkaCode.invalid_request, "a member id is required (v1)")
         member_id = uuid.uuid4().hex
-    if len(member_id) > MAX_NAME_LENGTH:
-        raise KafkaError(KafkaCode.invalid_request, "the member id is too long")
+    if len(member_id) > MAX_NAME_LENGTH or len(body.rack_id or "") > MAX_NAME_LENGTH:
+        raise KafkaError(
+            KafkaCode.invalid_request,
+            f"member id and rack id may have at most {MAX_NAME_LENGTH} characters",
+        )
     _check_protocol(ctx, groups, group_id)
     coordinator = ctx.front.service.coordinator
     link = groups.links.get((group_id, member_id))
