@@ -321,6 +321,20 @@ async def test_classic_and_consumer_members_never_share_a_group(autojump_clock: 
             other = Client(front, "x", group="classic")
             answer = await other.heartbeat()
             assert answer.error_code is KafkaCode.group_id_not_found
+            described = await call(
+                front,
+                FakeConnection(),
+                69,
+                0,
+                group_ids=("classic", "nope", "kip848"),
+                include_authorized_operations=False,
+            )
+            codes = [g.error_code for g in described.groups]
+            assert codes == [KafkaCode.group_id_not_found] * 2 + [KafkaCode.none]
+            (kip848,) = described.groups[2].members
+            assert kip848.member_id == member.member_id
+            assert kip848.member_epoch == member.epoch
+            assert len(kip848.target_assignment.topic_partitions[0].partitions) == PARTITIONS
             nursery.cancel_scope.cancel()
 
 

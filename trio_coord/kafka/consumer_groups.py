@@ -777,6 +777,13 @@ def describe_members(front: FrontEnd, group_id: str) -> dict[str, dict[str, Any]
     return out
 
 
+def _describe_code(exc: KafkaError | CoordError) -> KafkaCode:
+    """ConsumerGroupDescribe's code for a group it cannot describe (unknown: GROUP_ID_NOT_FOUND)."""
+    if isinstance(exc, CoordError) and exc.code == ErrorCode.GROUP_ID_NOT_FOUND:
+        return KafkaCode.group_id_not_found
+    return kafka_code(exc)
+
+
 async def _describe(ctx: RequestContext, body: Any) -> Any:
     schema = response_schema(69, ctx.version)
     group_cls = nested(schema, "DescribedGroup")
@@ -802,13 +809,7 @@ async def _describe(ctx: RequestContext, body: Any) -> Any:
             out.append(
                 make(
                     group_cls,
-                    error_code=exc.code
-                    if isinstance(exc, KafkaError)
-                    else kafka_code(exc)
-                    if not (
-                        isinstance(exc, CoordError) and exc.code == ErrorCode.GROUP_ID_NOT_FOUND
-                    )
-                    else KafkaCode.group_id_not_found,
+                    error_code=_describe_code(exc),
                     error_message=str(exc),
                     group_id=group_id,
                     group_state="dead",
