@@ -219,15 +219,15 @@ def kafka_topic_id(info: TopicInfo) -> str | None:
 
 
 def _topic_json(topics: Sequence[TopicInfo]) -> list[dict[str, Any]]:
-    return [
-        {
-            "topic": t.name,
-            "partitions": t.partitions,
-            "topic_id": kafka_topic_id(t),
-            "topic_uuid": str(uuid.UUID(hex=t.topic_id)) if t.topic_id else None,
-        }
-        for t in topics
-    ]
+    return [{"topic": t.name, "partitions": t.partitions} for t in topics]
+
+
+def _topic_id_json(info: TopicInfo) -> dict[str, Any]:
+    """A topic's id as ``topics describe --json`` gives it: Kafka's form, and as a UUID."""
+    return {
+        "topic_id": kafka_topic_id(info),
+        "topic_uuid": str(uuid.UUID(hex=info.topic_id)) if info.topic_id else None,
+    }
 
 
 async def cmd_topics_create(args: argparse.Namespace) -> None:
@@ -312,6 +312,7 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
         [
             {
                 **_topic_json([t])[0],
+                **_topic_id_json(t),
                 "offsets": [
                     {"partition": r[1], "log_start": r[2], "log_end": r[3]}
                     for r in rows
@@ -320,7 +321,7 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
             }
             for t in topics
         ],
-        ids + "\n\n" + format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows) + "\n\n" + ids
         if rows
         else "no topics (create one with: trio-coord topics create NAME --partitions N)",
     )
