@@ -41,6 +41,22 @@ of the medians (lower is faster; the goal is crash < 1).
 
 The mock keeps about 5 MB per partition and drops older records beyond
 that, so N x S / P must stay below it (the default 100,000 x 100 B / 4 does).
+
+``--kip848`` measures only rebalance latency, the classic protocol
+(librdkafka's ``cooperative-sticky``, heartbeat.interval.ms 500) against
+``group.protocol=consumer`` (KIP-848, the broker's assignor), consumers in
+threads of this process: ``form`` is the time from N members subscribing at
+once until every partition is owned exactly once, each member owning some;
+``join`` the time from an (N+1)th member subscribing until that holds again
+for N+1. On trio-coord the topic has P partitions (``--members 10
+--partitions 1000``: KIP-848's published test had 10 members and up to 1,000
+partitions, ~5 s against ~103 s classic; the goal here is under 1 s); its
+broker runs with ``--consumer-heartbeat-interval`` as its
+``--kafka-consumer-heartbeat-interval`` (0.5 s, the broker's default: a
+member learns a revocation or an assignment at its next heartbeat). On the
+mock cluster (which serves KIP-848 too) topics have 4 partitions, so min(N, 3)
+members: the figure that travels is each target's
+consumer/classic ratio, not trio-coord/mock.
 """
 
 from __future__ import annotations
@@ -65,7 +81,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _start_broker(directory: Path, flush_interval: float) -> tuple[subprocess.Popen[str], str]:
+def _start_broker(
+    directory: Path, flush_interval: float, *extra: str
+) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -81,6 +99,7 @@ def _start_broker(directory: Path, flush_interval: float) -> tuple[subprocess.Po
             "--flush-interval",
             str(flush_interval),
             "--json",
+            *extra,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -378,6 +397,180 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+# -- KIP-848: rebalance latency, classic vs group.protocol=consumer --------------------------
+
+
+class _Members:
+    """Consumers polled by one thread each; each one's assignment as its own thread saw it
+    (Consumer.assignment() from another thread can deadlock with a rebalance callback)."""
+
+    def __init__(self) -> None:
+        self.assigned: dict[int, frozenset[int]] = {}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, index: int, config: dict[str, Any], topic: str) -> None:
+        def run() -> None:
+            c = Consumer(config)
+            c.subscribe([topic])
+            try:
+                while not self.stop.is_set():
+                    msg = c.poll(0.01)
+                    if msg is not None and msg.error() and len(self.errors) < 5:
+                        self.errors.append(str(msg.error()))
+                    self.assigned[index] = frozenset(tp.partition for tp in c.assignment())
+            finally:
+                c.close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def exact(self, partitions: int, members: int) -> bool:
+        """Every partition owned exactly once, by ``members`` members that each own some."""
+        owned = [self.assigned.get(i, frozenset()) for i in range(members)]
+        each = all(owned) or partitions < members  # (4 mock partitions: not all get one)
+        return each and sum(map(len, owned)) == partitions == len(frozenset().union(*owned))
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def _kip848_round(
+    bootstrap: str, topic: str, partitions: int, members: int, protocol: str, limit: float
+) -> dict[str, float | None]:
+    """Form a group of ``members`` at once, then one more joins; ms until exact each time."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"g-{topic}-{protocol}",
+        "auto.offset.reset": "earliest",
+        "log_level": 3,
+    }
+    if protocol == "consumer":
+        config["group.protocol"] = "consumer"
+    else:
+        config.update(
+            {
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+    group = _Members()
+    figures: dict[str, float | None] = {"form_ms": None, "join_ms": None}
+    try:
+        started = time.monotonic()
+        for i in range(members):
+            group.start(i, config, topic)
+        deadline = started + limit
+        while time.monotonic() < deadline and not group.exact(partitions, members):
+            time.sleep(0.002)
+        if not group.exact(partitions, members):
+            return figures
+        figures["form_ms"] = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        group.start(members, config, topic)
+        deadline = started + limit
+        while time.monotonic() < deadline and not group.exact(partitions, members + 1):
+            time.sleep(0.002)
+        if group.exact(partitions, members + 1):
+            figures["join_ms"] = (time.monotonic() - started) * 1000
+        return figures
+    finally:
+        group.close()
+
+
+def run_kip848(params: dict[str, Any]) -> dict[str, Any]:
+    """Rebalance latency, classic (cooperative-sticky) vs ``group.protocol=consumer``, on
+    trio-coord (``params["partitions"]``) and on the mock cluster (its 4-partition topics),
+    alternating, ``params["rounds"]`` times; medians."""
+    samples: dict[str, dict[str, list[float | None]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        process, trio_bootstrap = _start_broker(
+            Path(tmp),
+            1.0,
+            "--kafka-consumer-heartbeat-interval",
+            str(params["consumer_heartbeat_interval"]),
+        )
+        try:
+            mock, mock_bootstrap = _mock_cluster()
+            for rep in range(params["rounds"]):
+                for target in ("trio_coord", "mock"):
+                    for protocol in ("classic", "consumer"):
+                        topic = f"kip848-{rep}-{target}-{protocol}"
+                        members = params["members"]
+                        if target == "mock":
+                            partitions = _create(mock_bootstrap, topic, 0, mock)
+                            bootstrap = mock_bootstrap
+                            # (its topics have 4 partitions: fewer members, so that the one
+                            # joining takes a partition from someone)
+                            members = max(1, min(members, partitions - 1))
+                        else:
+                            partitions = params["partitions"]
+                            _create(trio_bootstrap, topic, partitions, None)
+                            bootstrap = trio_bootstrap
+                        got = _kip848_round(bootstrap, topic, partitions, members, protocol, 30.0)
+                        key = f"{target}/{protocol}"
+                        entry = samples.setdefault(key, {"form_ms": [], "join_ms": []})
+                        entry["partitions"] = [partitions]
+                        entry["members"] = [members]
+                        for what, value in got.items():
+                            entry[what].append(value)
+            del mock
+        finally:
+            process.terminate()
+            process.wait(15)
+
+    def median(values: list[float | None]) -> float | None:
+        done = [v for v in values if v is not None]
+        return statistics.median(done) if len(done) == len(values) and done else None
+
+    result: dict[str, Any] = {"params": params}
+    for key, entry in samples.items():
+        result[key] = {
+            "members": entry["members"][0],
+            "partitions": entry["partitions"][0],
+            "form_ms": median(entry["form_ms"]),
+            "join_ms": median(entry["join_ms"]),
+        }
+    ratios = {}
+    for target in ("trio_coord", "mock"):
+        classic, consumer = result[f"{target}/classic"], result[f"{target}/consumer"]
+        for what in ("form_ms", "join_ms"):
+            if classic[what] and consumer[what]:
+                ratios[f"{target} {what[:-3]} consumer/classic"] = consumer[what] / classic[what]
+    # (No trio-coord/mock ratio: the mock's topics have 4 partitions, so the two targets
+    # do not run the same group; each target's consumer/classic ratio is the figure.)
+    result["ratio"] = ratios
+    return result
+
+
+def render_kip848(result: dict[str, Any]) -> str:
+    """The KIP-848 result as a small table for people."""
+    p = result["params"]
+    lines = [
+        f"{p['members']} members form a group, then one more joins; {p['rounds']} round(s), "
+        f"medians; trio-coord's KIP-848 heartbeat interval {p['consumer_heartbeat_interval']}s",
+        f"{'target/protocol':<22}{'members':>8}{'partitions':>11}{'form ms':>10}{'join ms':>10}",
+    ]
+    for key in ("trio_coord/classic", "trio_coord/consumer", "mock/classic", "mock/consumer"):
+        f = result[key]
+
+        def cell(v: float | None) -> str:
+            return f"{v:>10,.0f}" if v is not None else f"{'failed':>10}"
+
+        lines.append(
+            f"{key:<22}{f['members']:>8}{f['partitions']:>11}{cell(f['form_ms'])}"
+            f"{cell(f['join_ms'])}"
+        )
+    for name, value in result["ratio"].items():
+        lines.append(f"ratio {name}: {value:.2f}x")
+    return "\n".join(lines)
+
+
 def render(result: dict[str, Any]) -> str:
     """The result as a small table for people."""
     p = result["params"]
@@ -456,6 +649,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=500,
         help="heartbeat.interval.ms (default 500)",
     )
+    parser.add_argument(
+        "--kip848",
+        action="store_true",
+        help="measure only rebalance latency, classic vs group.protocol=consumer (KIP-848): "
+        "--members (use 10) members on --partitions (use 1000) on trio-coord",
+    )
+    parser.add_argument(
+        "--consumer-heartbeat-interval",
+        type=float,
+        default=0.5,
+        help="with --kip848: trio-coord's --kafka-consumer-heartbeat-interval (default 0.5, "
+        "the broker's default)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: few records, once")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -473,6 +679,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "heartbeat_interval_ms": args.heartbeat_interval_ms,
         "quick": args.quick,
     }
+    if args.kip848:
+        kip848 = run_kip848(
+            {
+                "members": args.members,
+                "partitions": args.partitions,
+                "rounds": args.repeat or (1 if args.quick else 3),
+                "consumer_heartbeat_interval": args.consumer_heartbeat_interval,
+            }
+        )
+        print(json.dumps(kip848, indent=2) if args.json else render_kip848(kip848))
+        return 0
     result = run(params)
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -17,6 +17,7 @@ status 1.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -288,7 +290,12 @@ def test_topics_describe_shows_each_partitions_log_offsets(bootstrap, capsys):
     produce_values(bootstrap, "described", 1, ["a", "b", "c"])
     produce_values(bootstrap, "described", 2, ["d"])
     out = cli_ok(capsys, "topics", "describe", "described", "--json", "-b", bootstrap)
-    assert json.loads(out) == [
+    (described,) = json.loads(out)
+    # The topic's id, as Kafka's tools print it (URL-safe base64) and as a UUID.
+    topic_id = described.pop("topic_id")
+    uuid_bytes = uuid.UUID(described.pop("topic_uuid")).bytes
+    assert base64.urlsafe_b64decode(topic_id + "==") == uuid_bytes
+    assert [described] == [
         {
             "topic": "described",
             "partitions": 3,
@@ -301,10 +308,15 @@ def test_topics_describe_shows_each_partitions_log_offsets(bootstrap, capsys):
     ]
     text = cli_ok(capsys, "topics", "describe", "described", "-b", bootstrap).splitlines()
     assert text[0].split() == ["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"]
-    assert [line.split() for line in text[1:]] == [
+    assert [line.split() for line in text[1:4]] == [
         ["described", "0", "0", "0", "0"],
         ["described", "1", "0", "3", "3"],
         ["described", "2", "0", "1", "1"],
+    ]
+    assert [line.split() for line in text[4:]] == [
+        [],
+        ["TOPIC", "TOPIC-ID", "PARTITIONS"],
+        ["described", topic_id, "3"],
     ]
 
 

@@ -13,12 +13,14 @@ writes.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import json
 import logging
 import os
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO, TypeVar
 
@@ -94,6 +96,12 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
                 "partitions": [_tp(tp) for tp in m.partitions],
                 "instance_id": m.instance_id or None,
                 "rebalance_protocol": m.rebalance_protocol,
+                "generation": m.generation,
+                "member_epoch": None if m.member_epoch < 0 else m.member_epoch,
+                # The target is "partitions"; the current assignment differs from it only
+                # while a rebalance moves partitions (what the member may still fetch).
+                "current": [_tp(tp) for tp in (m.owned or m.partitions)],
+                "current_not_shown": m.owned_more,
             }
             for m in desc.members
         ],
@@ -165,6 +173,8 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         kafka_port=args.kafka_port,
         metrics_port=args.metrics_port,
         kafka_max_request_bytes=args.max_request_bytes,
+        kafka_consumer_session_timeout=args.kafka_consumer_session_timeout,
+        kafka_consumer_heartbeat_interval=args.kafka_consumer_heartbeat_interval,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -201,8 +211,23 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         await _until_signalled()
 
 
+def kafka_topic_id(info: TopicInfo) -> str | None:
+    """A topic's id as Kafka's tools print it (URL-safe base64 of the UUID, unpadded)."""
+    if not info.topic_id:
+        return None
+    return base64.urlsafe_b64encode(bytes.fromhex(info.topic_id)).decode().rstrip("=")
+
+
 def _topic_json(topics: Sequence[TopicInfo]) -> list[dict[str, Any]]:
     return [{"topic": t.name, "partitions": t.partitions} for t in topics]
+
+
+def _topic_id_json(info: TopicInfo) -> dict[str, Any]:
+    """A topic's id as ``topics describe --json`` gives it: Kafka's form, and as a UUID."""
+    return {
+        "topic_id": kafka_topic_id(info),
+        "topic_uuid": str(uuid.UUID(hex=info.topic_id)) if info.topic_id else None,
+    }
 
 
 async def cmd_topics_create(args: argparse.Namespace) -> None:
@@ -278,12 +303,16 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
         [tp.topic, tp.partition, o.log_start, o.log_end, o.log_end - o.log_start]
         for tp, o in sorted(offsets.items())
     ]
+    ids = format_table(
+        ["TOPIC", "TOPIC-ID", "PARTITIONS"],
+        [[t.name, kafka_topic_id(t) or "-", str(t.partitions)] for t in topics],
+    )
     _say(
         args,
         [
             {
-                "topic": t.name,
-                "partitions": t.partitions,
+                **_topic_json([t])[0],
+                **_topic_id_json(t),
                 "offsets": [
                     {"partition": r[1], "log_start": r[2], "log_end": r[3]}
                     for r in rows
@@ -292,7 +321,7 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
             }
             for t in topics
         ],
-        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows) + "\n\n" + ids
         if rows
         else "no topics (create one with: trio-coord topics create NAME --partitions N)",
     )
@@ -342,6 +371,24 @@ def describe_text(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> s
             for m in desc.members
         ]
         lines += ["", format_table(["MEMBER", "HOST", "TOPICS", "PARTITIONS"], rows)]
+        kip848 = [m for m in desc.members if m.member_epoch >= 0]
+        if kip848:
+            # Kafka consumer-protocol (KIP-848) members: epoch, and target vs current.
+            rows = [
+                [
+                    m.member_id,
+                    str(m.member_epoch),
+                    " ".join(map(str, m.partitions)) or "-",
+                    (" ".join(map(str, m.owned)) + (f" (+{m.owned_more})" if m.owned_more else ""))
+                    if m.owned
+                    else "(= target)",
+                ]
+                for m in kip848
+            ]
+            lines += [
+                "",
+                format_table(["MEMBER", "EPOCH", "TARGET ASSIGNMENT", "CURRENT ASSIGNMENT"], rows),
+            ]
     if lag:
         table = [
             [
@@ -1034,6 +1081,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="close a Kafka connection that announces a larger request, before reading it "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--kafka-consumer-session-timeout",
+        type=float,
+        default=BrokerConfig().kafka_consumer_session_timeout,
+        metavar="SECONDS",
+        help="session timeout of Kafka group.protocol=consumer (KIP-848) members, as Kafka's "
+        "group.consumer.session.timeout.ms (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kafka-consumer-heartbeat-interval",
+        type=float,
+        default=BrokerConfig().kafka_consumer_heartbeat_interval,
+        metavar="SECONDS",
+        help="heartbeat interval told to KIP-848 members (Kafka's "
+        "group.consumer.heartbeat.interval.ms); they learn assignment changes at their next "
+        "heartbeat (default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.add_argument(

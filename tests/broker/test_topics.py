@@ -108,3 +108,37 @@ def test_a_pattern_re2_cannot_run_is_refused_with_what_to_write():
         subscription_patterns(["re:" + "a" * 1001])
     (pattern,) = subscription_patterns(["re:orders-.*"])
     assert pattern.fullmatch("orders-eu") and not pattern.fullmatch("my-orders-eu")
+
+
+async def test_topic_ids_persist_and_a_recreated_topic_gets_a_new_one(tmp_path):
+    """A topic's id is random, kept across growth and restarts, new when it is recreated."""
+    from trio_coord import open_broker
+
+    async with open_broker(tmp_path / "data") as broker:
+        first = (await broker.topics.create_topic("t", 2)).topic_id
+        assert len(first) == 32 and int(first, 16)
+        assert (await broker.topics.add_partitions("t", 3)).topic_id == first
+    async with open_broker(tmp_path / "data") as broker:
+        assert broker.topics.info("t").topic_id == first
+        await broker.topics.delete_topic("t")
+        again = (await broker.topics.create_topic("t", 1)).topic_id
+        assert again not in ("", first)
+
+
+def test_a_topic_record_from_before_topic_ids_reads_and_keeps_a_derived_id():
+    """Old data dirs hold topic records without an id: they decode, the topic gets the id
+    derived from its name (what Kafka clients were told before), and keeps it."""
+    import msgspec
+
+    from trio_coord.broker.topics import TopicManager
+    from trio_coord.core.records import TopicRecord, decode_record, topic_id_of
+
+    old = decode_record(msgspec.msgpack.encode(["topic", "t", 2, []]))
+    assert old == TopicRecord("t", 2, [], "")
+    manager = TopicManager(None)  # type: ignore[arg-type]  (replay writes nothing)
+    manager.replay(old)
+    derived = manager.ids["t"]
+    assert derived == topic_id_of(old) and len(derived) == 32
+    manager.replay(TopicRecord("t", 4, [], ""))
+    assert (manager.partitions["t"], manager.ids["t"]) == (4, derived)
+    assert manager.current("t") == TopicRecord("t", 4, [], derived)

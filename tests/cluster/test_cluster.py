@@ -185,6 +185,9 @@ async def test_partitions_are_spread_and_served_by_their_leader(
         with trio.fail_after(10):
             while not all(b.topics.leaders.get("t") == info.leaders for b in brokers):
                 await trio.sleep(0.02)
+        # ...and the same topic id, persisted with the topic's record in ZooKeeper.
+        assert len(info.topic_id) == 32
+        assert [b.topics.ids["t"] for b in brokers] == [info.topic_id] * 3
         # A broker refuses a partition it does not hold...
         not_leader = next(b for b in brokers if b.config.broker_id != info.leaders[0])
         async with open_connection(*not_leader.address) as conn:

@@ -71,7 +71,7 @@ from trio_coord.protocol.messages import (
 
 BROKER = BrokerInfo(7, "10.0.0.7", 9093, 9092)
 OFFSET = PartitionOffset("orders", 3, 1234, "checkpoint-9")
-TOPIC = TopicInfo("orders", 12, leaders=[7] * 12)
+TOPIC = TopicInfo("orders", 12, leaders=[7] * 12, topic_id="9f" * 16)
 MEMBER = MemberDescription(
     "m-1",
     "client-a",
@@ -82,6 +82,10 @@ MEMBER = MemberDescription(
     [TopicPartition("orders", 3)],
     instance_id="host-a-worker",
     rebalance_protocol="cooperative",
+    generation=4,
+    owned=[TopicPartition("orders", 3), TopicPartition("orders", 4)],
+    owned_more=2,
+    member_epoch=5,
 )
 
 # One instance of every body type, every defaulted field set to a non-default value.
@@ -153,7 +157,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
 RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     MetadataResponse([BROKER], [TOPIC], coordinator=BROKER, next="orders"),
     CreateTopicResponse(TOPIC),
-    AddPartitionsResponse(TopicInfo("orders", 24, leaders=[7] * 24)),
+    AddPartitionsResponse(TopicInfo("orders", 24, leaders=[7] * 24, topic_id="9f" * 16)),
     JoinGroupResponse("m-1", 5, 15_000, rejoin=True),
     HeartbeatResponse(),
     LeaveGroupResponse(),

@@ -278,7 +278,7 @@ class CoordinatorService:
         runner = self._runners.get(group_id)
         if runner is None:
             raise GroupNotFoundError(f"group {group_id!r} does not exist")
-        return runner.group.describe()
+        return runner.describe()
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (removed after the retention period if it stays unused)."""

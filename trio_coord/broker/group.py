@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
 import trio
 
 from ..core.assignors import KAFKA_ASSIGNOR_PREFIX, Assignment, Assignor
@@ -50,6 +51,7 @@ from ..protocol.errors import (
 from ..protocol.messages import (
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
+    GroupDescription,
     HeartbeatRequest,
     JoinGroupRequest,
     JoinGroupResponse,
@@ -1038,6 +1040,28 @@ class GroupRunner:
         )
 
     # -- views ---------------------------------------------------------------------------
+
+    def describe(self) -> GroupDescription:
+        """The group as DescribeGroup shows it, with each member's ``member_epoch``.
+
+        The one hook for front ends: a member link with a ``member_epoch``
+        attribute (a Kafka KIP-848 member's) has it shown; others show -1.
+        """
+        desc = self.group.describe()
+        epochs = {
+            m.member_id: epoch
+            for m in desc.members
+            if (epoch := getattr(self._conns.get(m.member_id), "member_epoch", -1)) != -1
+        }
+        if not epochs:
+            return desc
+        members = [
+            msgspec.structs.replace(m, member_epoch=epochs[m.member_id])
+            if m.member_id in epochs
+            else m
+            for m in desc.members
+        ]
+        return msgspec.structs.replace(desc, members=members)
 
     def is_removable(self, now: float, retention: float) -> bool:
         """True if the group is empty, has no offsets, and has been so for ``retention``."""

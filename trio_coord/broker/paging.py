@@ -95,6 +95,7 @@ def page_members(
                     continue
                 cut = after.partition
                 partitions = [tp for tp in partitions if tp > cut]
+                member = msgspec.structs.replace(member, owned=[], owned_more=0)  # (page 1 had it)
         whole = _with(member, partitions)
         size = encoded_size(whole)
         if used + size <= budget:

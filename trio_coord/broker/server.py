@@ -143,6 +143,14 @@ class BrokerConfig:
     (Kafka's socket.request.max.bytes)."""
     kafka_max_batch_bytes: int = 1024 * 1024 + 12
     """The largest record batch a Kafka producer may send (Kafka's message.max.bytes)."""
+    kafka_consumer_session_timeout: float = 45.0
+    """The session timeout of a Kafka consumer-protocol (KIP-848) member: the broker's,
+    as Kafka's group.consumer.session.timeout.ms (the client does not choose it); held
+    within ``min_session_timeout`` and ``max_session_timeout``."""
+    kafka_consumer_heartbeat_interval: float = 0.5
+    """How often a KIP-848 member heartbeats (Kafka's group.consumer.heartbeat.interval.ms,
+    5 s there): a member learns a revocation or a new assignment at its next heartbeat,
+    so this bounds how long a rebalance waits for each member."""
     shutdown_grace: float = 5.0
     log: LogConfig = field(default_factory=LogConfig)
     assignors: tuple[Assignor, ...] = ()
@@ -195,6 +203,12 @@ class BrokerConfig:
             raise ValueError(f"metrics_port {self.metrics_port} is not between 0 and 65535")
         if self.kafka_port is not None and not 0 <= self.kafka_port <= 65535:
             raise ValueError(f"kafka_port {self.kafka_port} is not between 0 and 65535")
+        if not 0 < self.kafka_consumer_heartbeat_interval < self.kafka_consumer_session_timeout:
+            raise ValueError(
+                "kafka_consumer_heartbeat_interval "
+                f"({self.kafka_consumer_heartbeat_interval:g}s) must be positive and shorter "
+                f"than kafka_consumer_session_timeout ({self.kafka_consumer_session_timeout:g}s)"
+            )
         if not 1 <= self.kafka_max_batch_bytes <= self.kafka_max_request_bytes:
             raise ValueError(
                 f"kafka_max_batch_bytes ({self.kafka_max_batch_bytes}) must be positive and "
@@ -793,6 +807,13 @@ def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
         request_read_timeout=config.request_read_timeout,
         topic_configs=topic,
         broker_configs=broker,
+        # (within the broker's session limits, which every member's timeout must respect)
+        consumer_session_timeout=min(
+            max(config.kafka_consumer_session_timeout, config.min_session_timeout),
+            config.max_session_timeout,
+        ),
+        consumer_heartbeat_interval=config.kafka_consumer_heartbeat_interval,
+        max_rebalance_timeout=config.max_rebalance_timeout,
     )
 
 

@@ -23,6 +23,7 @@ a backtracking one (``(a+)*b``) does with Python's ``re``.
 from __future__ import annotations
 
 import functools
+import uuid
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import re2
 import trio
 
-from ..core.records import TopicRecord, TopicTombstone, supersedes
+from ..core.records import TopicRecord, TopicTombstone, supersedes, topic_id_of
 from ..core.validation import PATTERN_PREFIX, validate_topic_name
 from ..protocol.errors import (
     CoordinatorNotAvailableError,
@@ -107,6 +108,8 @@ class TopicManager:
         """topic → partition count (the durable, replayed state)."""
         self.leaders: dict[str, list[int]] = {}
         """topic → the broker holding each partition (empty lists on a single broker)."""
+        self.ids: dict[str, str] = {}
+        """topic → its id (32 hex digits; see :class:`~trio_coord.core.records.TopicRecord`)."""
         self._listeners: list[Callable[[str], None]] = []
         # Check-then-write must not interleave: two AddPartitions could shrink a topic.
         self._changing = trio.Lock()
@@ -130,7 +133,9 @@ class TopicManager:
     def current(self, name: str) -> TopicRecord | None:
         """The durable record of topic ``name`` (None if there is no such topic)."""
         count = self.partitions.get(name)
-        return None if count is None else TopicRecord(name, count, self.leaders.get(name, []))
+        if count is None:
+            return None
+        return TopicRecord(name, count, self.leaders.get(name, []), self.ids.get(name, ""))
 
     def replay(self, record: TopicRecord | TopicTombstone) -> None:
         """Apply a durable topic record and tell the listeners (counts never shrink)."""
@@ -139,10 +144,18 @@ class TopicManager:
             if old is not None:
                 del self.partitions[record.name]
                 self.leaders.pop(record.name, None)
+                self.ids.pop(record.name, None)
                 for listener in list(self._listeners):
                     listener(record.name)
             return
-        if not supersedes(record, old) or record == old:
+        if old is None or not old.topic_id or record.topic_id:
+            # (a topic keeps its id: a record from before topic ids does not take it away)
+            self.ids[record.name] = topic_id_of(record)
+        if not supersedes(record, old) or (
+            old is not None
+            and record.partitions == old.partitions
+            and list(record.leaders) == list(old.leaders)
+        ):
             return
         self.partitions[record.name] = record.partitions
         self.leaders[record.name] = list(record.leaders)
@@ -184,7 +197,7 @@ class TopicManager:
                 )
             leaders = self._place(name, [], partitions)
             try:
-                await self._writer.write([TopicRecord(name, partitions, leaders)])
+                await self._writer.write([TopicRecord(name, partitions, leaders, uuid.uuid4().hex)])
             except NodeExistsError:  # another broker of the cluster made it meanwhile
                 raise TopicAlreadyExistsError(
                     f"topic {name!r} was just created by another broker"
@@ -202,7 +215,7 @@ class TopicManager:
                     "(partitions can be added, never removed)"
                 )
             leaders = self._place(name, self.leaders.get(name, []), total)
-            await self._writer.write([TopicRecord(name, total, leaders)])
+            await self._writer.write([TopicRecord(name, total, leaders, self.ids.get(name, ""))])
             return self.info(name)
 
     async def delete_topic(self, name: str) -> None:
@@ -229,4 +242,6 @@ class TopicManager:
 
     def info(self, name: str) -> TopicInfo:
         """One topic as Metadata describes it; raises UNKNOWN_TOPIC if it does not exist."""
-        return TopicInfo(name, self.require(name), list(self.leaders.get(name, [])))
+        return TopicInfo(
+            name, self.require(name), list(self.leaders.get(name, [])), self.ids.get(name, "")
+        )

@@ -39,6 +39,7 @@ from ..protocol.errors import (
     InvalidSessionTimeoutError,
 )
 from ..protocol.messages import (
+    MAX_DESCRIBED_OWNED,
     NO_OFFSET,
     GroupDescription,
     GroupSummary,
@@ -1015,6 +1016,11 @@ class Group:
                     sorted(m.assignment),
                     m.instance_id,
                     m.protocol,
+                    m.generation,
+                    [] if m.may_own == m.assignment else sorted(m.may_own)[:MAX_DESCRIBED_OWNED],
+                    0
+                    if m.may_own == m.assignment
+                    else max(0, len(m.may_own) - MAX_DESCRIBED_OWNED),
                 )
                 for m in sorted(self.members.values(), key=lambda m: m.member_id)
             ],

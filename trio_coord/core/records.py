@@ -11,6 +11,8 @@ messages, their fields are only ever appended, with defaults.
 
 from __future__ import annotations
 
+import uuid
+
 import msgspec
 
 from ..protocol.messages import TopicPartition
@@ -27,6 +29,7 @@ __all__ = [
     "decode_record",
     "encode_record",
     "supersedes",
+    "topic_id_of",
 ]
 
 
@@ -44,6 +47,20 @@ class TopicRecord(_Rec, tag="topic"):
     name: str
     partitions: int
     leaders: list[int] = []
+    topic_id: str = ""
+    """The topic's id (a random UUID, 32 hex digits) given when it was created, so that a
+    topic deleted and created again under its name has a new one (Kafka's topic ids).
+    ``""`` in records written before topic ids existed: :func:`topic_id_of` derives one
+    from the name, which the topic keeps (the next record of it persists it)."""
+
+
+_LEGACY_TOPIC_IDS = uuid.UUID("6b0cb7e4-6a5e-4c43-9c55-3a1f1b1f0c11")
+
+
+def topic_id_of(record: TopicRecord) -> str:
+    """The id of the topic ``record`` describes: its own, or for a record from before topic
+    ids, the one derived from its name (what Kafka clients were told before, too)."""
+    return record.topic_id or uuid.uuid5(_LEGACY_TOPIC_IDS, record.name).hex
 
 
 class TopicTombstone(_Rec, tag="topic-deleted"):

@@ -80,7 +80,7 @@ async def _create_topics(ctx: RequestContext, body: Any) -> Any:
             make(
                 result_cls,
                 name=topic.name,
-                topic_id=topic_id(topic.name),
+                topic_id=topic_id(service.topics, topic.name),
                 error_code=code,
                 error_message=message,
                 num_partitions=count if ok else -1,
@@ -106,6 +106,7 @@ async def _delete_topics(ctx: RequestContext, body: Any) -> Any:
     results = []
     for name in names:
         code, message = KafkaCode.none, None
+        gone = topic_id(service.topics, name or "")  # (before the topic and its id go)
         try:
             if name is None:
                 raise KafkaError(
@@ -118,7 +119,7 @@ async def _delete_topics(ctx: RequestContext, body: Any) -> Any:
             make(
                 result_cls,
                 name=name,
-                topic_id=topic_id(name or ""),
+                topic_id=gone,
                 error_code=code,
                 error_message=message,
             )

@@ -1,7 +1,7 @@
 """Which API keys the Kafka front end serves, at which versions, and by which handler.
 
 Its one job is the dispatch table. A handler module (``metadata``,
-``produce``, ``fetch``, ``admin``; the consumer-group APIs will be one more)
+``produce``, ``fetch``, ``admin``, ``groups``, ``consumer_groups``)
 exports ``APIS``, a list of :class:`Api` entries: key, version range, the
 async handler and optionally a synchronous fast path, a cost in bytes (what
 the answer may hold, charged against the connection's byte budget while the
@@ -35,6 +35,7 @@ HANDLER_MODULES: Final = (
     "trio_coord.kafka.fetch",
     "trio_coord.kafka.admin",
     "trio_coord.kafka.groups",
+    "trio_coord.kafka.consumer_groups",
 )
 """The modules whose ``APIS`` the front end serves."""
 

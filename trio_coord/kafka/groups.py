@@ -142,6 +142,13 @@ _CODES: Final[dict[int, KafkaCode]] = {
 }
 
 
+def _consumer_groups() -> Any:
+    """The KIP-848 module (imported late: it imports this one's neighbours)."""
+    from . import consumer_groups
+
+    return consumer_groups
+
+
 def _code(exc: BaseException) -> KafkaCode:
     """Kafka's code for a group API failure (the group codes first, then the common ones)."""
     if isinstance(exc, CoordError) and exc.code in _CODES:
@@ -565,6 +572,10 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
     instance_id = (getattr(body, "group_instance_id", None) or "") if v >= 5 else ""
     if body.protocol_type != PROTOCOL_TYPE or not body.protocols:
         return answer(KafkaCode.inconsistent_group_protocol, member_id)
+    if ctx.front.state(_consumer_groups().ConsumerGroups).is_consumer_group(group_id):
+        # As Kafka without its mixed-group upgrade path: one protocol per group.
+        log.info("JoinGroup of group %s refused: it is a KIP-848 consumer group", group_id)
+        return answer(KafkaCode.inconsistent_group_protocol, member_id)
     try:
         topics = decode_subscription(body.protocols[0].metadata)
     except ValueError as exc:
@@ -843,18 +854,32 @@ async def _offset_commit(ctx: RequestContext, body: Any) -> Any:
         for p in t.partitions
     ]
     code = KafkaCode.none
+    member_id = body.member_id
+    identity = None
     if offsets:
         try:
             if any(o.offset < 0 for o in offsets):
                 raise KafkaError(KafkaCode.invalid_commit_offset_size, "negative offset")
+            # A KIP-848 member commits with its member epoch: checked as Kafka does, then
+            # the engine's own fencing with the engine's id and generation.
+            identity = _consumer_groups().commit_identity(
+                ctx.front, body.group_id, member_id, generation, [o.tp for o in offsets]
+            )
+            if identity is not None:
+                member_id, generation = identity
             # Kafka lets a consumer commit any offset, backwards too (a seek).
             await ctx.front.service.coordinator.commit(
                 OffsetCommitRequest(
-                    body.group_id, body.member_id, generation, offsets, allow_regression=True
+                    body.group_id, member_id, generation, offsets, allow_regression=True
                 )
             )
         except (KafkaError, CoordError) as exc:
             code = _code(exc)
+            if identity is not None and code in (
+                KafkaCode.illegal_generation,
+                KafkaCode.rebalance_in_progress,
+            ):
+                code = KafkaCode.stale_member_epoch  # (what a KIP-848 client retries on)
     return make(
         schema,
         throttle_time=_NO_THROTTLE,
@@ -923,6 +948,14 @@ def _offset_fetch_now(ctx: RequestContext, body: Any) -> Any:
         part_cls = nested(schema, "OffsetFetchResponsePartitions")
         out = []
         for g in body.groups:
+            if v >= 9:
+                try:
+                    _consumer_groups().fetch_check(
+                        ctx.front, g.group_id, g.member_id, g.member_epoch
+                    )
+                except KafkaError as exc:
+                    out.append(make(group_cls, group_id=g.group_id, topics=(), error_code=exc.code))
+                    continue
             code, topics = _fetch_group(
                 ctx, g.group_id, g.topics, lambda t: t.partition_indexes, topic_cls, part_cls
             )
@@ -945,20 +978,27 @@ def _list_groups_now(ctx: RequestContext, body: Any) -> Any:
     states = set(getattr(body, "states_filter", ()) or ())
     types = set(getattr(body, "types_filter", ()) or ())
     out = []
-    if not types or "classic" in {t.lower() for t in types}:
-        for g in ctx.front.service.coordinator.list_groups():
-            state = _STATES.get(GroupState(g.state), g.state)
-            if states and state not in states:
-                continue
-            out.append(
-                make(
-                    listed_cls,
-                    group_id=g.group_id,
-                    protocol_type=PROTOCOL_TYPE,
-                    group_state=state,
-                    group_type="classic",
-                )
+    wanted = {t.lower() for t in types}
+    consumer = _consumer_groups()
+    kip848 = ctx.front.state(consumer.ConsumerGroups)
+    for g in ctx.front.service.coordinator.list_groups():
+        kind = "consumer" if kip848.is_consumer_group(g.group_id) else "classic"
+        if wanted and kind not in wanted:
+            continue
+        state = _STATES.get(GroupState(g.state), g.state)
+        if kind == "consumer":
+            state = consumer.STATE_NAMES.get(GroupState(g.state), state)
+        if states and state not in states:
+            continue
+        out.append(
+            make(
+                listed_cls,
+                group_id=g.group_id,
+                protocol_type=PROTOCOL_TYPE,
+                group_state=state,
+                group_type=kind,
             )
+        )
     return make(schema, throttle_time=_NO_THROTTLE, error_code=KafkaCode.none, groups=tuple(out))
 
 

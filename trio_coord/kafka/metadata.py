@@ -23,16 +23,42 @@ from .codec import KafkaCode, make, nested, response_schema
 from .dispatch import Api, RequestContext
 from .service import KafkaNode
 
-__all__ = ["APIS", "topic_id"]
+__all__ = ["APIS", "TopicIds", "topic_id"]
 
 _NO_THROTTLE: Final = datetime.timedelta(0)
 _TOPIC_IDS: Final = uuid.UUID("6b0cb7e4-6a5e-4c43-9c55-3a1f1b1f0c11")
 _GROUP: Final = 0
 
 
-def topic_id(name: str) -> uuid.UUID:
-    """The topic id Metadata reports: derived from the name (a recreated topic keeps it)."""
-    return uuid.uuid5(_TOPIC_IDS, name)
+def topic_id(topics: Any, name: str) -> uuid.UUID:
+    """The id of topic ``name`` as Kafka clients see it: the one persisted with the topic
+    (``topics.ids``; a service without ids, or a topic not known, gets one derived from
+    the name, as topics had before ids were persisted)."""
+    found = getattr(topics, "ids", {}).get(name)
+    return uuid.UUID(hex=found) if found else uuid.uuid5(_TOPIC_IDS, name)
+
+
+class TopicIds:
+    """Topic id → name, for the APIs that name topics by id (Metadata v10+, KIP-848).
+
+    Rebuilt from the topics the broker knows when an id is not found (or names a
+    topic that is gone): a lookup is O(1) and the map costs one entry per topic.
+    """
+
+    def __init__(self, front: Any) -> None:
+        self._front = front
+        self._names: dict[uuid.UUID, str] = {}
+
+    def name(self, topic: uuid.UUID | None) -> str | None:
+        """The name of the topic with id ``topic`` (None if no topic has it)."""
+        if topic is None:
+            return None
+        topics = self._front.service.topics
+        name = self._names.get(topic)
+        if name is None or name not in topics.partitions or topic_id(topics, name) != topic:
+            self._names = {topic_id(topics, n): n for n in topics.partitions}
+            name = self._names.get(topic)
+        return name
 
 
 # -- ApiVersions ---------------------------------------------------------------------------
@@ -57,7 +83,7 @@ async def _api_versions_async(ctx: RequestContext, body: Any) -> Any:
 def _metadata_now(ctx: RequestContext, body: Any) -> Any | None:
     names = _requested(ctx, body)
     service = ctx.front.service
-    if names and any(n not in service.topics.partitions for n in names):
+    if names and any(not isinstance(n, str) or n not in service.topics.partitions for n in names):
         return None  # (in a cluster, read the store first: the handler does)
     return _metadata(ctx, names)
 
@@ -66,19 +92,28 @@ async def _metadata_async(ctx: RequestContext, body: Any) -> Any:
     names = _requested(ctx, body)
     service = ctx.front.service
     if names:
-        await service.read_topics([n for n in names if n not in service.topics.partitions])
+        missing = [n for n in names if isinstance(n, str) and n not in service.topics.partitions]
+        if missing:
+            await service.read_topics(missing)
     return _metadata(ctx, names)
 
 
-def _requested(ctx: RequestContext, body: Any) -> list[str] | None:
-    """The topic names asked for; None for all topics."""
+def _requested(ctx: RequestContext, body: Any) -> list[str | uuid.UUID] | None:
+    """The topics asked for, by name (or, v10+, by id where the name is null); None: all."""
     topics = body.topics
     if topics is None or (ctx.version == 0 and not topics):
         return None
-    return [t.name for t in topics if t.name is not None]
+    out: list[str | uuid.UUID] = []
+    ids = ctx.front.state(TopicIds)
+    for t in topics:
+        if t.name is not None:
+            out.append(t.name)
+        elif getattr(t, "topic_id", None) is not None and t.topic_id.int:
+            out.append(ids.name(t.topic_id) or t.topic_id)  # (an unknown id stays an id)
+    return out
 
 
-def _metadata(ctx: RequestContext, names: list[str] | None) -> Any:
+def _metadata(ctx: RequestContext, names: list[str | uuid.UUID] | None) -> Any:
     service = ctx.front.service
     schema = response_schema(3, ctx.version)
     broker_cls = nested(schema, "MetadataResponseBroker")
@@ -89,6 +124,18 @@ def _metadata(ctx: RequestContext, names: list[str] | None) -> Any:
     topics = []
     known = service.topics.partitions
     for name in sorted(known) if names is None else names:
+        if isinstance(name, uuid.UUID):
+            topics.append(
+                make(
+                    topic_cls,
+                    error_code=KafkaCode.unknown_topic_id,
+                    name=None,
+                    topic_id=name,
+                    is_internal=False,
+                    partitions=(),
+                )
+            )
+            continue
         count = known.get(name)
         if count is None:
             topics.append(
@@ -124,7 +171,7 @@ def _metadata(ctx: RequestContext, names: list[str] | None) -> Any:
                 topic_cls,
                 error_code=KafkaCode.none,
                 name=name,
-                topic_id=topic_id(name),
+                topic_id=topic_id(service.topics, name),
                 is_internal=False,
                 partitions=tuple(parts),
             )

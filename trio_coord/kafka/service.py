@@ -70,6 +70,12 @@ class KafkaLimits:
     """What DescribeConfigs reports for every topic (read-only: the broker's settings)."""
     broker_configs: tuple[tuple[str, str], ...] = ()
     """What DescribeConfigs reports for the broker."""
+    consumer_session_timeout: float = 45.0
+    """A KIP-848 member's session timeout (the broker's, as in Kafka)."""
+    consumer_heartbeat_interval: float = 0.5
+    """A KIP-848 member's heartbeat interval (told in every heartbeat answer)."""
+    max_rebalance_timeout: float = 300.0
+    """A KIP-848 member's rebalance timeout (its max.poll.interval.ms) is capped at this."""
 
 
 class Topics(Protocol):

@@ -29,6 +29,7 @@ import msgspec
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "MAX_DESCRIBED_OWNED",
     "NO_OFFSET",
     "AddPartitionsRequest",
     "AddPartitionsResponse",
@@ -166,6 +167,8 @@ class TopicInfo(_Wire):
     name: str
     partitions: int
     leaders: list[int] = []
+    topic_id: str = ""
+    """The topic's id, 32 hex digits (Kafka clients see it as a UUID)."""
 
 
 class GroupSummary(_Wire):
@@ -175,6 +178,11 @@ class GroupSummary(_Wire):
     state: str
     generation: int
     members: int
+
+
+MAX_DESCRIBED_OWNED = 64
+"""The most partitions of a member's current assignment a description lists (it keeps a
+member's description within a page: see ``broker/paging.py``)."""
 
 
 class MemberDescription(_Wire):
@@ -190,6 +198,17 @@ class MemberDescription(_Wire):
     instance_id: str = ""
     """A static member's instance id (empty: dynamic)."""
     rebalance_protocol: str = "eager"
+    generation: int = -1
+    """The last generation the member acknowledged (-1: unknown)."""
+    owned: list[TopicPartition] = []
+    """While its current assignment (what it may still be fetching) differs from the
+    target (``partitions``), as in a rebalance: the current one, its first
+    :data:`MAX_DESCRIBED_OWNED` partitions (empty: the same as the target). Only on the
+    member's first page of a paged description."""
+    owned_more: int = 0
+    """How many partitions of the current assignment ``owned`` leaves out."""
+    member_epoch: int = -1
+    """A Kafka consumer-protocol (KIP-848) member's epoch; -1 for other members."""
 
 
 class GroupDescription(_Wire):
