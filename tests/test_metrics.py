@@ -15,7 +15,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from trio_coord import open_admin, open_broker, open_consumer, open_producer
+from trio_coord import GroupEvent, open_admin, open_broker, open_consumer, open_producer
+from trio_coord.broker.events import Stable
 
 
 def _scrape(url: str) -> dict[str, list]:
@@ -31,7 +32,8 @@ def _value(samples: list, name: str, **labels: str) -> float:
 
 
 async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
-    settings = dict(metrics_port=0, initial_rebalance_delay=0.0)
+    events: list[GroupEvent] = []
+    settings = dict(metrics_port=0, initial_rebalance_delay=0.0, on_event=events.append)
     async with open_broker(tmp_path, **settings) as broker:  # type: ignore[arg-type]
         assert broker.metrics_address is not None
         host, port = broker.metrics_address
@@ -66,6 +68,19 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
     leaves = _value(rebalances, "trio_coord_rebalance_duration_seconds_count", cause="leave")
     assert joins >= 2 and leaves >= 1
     assert _value(rebalances, "trio_coord_rebalance_duration_seconds_sum", cause="join") > 0
+    # The metrics and on_event hear the same typed events: one Stable per rebalance counted.
+    counted = sum(s.value for s in rebalances if s.name.endswith("_count"))
+    stables = [e for e in events if isinstance(e, Stable) and e.group == "billing"]
+    assert counted == len(stables) and {e.cause for e in stables} >= {"join", "leave"}
+    commits = metrics["trio_coord_offset_commit_duration_seconds"]
+    assert _value(commits, "trio_coord_offset_commit_duration_seconds_count") >= 1
+    sizes = metrics["trio_coord_offset_commit_partitions"]
+    # consumer.commit() carried both partitions (positions handed back are not commits)
+    assert _value(sizes, "trio_coord_offset_commit_partitions_bucket", le="2.0") >= 1
+    writes = metrics["trio_coord_store_write_duration_seconds"]
+    assert _value(writes, "trio_coord_store_write_duration_seconds_count") >= 2
+    records = metrics["trio_coord_store_write_records"]
+    assert _value(records, "trio_coord_store_write_records_sum") >= 3  # topic, 2 offsets
     produced = metrics["trio_coord_produced_records"]
     assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 10
     fetched = metrics["trio_coord_fetched_records"]

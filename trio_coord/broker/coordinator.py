@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import BadVersionError, StoreError
-from .group import EventCallback, GroupRunner, LogOffsets, MemberLink
+from .events import EventCallback
+from .group import GroupRunner, LogOffsets, MemberLink
 from .persistence import RecordWriter
 from .topics import PATTERN_PREFIX, TopicManager, subscription_patterns
 
@@ -85,8 +87,6 @@ class CoordinatorService:
         log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[float, str], None] | None = None,
-        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics
@@ -94,10 +94,10 @@ class CoordinatorService:
         self._config = config
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
-        self._on_stable = on_stable
-        self._on_restart = on_restart
         self.heartbeats = 0
         """Heartbeats accepted (for metrics; a plain count: this is the hottest path)."""
+        self.on_commit: Callable[[int, float], None] | None = None
+        """Told of each acknowledged offset commit: (offsets, seconds to durable) (metrics)."""
         self._runners: dict[str, GroupRunner] = {}
         self._by_conn: dict[MemberLink, dict[str, str]] = {}  # conn → {member id: group id}
         self._nursery: trio.Nursery | None = None
@@ -128,8 +128,6 @@ class CoordinatorService:
             limits=self._config.limits,
             position_flush_interval=self._config.position_flush_interval,
             on_event=self._on_event,
-            on_stable=self._on_stable,
-            on_restart=self._on_restart,
             bind_connection=self._bind_connection,
         )
         self._runners[group.group_id] = runner
@@ -241,8 +239,11 @@ class CoordinatorService:
 
     async def commit(self, request: OffsetCommitRequest) -> None:
         """Durably commit offsets for a member or a standalone committer."""
+        began = time.perf_counter()
         runner = await self._runner_ready(request.group, create=True)
         await runner.commit(request)
+        if self.on_commit is not None:
+            self.on_commit(len(request.offsets), time.perf_counter() - began)
 
     async def reset_offsets(self, request: ResetOffsetsRequest) -> None:
         """Move a group's committed offsets; a running group restarts from them."""

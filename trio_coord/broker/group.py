@@ -65,6 +65,8 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import StoreError
+from . import events as ev
+from .events import EventCallback
 from .liveness import Liveness
 from .paging import in_parts
 
@@ -113,16 +115,6 @@ def _cause_of(reason: str) -> str:
 def _wall_clock_ms() -> int:
     """Commit timestamps are for people: wall-clock time, unlike every deadline here."""
     return time.time_ns() // 1_000_000
-
-
-EventCallback = Callable[[str, dict[str, object]], None]
-"""An observer of group events: ``callback(what, details)``, where ``what`` is one of
-joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
-start_delayed, started, stable; initial_delay (a new group waits for more joins),
-revoking (a cooperative plan: what each member gives up), compute_requested (a
-leader is asked for the assignment), disconnected, stepped_out and resumed (a
-static member);
-``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
 class MemberLink(Protocol):
@@ -190,8 +182,6 @@ class GroupRunner:
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[float, str], None] | None = None,
-        on_restart: Callable[[str], None] | None = None,
         bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
         self.group = group
@@ -203,10 +193,6 @@ class GroupRunner:
         self._flush_interval = position_flush_interval
         self._retry_backoff = store_retry_backoff
         self._on_event = on_event
-        # Cheap hooks for the broker (its collector keeper, its metrics), unlike on_event
-        # whose "stable" event lists every partition's owner:
-        self._on_stable = on_stable  # (seconds the rebalance took, its cause)
-        self._on_restart = on_restart  # (the cause of the restart)
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, MemberLink] = {}
@@ -230,9 +216,10 @@ class GroupRunner:
         """The id of the group this runner drives."""
         return self.group.group_id
 
-    def _emit(self, what: str, **details: object) -> None:
+    def _emit(self, kind: type[ev.GroupEvent], **fields: object) -> None:
+        """Report an event (:mod:`.events`) of this group, now; built only if someone listens."""
         if self._on_event is not None:
-            self._on_event(what, {"group": self.group_id, "time": trio.current_time(), **details})
+            self._on_event(kind(group=self.group_id, time=trio.current_time(), **fields))
 
     # -- lifetime --------------------------------------------------------------
 
@@ -344,7 +331,7 @@ class GroupRunner:
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)
         self._liveness.watch(member_id, session_timeout)
-        self._emit("joined", member_id=member_id)
+        self._emit(ev.Joined, member_id=member_id)
         if new and self._rebalance_scope is not None:
             # A rebalance runs: it is not restarted (a new member owns nothing to stop, and
             # a burst of joins would restart it for each). The member is in its plan if the
@@ -419,7 +406,7 @@ class GroupRunner:
         self._liveness.watch(member.member_id, member.session_timeout)
         plan = group.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
-        self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
+        self._emit(ev.Resumed, member_id=member.member_id, instance_id=member.instance_id)
 
         async def resume(m: Member) -> None:
             # A rebalance that began before this task ran decides for itself (it may
@@ -462,7 +449,7 @@ class GroupRunner:
             conn = self._conns.pop(member.member_id, None)
             if conn is not None:
                 self._bind(conn, member.member_id, None)
-            self._emit("stepped_out", member_id=member.member_id, until=member.lease_end)
+            self._emit(ev.SteppedOut, member_id=member.member_id, until=member.lease_end)
         else:
             reason = f"left the group{': ' + request.reason if request.reason else ''}"
             self.remove_member(member.member_id, reason, stopped=True)
@@ -481,14 +468,14 @@ class GroupRunner:
         log.info("group %s: member %s removed: %s", self.group_id, member_id, reason)
         fence = self.group.fences.get(member_id)
         self._emit(
-            "removed",
+            ev.Removed,
             member_id=member_id,
             reason=reason,
             fenced_until=fence.until if fence else None,
             partitions=[str(tp) for tp in sorted(member.may_own)],
         )
         if not self.group.members:
-            self._emit("empty")
+            self._emit(ev.Empty)
         self.request_rebalance(f"member {member_id} {reason}")
 
     def connection_lost(self, member_id: str) -> None:
@@ -502,7 +489,7 @@ class GroupRunner:
             conn = self._conns.pop(member_id, None)
             if conn is not None:
                 self._bind(conn, member_id, None)
-            self._emit("disconnected", member_id=member_id, until=member.lease_end)
+            self._emit(ev.Disconnected, member_id=member_id, until=member.lease_end)
             return
         self.remove_member(member_id, "lost its connection", stopped=False)
 
@@ -702,15 +689,13 @@ class GroupRunner:
                     log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
                 else:
                     log.exception("group %s: rebalance failed (a bug)", self.group_id)
-                self._emit("rebalance_failed", error=repr(exc))
+                self._emit(ev.RebalanceFailed, error=repr(exc))
                 with trio.move_on_after(self._retry_backoff):
                     await self._kick.wait()  # a membership change ends the backoff early
                 self._kick.set()
                 continue
             if scope.cancelled_caught:
-                self._emit("rebalance_restarted")
-                if self._on_restart is not None:
-                    self._on_restart(self._cause or "other")
+                self._emit(ev.RebalanceRestarted, cause=self._cause or "other")
 
     async def _debounce_first_joins(self) -> None:
         """A group coming to life waits for the burst of joins to end before its first rebalance.
@@ -725,7 +710,7 @@ class GroupRunner:
             return
         now = trio.current_time()
         limit = now + max(m.rebalance_timeout for m in self.group.members.values())
-        self._emit("initial_delay", until=min(now + delay, limit))
+        self._emit(ev.InitialDelay, until=min(now + delay, limit))
         while self.group.members:
             with trio.move_on_at(min(trio.current_time() + delay, limit)):
                 await self._kick.wait()
@@ -739,14 +724,21 @@ class GroupRunner:
         members = group.begin_rebalance()
         # Offsets being reset must restart every owner: a reset makes the rebalance eager.
         cooperative = group.cooperative and not self._resets
-        self._emit("rebalance_started", members=len(members), cooperative=cooperative)
+        self._emit(
+            ev.RebalanceStarted,
+            members=len(members),
+            cooperative=cooperative,
+            cause=self._cause or "other",
+        )
         computed = None
         if cooperative:
             # Plan first, from what everyone is fetching; then only what moves stops:
             # phase 1 reaches just the members that give partitions up.
             computed = await self._compute_assignment(cooperative=True)
             revoke = group.revocations(computed[1])
-            self._emit("revoking", partitions={m: [str(tp) for tp in r] for m, r in revoke.items()})
+            self._emit(
+                ev.Revoking, partitions={m: [str(tp) for tp in r] for m, r in revoke.items()}
+            )
             await self._in_parallel(
                 [group.members[m] for m in sorted(revoke)],
                 lambda m: self._stop_member(m, revoke[m.member_id]),
@@ -806,8 +798,7 @@ class GroupRunner:
             self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
         self._late_joins.clear()
         self.rebalances += 1
-        if self._on_stable is not None:
-            self._on_stable(trio.current_time() - started, self._cause or "other")
+        cause = self._cause or "other"
         if not self._kick.is_set():
             self._cause = ""
         elapsed = trio.current_time() - started
@@ -819,10 +810,11 @@ class GroupRunner:
             elapsed * 1000,
         )
         self._emit(
-            "stable",
+            ev.Stable,
             generation=group.generation,
             elapsed=elapsed,
             ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
+            cause=cause,
         )
 
     async def _compute_assignment(self, *, cooperative: bool) -> tuple[AssignmentInput, Assignment]:
@@ -857,7 +849,7 @@ class GroupRunner:
                 return
             answers.append(response)
 
-        self._emit("compute_requested", leader=leader.member_id, assignor=input.assignor)
+        self._emit(ev.ComputeRequested, leader=leader.member_id, assignor=input.assignor)
         await self._answer_in_time(leader, ask, 0.0)
         await trio.lowlevel.checkpoint_if_cancelled()  # the leader went away: restarted
         if refusals:
@@ -961,7 +953,7 @@ class GroupRunner:
         the same id.
         """
         if start_at > trio.current_time():
-            self._emit("start_delayed", member_id=member.member_id, until=start_at)
+            self._emit(ev.StartDelayed, member_id=member.member_id, until=start_at)
             await trio.sleep_until(start_at)
         if not self._is_current(member):
             return
@@ -1031,7 +1023,7 @@ class GroupRunner:
             return
         self.group.member_started(member.member_id)
         self._emit(
-            "started",
+            ev.Started,
             member_id=member.member_id,
             generation=generation,
             partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions],

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 _REQUEST_LIMIT = 8 * 1024
 _REQUEST_TIMEOUT = 10.0
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
 class BrokerMetrics:
@@ -67,17 +68,53 @@ class BrokerMetrics:
         for cause in CAUSES:  # every label present from the start, at 0
             self.rebalance_seconds.labels(cause)
             self.restarts.labels(cause)
+        self.commit_seconds = Histogram(
+            "trio_coord_offset_commit_duration_seconds",
+            "Offset commits acknowledged (native and Kafka), and how long each took from "
+            "arrival to durable.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_offsets = Histogram(
+            "trio_coord_offset_commit_partitions",
+            "How many partitions' offsets each acknowledged commit carried.",
+            buckets=_SIZE_BUCKETS,
+            registry=self.registry,
+        )
+        self.store_seconds = Histogram(
+            "trio_coord_store_write_duration_seconds",
+            "Metadata store transactions (one per group commit of queued records), and how "
+            "long each took.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.store_records = Histogram(
+            "trio_coord_store_write_records",
+            "How many records each metadata store transaction carried.",
+            buckets=_SIZE_BUCKETS,
+            registry=self.registry,
+        )
         self.gc_seconds = 0.0
         self._gc_started = 0.0
         self.registry.register(_StateCollector(broker, self))
 
     def rebalanced(self, seconds: float, cause: str) -> None:
-        """A rebalance completed (the group runners' ``on_stable`` hook)."""
+        """A rebalance completed (a ``Stable`` event)."""
         self.rebalance_seconds.labels(cause).observe(seconds)
 
     def restarted(self, cause: str) -> None:
-        """A rebalance was restarted (the group runners' ``on_restart`` hook)."""
+        """A rebalance was restarted (a ``RebalanceRestarted`` event)."""
         self.restarts.labels(cause).inc()
+
+    def committed(self, offsets: int, seconds: float) -> None:
+        """An offset commit of ``offsets`` partitions was acknowledged after ``seconds``."""
+        self.commit_seconds.observe(seconds)
+        self.commit_offsets.observe(offsets)
+
+    def store_written(self, records: int, seconds: float) -> None:
+        """A store transaction of ``records`` records succeeded after ``seconds``."""
+        self.store_seconds.observe(seconds)
+        self.store_records.observe(records)
 
     def _gc_callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

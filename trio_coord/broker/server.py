@@ -58,7 +58,7 @@ from ..store.zookeeper import require_zk_url
 from ._gc import CollectorKeeper
 from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
-from .group import EventCallback
+from .events import EventCallback, GroupEvent, RebalanceRestarted, Stable
 from .handler import BrokerHandler
 from .paging import page
 from .partitions import PartitionService
@@ -148,7 +148,8 @@ class BrokerConfig:
     assignors: tuple[Assignor, ...] = ()
     """Assignors of the application's own, registered by name beside the built-in ones."""
     on_event: EventCallback | None = field(default=None, repr=False)
-    """Observer of group events (joined, removed, stable, ...), for tools and tests."""
+    """Observer of group events: typed structs (``trio_coord.broker.events``: Joined,
+    Removed, Stable, ...), each with its ``kind``, ``group`` and ``time``."""
     coordinator_slots: int = 16
     """Cluster only: how many coordinator slots groups hash onto (fixed per cluster)."""
     zk_session_timeout: float = 6.0
@@ -283,6 +284,7 @@ class Broker:
             # In a cluster every topic write touches the topics root, which all brokers watch.
             guard=[SetData(TOPICS, b"")] if cluster_url else (),
         )
+        self.writer.on_flush = self._store_written
         self.member: ClusterMember | None = None
         """This broker's membership of its cluster (None: a single broker)."""
         if cluster_url is not None:
@@ -343,7 +345,8 @@ class Broker:
     def new_coordinator_service(self, writer: RecordWriter) -> CoordinatorService:
         """A coordinator service writing through ``writer`` (one per slot held)."""
         config = self.config
-        return CoordinatorService(
+        writer.on_flush = self._store_written
+        service = CoordinatorService(
             writer,
             self.topics,
             CoordinatorConfig(
@@ -360,20 +363,36 @@ class Broker:
             ),
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
-            on_event=config.on_event,
-            on_stable=self._rebalanced,
-            on_restart=self._rebalance_restarted,
+            on_event=self._group_event if self._observes_groups else None,
         )
+        service.on_commit = self._committed
+        return service
 
-    def _rebalanced(self, seconds: float, cause: str) -> None:
-        if self.gc_keeper is not None:
-            self.gc_keeper.changed()
+    def _committed(self, offsets: int, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.rebalanced(seconds, cause)
+            self.metrics.committed(offsets, seconds)
 
-    def _rebalance_restarted(self, cause: str) -> None:
+    def _store_written(self, records: int, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.restarted(cause)
+            self.metrics.store_written(records, seconds)
+
+    @property
+    def _observes_groups(self) -> bool:
+        """Whether anyone here wants group events (else the group tasks build none)."""
+        config = self.config
+        return config.on_event is not None or config.tune_gc or config.metrics_port is not None
+
+    def _group_event(self, event: GroupEvent) -> None:
+        """One group event, to the collector keeper, the metrics and ``config.on_event``."""
+        if isinstance(event, Stable):
+            if self.gc_keeper is not None:
+                self.gc_keeper.changed()
+            if self.metrics is not None:
+                self.metrics.rebalanced(event.elapsed, event.cause)
+        elif isinstance(event, RebalanceRestarted) and self.metrics is not None:
+            self.metrics.restarted(event.cause)
+        if self.config.on_event is not None:
+            self.config.on_event(event)
 
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
         """Live brokers, the topics asked for and the coordinator of the group asked about.
