@@ -30,6 +30,7 @@ __all__ = [
     "Joined",
     "RebalanceFailed",
     "RebalanceRestarted",
+    "RebalanceSkipped",
     "RebalanceStarted",
     "Removed",
     "Resumed",
@@ -117,6 +118,14 @@ class RebalanceStarted(GroupEvent, frozen=True, tag="rebalance_started"):
     cause: str = "other"
 
 
+class RebalanceSkipped(GroupEvent, frozen=True, tag="rebalance_skipped"):
+    """A rebalance was asked for but would change no one's partitions: the group stays
+    STABLE in its ``generation`` and nobody is stopped (``cause``: why it was asked for)."""
+
+    generation: int
+    cause: str = "other"
+
+
 class Revoking(GroupEvent, frozen=True, tag="revoking"):
     """A cooperative plan: the partitions each member gives up."""
 
@@ -176,6 +185,7 @@ EVENT_TYPES: tuple[type[GroupEvent], ...] = (
     Empty,
     InitialDelay,
     RebalanceStarted,
+    RebalanceSkipped,
     Revoking,
     ComputeRequested,
     StartDelayed,

@@ -721,6 +721,13 @@ class GroupRunner:
     async def _rebalance(self) -> None:
         group = self.group
         started = trio.current_time()
+        if not self._resets and not group.cooperative and self._assignment_unchanged():
+            self._emit(
+                ev.RebalanceSkipped, generation=group.generation, cause=self._cause or "other"
+            )
+            if not self._kick.is_set():
+                self._cause = ""
+            return
         members = group.begin_rebalance()
         # Offsets being reset must restart every owner: a reset makes the rebalance eager.
         cooperative = group.cooperative and not self._resets
@@ -815,6 +822,30 @@ class GroupRunner:
             elapsed=elapsed,
             ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
             cause=cause,
+        )
+
+    def _assignment_unchanged(self) -> bool:
+        """Whether an eager rebalance now would change nothing (seed 000, section 9 step 3).
+
+        Only a broker-side assignor is asked (a leader's runs in its client,
+        which expects a new generation); see :meth:`Group.unchanged_by`.
+        """
+        group = self.group
+        if group.state is not GroupState.STABLE:
+            return False
+        self._match_patterns()
+        partitions = self._subscribed_partitions()
+        input = group.assignment_input(
+            partitions=partitions, available=self._assignors, cooperative=False
+        )
+        if input.leader is not None:
+            return False
+        return group.unchanged_by(
+            trio.current_time(),
+            group.compute_assignment(input, self._assignors),
+            assignor=input.assignor,
+            partitions=partitions,
+            created_since=self._created_since(),
         )
 
     async def _compute_assignment(self, *, cooperative: bool) -> tuple[AssignmentInput, Assignment]:

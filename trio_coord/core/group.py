@@ -759,36 +759,8 @@ class Group:
             assignment = self.compute_assignment(input, available)
         else:
             input, assignment = computed
-        name = input.assignor
-        record = GroupRecord(
-            self.group_id,
-            self.generation + 1,
-            name,
-            [
-                MemberRecord(
-                    m.member_id,
-                    m.client_id,
-                    m.host,
-                    sorted(m.topics),
-                    round(m.session_timeout * 1000),
-                    round(m.rebalance_timeout * 1000),
-                    sorted(assignment.get(m.member_id, [])),
-                )
-                for m in members
-            ],
-            [
-                MemberRecord(
-                    member_id,
-                    "",
-                    "",
-                    [],
-                    round(fence.session_timeout * 1000),
-                    0,
-                    sorted(fence.partitions),
-                )
-                for member_id, fence in sorted(self.fences.items())
-            ],
-            self._topics_seen(members, partitions, created_since),
+        record = self._next_record(
+            self.generation + 1, input.assignor, members, assignment, partitions, created_since
         )
         starts = []
         if cooperative is None:
@@ -820,6 +792,80 @@ class Group:
                     )
                 )
         return AssignmentPlan(record, starts)
+
+    def unchanged_by(
+        self,
+        now: float,
+        assignment: Assignment,
+        *,
+        assignor: str,
+        partitions: Mapping[str, int],
+        created_since: Collection[str] = (),
+    ) -> bool:
+        """True if a rebalance to ``assignment`` would change nothing, so none is needed.
+
+        The check of the coordinator-driven design before an eager rebalance
+        (stop fetchers only if the new ownership differs from the current
+        one): the group is STABLE, every member was started in the current
+        generation and fetches what it was told, and the next generation's
+        record would be the current one but for its number (same members,
+        subscriptions, timeouts, assignor, partitions per member, fences and
+        topics). Then the coordinator bumps no generation and stops no one.
+        """
+        if self.state is not GroupState.STABLE or self.record is None:
+            return False
+        if any(
+            m.generation != self.generation or m.may_own != m.assignment
+            for m in self.members.values()
+        ):
+            return False
+        self.expire_fences(now)
+        members = sorted(self.members.values(), key=lambda m: m.member_id)
+        record = self._next_record(
+            self.generation, assignor, members, assignment, partitions, created_since
+        )
+        return record == self.record
+
+    def _next_record(
+        self,
+        generation: int,
+        assignor: str,
+        members: list[Member],
+        assignment: Assignment,
+        partitions: Mapping[str, int],
+        created_since: Collection[str],
+    ) -> GroupRecord:
+        """The group record of a generation with ``members`` owning ``assignment``."""
+        return GroupRecord(
+            self.group_id,
+            generation,
+            assignor,
+            [
+                MemberRecord(
+                    m.member_id,
+                    m.client_id,
+                    m.host,
+                    sorted(m.topics),
+                    round(m.session_timeout * 1000),
+                    round(m.rebalance_timeout * 1000),
+                    sorted(assignment.get(m.member_id, [])),
+                )
+                for m in members
+            ],
+            [
+                MemberRecord(
+                    member_id,
+                    "",
+                    "",
+                    [],
+                    round(fence.session_timeout * 1000),
+                    0,
+                    sorted(fence.partitions),
+                )
+                for member_id, fence in sorted(self.fences.items())
+            ],
+            self._topics_seen(members, partitions, created_since),
+        )
 
     def _fence_ends(self, now: float) -> dict[TopicPartition, float]:
         """Per fenced partition, when the last fence over it ends (only those after ``now``)."""
