@@ -157,6 +157,9 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         request_read_timeout=args.request_read_timeout,
         queued_max_request_bytes=args.queued_max_request_bytes,
         group_retention=args.group_retention,
+        offsets_retention=None if args.offsets_retention <= 0 else args.offsets_retention,
+        rebalance_retry_backoff=args.rebalance_retry_backoff,
+        rebalance_retry_backoff_max=args.rebalance_retry_backoff_max,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
         initial_rebalance_delay=args.initial_rebalance_delay,
@@ -928,6 +931,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         metavar="SECONDS",
         help="remove groups empty and without offsets for this long (default: %(default)s)",
+    )
+    p.add_argument(
+        "--offsets-retention",
+        type=float,
+        default=7 * 24 * 3600.0,
+        metavar="SECONDS",
+        help="delete an empty group's committed offsets once it has been empty this long "
+        "(Kafka's offsets.retention.minutes; 0: keep them; default: %(default)s = 7 days)",
+    )
+    p.add_argument(
+        "--rebalance-retry-backoff",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="retry a failed rebalance (store outage) after this long, doubling per failure "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--rebalance-retry-backoff-max",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="the longest wait between rebalance retries (default: %(default)s)",
     )
     p.add_argument(
         "--initial-rebalance-delay",

@@ -48,6 +48,7 @@ from ..protocol.errors import (
     UnknownTopicError,
 )
 from ..protocol.messages import (
+    BrokerInfo,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
     HeartbeatRequest,
@@ -89,6 +90,10 @@ PENDING_JOIN_TIMEOUT = 30.0
 
 LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
+
+Locate = Callable[[list[TopicPartition]], tuple[list[BrokerInfo], list[int]]]
+"""The brokers holding some partitions: their addresses, and per partition the id of its
+broker (what a StartFetchers tells a member, so that it fetches without a Metadata call)."""
 
 
 CAUSES = ("join", "leave", "crash", "topic", "reset", "other")
@@ -181,7 +186,9 @@ class GroupRunner:
         limits: GroupLimits,
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
+        store_retry_backoff_max: float = 30.0,
         on_event: EventCallback | None = None,
+        locate: Locate | None = None,
         bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
         self.group = group
@@ -192,7 +199,10 @@ class GroupRunner:
         self._limits = limits
         self._flush_interval = position_flush_interval
         self._retry_backoff = store_retry_backoff
+        self._retry_backoff_max = max(store_retry_backoff, store_retry_backoff_max)
+        self._failures = 0  # rebalances failed in a row (each backoff doubles)
         self._on_event = on_event
+        self._locate = locate
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, MemberLink] = {}
@@ -640,6 +650,18 @@ class GroupRunner:
                     reset.done.set()
         log.info("group %s: offsets reset for %d request(s)", self.group_id, len(resets))
 
+    async def expire_offsets(self, retention: float) -> int:
+        """Delete the offsets expired by ``retention`` (:meth:`Group.expired_offsets`).
+
+        Returns how many were deleted; a store failure is raised (the sweeper retries).
+        """
+        expired = self.group.expired_offsets(trio.current_time(), _wall_clock_ms(), retention)
+        if expired:
+            await self._writer.write(
+                [OffsetTombstone(self.group_id, tp.topic, tp.partition) for tp in expired]
+            )
+        return len(expired)
+
     async def delete_offsets(self, partitions: list[TopicPartition]) -> None:
         """Forget committed offsets of partitions that no live member subscribes to."""
         consumed = sorted(
@@ -690,7 +712,9 @@ class GroupRunner:
                 else:
                     log.exception("group %s: rebalance failed (a bug)", self.group_id)
                 self._emit(ev.RebalanceFailed, error=repr(exc))
-                with trio.move_on_after(self._retry_backoff):
+                backoff = min(self._retry_backoff * 2**self._failures, self._retry_backoff_max)
+                self._failures += 1
+                with trio.move_on_after(backoff):
                     await self._kick.wait()  # a membership change ends the backoff early
                 self._kick.set()
                 continue
@@ -805,6 +829,7 @@ class GroupRunner:
             self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
         self._late_joins.clear()
         self.rebalances += 1
+        self._failures = 0
         cause = self._cause or "other"
         if not self._kick.is_set():
             self._cause = ""
@@ -1039,15 +1064,18 @@ class GroupRunner:
         self.group.member_starting(member.member_id, [p.tp for p in plan.partitions])
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
         for number, part in enumerate(parts, 1):
+            brokers, leaders = self._locate([p.tp for p in part]) if self._locate else ([], [])
             await conn.request(
                 StartFetchersRequest(
                     self.group_id,
                     member.member_id,
                     generation,
                     part,
+                    brokers,
                     incremental=plan.incremental,
                     more=number < len(parts),
                     unchanged=plan.unchanged,
+                    leaders=leaders,
                 )
             )
         if not self._is_current(member):

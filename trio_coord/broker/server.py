@@ -51,6 +51,7 @@ from ..protocol.messages import (
     MetadataRequest,
     MetadataResponse,
     TopicInfo,
+    TopicPartition,
 )
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
@@ -116,6 +117,15 @@ class BrokerConfig:
     max_partitions: int = 10_000
     group_retention: float = 600.0
     position_flush_interval: float = 1.0
+    offsets_retention: float | None = 7 * 24 * 3600.0
+    """How long an empty group's committed offsets are kept, counted from when it became
+    empty (and from each offset's commit): Kafka's offsets.retention.minutes. None: kept
+    until the group or its topic is deleted."""
+    rebalance_retry_backoff: float = 1.0
+    """A rebalance that failed (store outage, a leader's assignor error) is retried after
+    this long, doubling per failure in a row up to ``rebalance_retry_backoff_max`` (a
+    membership change retries at once)."""
+    rebalance_retry_backoff_max: float = 30.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
     max_connections: int | None = None
@@ -245,6 +255,13 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if self.offsets_retention is not None and not self.offsets_retention > 0:
+            raise ValueError("offsets_retention must be positive (seconds), or None: keep")
+        if not 0 < self.rebalance_retry_backoff <= self.rebalance_retry_backoff_max:
+            raise ValueError(
+                f"rebalance_retry_backoff ({self.rebalance_retry_backoff}) must be positive and "
+                f"at most rebalance_retry_backoff_max ({self.rebalance_retry_backoff_max})"
+            )
 
 
 class Broker:
@@ -360,13 +377,32 @@ class Broker:
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,
+                offsets_retention=config.offsets_retention,
+                rebalance_retry_backoff=config.rebalance_retry_backoff,
+                rebalance_retry_backoff_max=config.rebalance_retry_backoff_max,
             ),
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
             on_event=self._group_event if self._observes_groups else None,
+            locate=self.locate,
         )
         service.on_commit = self._committed
         return service
+
+    def locate(self, tps: list[TopicPartition]) -> tuple[list[BrokerInfo], list[int]]:
+        """The live brokers holding ``tps``, and per partition its broker's id.
+
+        What a StartFetchers carries. A partition whose broker is not live
+        (between ZooKeeper sessions) gets -1: the member asks Metadata for it.
+        """
+        if self.member is None:
+            return [self.info], [self.broker_id] * len(tps)
+        live = self.member.brokers
+        leaders = []
+        for tp in tps:
+            leader = self.topics.leader(tp.topic, tp.partition)
+            leaders.append(leader if leader is not None and leader in live else -1)
+        return [live[b] for b in sorted(set(leaders)) if b >= 0], leaders
 
     def _committed(self, offsets: int, seconds: float) -> None:
         if self.metrics is not None:

@@ -393,6 +393,47 @@ class Consumer(EnterOnce):
         """Return once the consumer is in ``state`` (at once if it is already)."""
         await self._state.wait_value(state)
 
+    async def wait_state_change(self) -> ConsumerState:
+        """Wait for :attr:`state` to change and return the new state (a change that
+        happens while the caller is not waiting here is not reported later)."""
+        new, _old = await self._state.wait_transition()
+        return new
+
+    async def subscribe(self, topics: Iterable[str]) -> None:
+        """Change what this member consumes, at run time (the seed's addTopic).
+
+        The new subscription reaches the coordinator at once (a JoinGroup
+        with the same member id), which rebalances the group once: the
+        partitions of topics dropped are revoked (``on_revoked``) and those of
+        topics added assigned (``on_assigned``). Returns once the coordinator
+        has the new subscription, not once it is assigned (``wait_assigned``,
+        or ``wait_state``, for that). If the connection to the coordinator is
+        down, the rejoin that follows carries it. ``re:`` entries may be
+        given, as to :func:`open_consumer`.
+        """
+        wanted = sorted(set([topics] if isinstance(topics, str) else topics))
+        if self.static_partitions is not None:
+            raise ValueError(
+                "a consumer of fixed partitions=[...] has no subscription to change; "
+                "open another consumer for other partitions"
+            )
+        if not wanted:
+            raise ValueError("subscribe to at least one topic (to stop consuming, close)")
+        if self._lifetime is None:
+            raise UnknownMemberError("use the consumer inside its async with block")
+        if wanted == self.topics:
+            return
+        self.topics = wanted
+        conn = self._conn
+        if conn is None or conn.closed or not self._member_ready.is_set() or self._left:
+            return  # the next join carries the new topics
+        try:
+            await self._join(conn)
+        except (_Reconnect, CoordError) as exc:
+            # The session will rejoin (with the new topics) once its connection is gone.
+            log.info("consumer %s: resubscribing failed: %s; rejoining", self.member_id, exc)
+            await conn.aclose()
+
     @property
     def assignment(self) -> dict[TopicPartition, int]:
         """The partitions this consumer owns, with the offset each started from."""
@@ -681,7 +722,23 @@ class Consumer(EnterOnce):
         if len(held) == 1:
             return part
         joined = [p for each in held for p in each.partitions]
-        return msgspec.structs.replace(part, partitions=joined)
+        brokers = {b.broker_id: b for each in held for b in each.brokers}
+        return msgspec.structs.replace(
+            part,
+            partitions=joined,
+            brokers=list(brokers.values()),
+            leaders=[b for each in held for b in each.leaders]
+            if all(len(e.leaders) == len(e.partitions) for e in held)
+            else [],
+        )
+
+    def _learn_leaders(self, request: StartFetchersRequest) -> None:
+        """Where the partitions of a start are: the coordinator said, no Metadata needed."""
+        if request.brokers and len(request.leaders) == len(request.partitions):
+            self._engine().cluster.learn(
+                request.brokers,
+                {p.tp: b for p, b in zip(request.partitions, request.leaders, strict=True)},
+            )
 
     def _keep_assignment(self, request: StartFetchersRequest) -> None:
         """Cooperative, nothing of ours moved: the same partitions, in the new generation."""
@@ -700,6 +757,7 @@ class Consumer(EnterOnce):
         self._check_lease()
         self.generation = request.generation
         self._handed_back = []
+        self._learn_leaders(request)
         wanted = {p.tp: p.offset for p in request.partitions}
         gone = sorted(self._assignment.keys() - wanted.keys())
         added = {tp: off for tp, off in wanted.items() if tp not in self._assignment}
@@ -783,6 +841,7 @@ class Consumer(EnterOnce):
         self._check_lease()
         self.generation = request.generation
         self._handed_back = []
+        self._learn_leaders(request)
         self._assignment = {p.tp: p.offset for p in request.partitions}
         self._engine().assign(dict(self._assignment))
         self._state.value = ConsumerState.STABLE

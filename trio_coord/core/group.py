@@ -1070,6 +1070,22 @@ class Group:
             ],
         )
 
+    def expired_offsets(self, now: float, wall_ms: int, retention: float) -> list[TopicPartition]:
+        """The partitions whose committed offsets have expired (Kafka's offsets.retention).
+
+        Only an EMPTY group's offsets expire: once it has been empty for
+        ``retention`` seconds (``now`` and ``empty_since`` on the coordinator's
+        clock), each offset committed more than ``retention`` ago (its
+        wall-clock ``commit_time_ms`` against ``wall_ms``; a standalone
+        committer keeps the offsets it still commits) is gone.
+        """
+        if self.state is not GroupState.EMPTY or self.empty_since is None:
+            return []
+        if now - self.empty_since < retention:
+            return []
+        oldest = wall_ms - retention * 1000
+        return sorted(tp for tp, rec in self.offsets.items() if rec.commit_time_ms <= oldest)
+
     def ownership(self) -> dict[TopicPartition, str]:
         """Who owns each partition in the current generation (for checks and tests)."""
         return {tp: m.member_id for m in self.members.values() for tp in m.assignment}

@@ -469,6 +469,9 @@ class StartFetchersRequest(_Wire, tag=21):
     unchanged: bool = False
     """Cooperative: the member's assignment is exactly what it fetches now; keep it all and
     take ``generation`` as the new one (``partitions`` is empty)."""
+    leaders: list[int] = []
+    """Per entry of ``partitions``, the id of the broker holding it; ``brokers`` gives their
+    addresses, so the member fetches without asking Metadata first (empty: ask)."""
 
 
 class MemberSubscription(_Wire):
