@@ -272,14 +272,26 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
     """Describe topics partition by partition, with their log offsets."""
 
     async def ask(admin: Admin) -> tuple[list[TopicInfo], dict[TopicPartition, Any]]:
-        topics = await (admin.describe_topics(args.names) if args.names else admin.list_topics())
+        topics = await (
+            admin.describe_topics(args.names, configs=True)
+            if args.names
+            else admin.list_topics(configs=True)
+        )
         partitions = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
         return topics, await admin.list_offsets(partitions) if partitions else {}
 
     topics, offsets = await _ask_admin(args, ask)
+    leaders = {
+        TopicPartition(t.name, p): leader for t in topics for p, leader in enumerate(t.leaders)
+    }
     rows = [
         [tp.topic, tp.partition, o.log_start, o.log_end, o.log_end - o.log_start]
         for tp, o in sorted(offsets.items())
+    ]
+    configs = [
+        [t.name, name, value]
+        for t in topics
+        for name, value in [("partitions", str(t.partitions)), *sorted(t.configs.items())]
     ]
     _say(
         args,
@@ -287,8 +299,14 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
             {
                 "topic": t.name,
                 "partitions": t.partitions,
+                "configs": dict(sorted(t.configs.items())),
                 "offsets": [
-                    {"partition": r[1], "log_start": r[2], "log_end": r[3]}
+                    {
+                        "partition": r[1],
+                        "log_start": r[2],
+                        "log_end": r[3],
+                        "leader": leaders.get(TopicPartition(t.name, r[1])),
+                    }
                     for r in rows
                     if r[0] == t.name
                 ],
@@ -296,6 +314,8 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
             for t in topics
         ],
         format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        + "\n\n"
+        + format_table(["TOPIC", "CONFIG", "VALUE"], configs)
         if rows
         else "no topics (create one with: trio-coord topics create NAME --partitions N)",
     )
@@ -1108,7 +1128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_topics_delete)
     for action, func, text in (
         ("list", cmd_topics_list, "list topics and their partition counts"),
-        ("describe", cmd_topics_describe, "show each partition's log start and end offsets"),
+        (
+            "describe",
+            cmd_topics_describe,
+            "show each partition's log start and end offsets, and the topic's configs",
+        ),
     ):
         p = topics.add_parser(
             action, help=text, description=text[0].upper() + text[1:] + " (all, or the ones named)."

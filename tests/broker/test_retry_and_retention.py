@@ -10,6 +10,8 @@ with members keeps them however old they are.
 
 from __future__ import annotations
 
+import itertools
+
 import trio
 
 from trio_coord import open_admin, open_broker, open_consumer
@@ -46,7 +48,7 @@ async def test_failed_rebalances_back_off_doubling_up_to_the_maximum(
             stable = await rec.wait_for("stable")
             failed = [d["time"] for d in rec.all("rebalance_failed")]
             assert len(failed) == 5
-            assert [round(b - a, 6) for a, b in zip(failed, failed[1:])] == [1, 2, 4, 4]
+            assert [round(b - a, 6) for a, b in itertools.pairwise(failed)] == [1, 2, 4, 4]
             assert stable["time"] == failed[-1] + 4
             nursery.cancel_scope.cancel()
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
@@ -438,12 +439,15 @@ class Broker:
         following = ""
         if request.topics is None:
             names = (n for n in sorted(self.topics.partitions) if n > request.after)
-            topics, cursor = page(
-                (self.topics.info(n) for n in names), _topic_name, self.page_bytes
-            )
+            infos = (self.topics.info(n) for n in names)
+            if request.configs:
+                infos = (self._with_configs(info) for info in infos)
+            topics, cursor = page(infos, _topic_name, self.page_bytes)
             following = cursor or ""
         else:
             topics = self.topics.describe(request.topics)
+            if request.configs:
+                topics = [self._with_configs(info) for info in topics]
         if self.member is None:
             info = self.info
             return MetadataResponse([info], topics, info if request.group else None, following)
@@ -464,6 +468,10 @@ class Broker:
         if request.group:
             coordinator = self.member.coordinator_of(self.coordinator.slot_of(request.group))
         return MetadataResponse(brokers, topics, coordinator, following)
+
+    def _with_configs(self, info: TopicInfo) -> TopicInfo:
+        """``info`` with the settings its log follows (the broker's: no per-topic ones)."""
+        return msgspec.structs.replace(info, configs=dict(topic_configs(self.config)))
 
     @property
     def clustered(self) -> bool:
@@ -810,23 +818,33 @@ def _naming_the_address(host: str, port: int, flag: str) -> Iterator[None]:
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from exc
 
 
-def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
-    """The Kafka front end's bounds and reported settings, from the broker's config."""
+def _retention_ms(log_config: LogConfig) -> int:
+    seconds = log_config.retention_seconds
+    return -1 if seconds is None else int(seconds * 1000)
+
+
+def topic_configs(config: BrokerConfig) -> tuple[tuple[str, str], ...]:
+    """The settings every topic's log follows, by their Kafka names (there are no per-topic
+    ones): what Kafka's DescribeConfigs and ``trio-coord topics describe`` report."""
     log_config = config.log
-    retention_ms = (
-        -1 if log_config.retention_seconds is None else int(log_config.retention_seconds * 1000)
-    )
     retention_bytes = -1 if log_config.retention_bytes is None else log_config.retention_bytes
-    topic = (
+    return (
         ("cleanup.policy", "delete"),
         ("compression.type", "producer"),
         ("max.message.bytes", str(config.kafka_max_batch_bytes)),
         ("message.timestamp.type", "CreateTime"),
         ("min.insync.replicas", "1"),
         ("retention.bytes", str(retention_bytes)),
-        ("retention.ms", str(retention_ms)),
+        ("retention.ms", str(_retention_ms(log_config))),
         ("segment.bytes", str(log_config.segment_bytes)),
     )
+
+
+def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
+    """The Kafka front end's bounds and reported settings, from the broker's config."""
+    log_config = config.log
+    retention_ms = _retention_ms(log_config)
+    topic = topic_configs(config)
     broker = (
         ("auto.create.topics.enable", "false"),
         ("broker.id", str(config.broker_id)),

@@ -166,6 +166,9 @@ class TopicInfo(_Wire):
     name: str
     partitions: int
     leaders: list[int] = []
+    configs: dict[str, str] = {}
+    """Only if asked (``MetadataRequest.configs``): the settings the topic's log follows, by
+    their Kafka names (retention.ms, segment.bytes, ...), as the answering broker has them."""
 
 
 class GroupSummary(_Wire):
@@ -216,6 +219,8 @@ class MetadataRequest(_Wire, tag=1):
     topics: list[str] | None = None
     group: str = ""
     after: str = ""
+    configs: bool = False
+    """Also the settings each topic's log follows (``TopicInfo.configs``)."""
 
 
 class CreateTopicRequest(_Wire, tag=2):
