@@ -65,6 +65,7 @@ from typing import NoReturn
 
 import trio
 
+from .._files import fsync_dir
 from .base import (
     LogBusyError,
     LogConfig,
@@ -79,7 +80,6 @@ from .segment import (
     MAX_RELATIVE_OFFSET,
     Segment,
     check_batch,
-    fsync_dir,
     parse_segment_name,
 )
 
