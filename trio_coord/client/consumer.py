@@ -48,7 +48,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -98,7 +98,14 @@ from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 from ._fetcher import Fetcher, FetchSettings
 
-__all__ = ["Consumer", "ConsumerState", "PartitionsCallback", "open_consumer"]
+__all__ = [
+    "Consumer",
+    "ConsumerState",
+    "OffsetReset",
+    "PartitionsCallback",
+    "RebalanceProtocol",
+    "open_consumer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,14 @@ _DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
 }
 """The assignors a consumer accepts unless told otherwise, per rebalance protocol: a
 cooperative group pays for every move with a stop, so it prefers the sticky ones."""
+
+
+OffsetReset = Literal["earliest", "latest", "none"]
+"""Where a member starts on a partition its group has no committed offset for (Kafka's
+auto.offset.reset): the log start, the log end, or nowhere (NoOffsetError)."""
+
+RebalanceProtocol = Literal["eager", "cooperative"]
+"""How a member wants rebalances run: stop everything, or only what moves."""
 
 
 class ConsumerState(enum.StrEnum):
@@ -193,9 +208,9 @@ class Consumer(EnterOnce):
         session_timeout: float = 10.0,
         rebalance_timeout: float = 30.0,
         auto_commit: bool = True,
-        offset_reset: str = "latest",
+        offset_reset: OffsetReset = "latest",
         assignors: Sequence[str | Assignor] | None = None,
-        rebalance_protocol: str = "eager",
+        rebalance_protocol: RebalanceProtocol = "eager",
         instance_id: str | None = None,
         user_data: bytes = b"",
         on_assigned: PartitionsCallback | None = None,
@@ -1131,7 +1146,26 @@ def open_consumer(
     bootstrap: str | Sequence[str],
     group_id: str | None = None,
     topics: Iterable[str] = (),
-    **options: Any,
+    *,
+    partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
+    session_timeout: float = 10.0,
+    rebalance_timeout: float = 30.0,
+    auto_commit: bool = True,
+    offset_reset: OffsetReset = "latest",
+    assignors: Sequence[str | Assignor] | None = None,
+    rebalance_protocol: RebalanceProtocol = "eager",
+    instance_id: str | None = None,
+    user_data: bytes = b"",
+    on_assigned: PartitionsCallback | None = None,
+    on_revoked: PartitionsCallback | None = None,
+    on_lost: PartitionsCallback | None = None,
+    client_id: str = "trio-coord",
+    fetch_max_wait: float = 0.5,
+    fetch_min_bytes: int = 1,
+    max_partition_fetch_bytes: int = 1024 * 1024,
+    max_poll_interval: float = 300.0,
+    request_timeout: float = 30.0,
+    api_timeout: float = 60.0,
 ) -> Consumer:
     """Join ``group_id`` as a consumer of ``topics``: ``async with open_consumer(...) as c``.
 
@@ -1179,4 +1213,27 @@ def open_consumer(
     group cleanly. (The :class:`Consumer` this returns is itself the async
     context manager, so callbacks can refer to it before it is entered.)
     """
-    return Consumer(bootstrap, group_id, topics, **options)
+    return Consumer(
+        bootstrap,
+        group_id,
+        topics,
+        partitions=partitions,
+        session_timeout=session_timeout,
+        rebalance_timeout=rebalance_timeout,
+        auto_commit=auto_commit,
+        offset_reset=offset_reset,
+        assignors=assignors,
+        rebalance_protocol=rebalance_protocol,
+        instance_id=instance_id,
+        user_data=user_data,
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+        on_lost=on_lost,
+        client_id=client_id,
+        fetch_max_wait=fetch_max_wait,
+        fetch_min_bytes=fetch_min_bytes,
+        max_partition_fetch_bytes=max_partition_fetch_bytes,
+        max_poll_interval=max_poll_interval,
+        request_timeout=request_timeout,
+        api_timeout=api_timeout,
+    )
