@@ -26,7 +26,6 @@ stages, one per fence end).
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +61,15 @@ from .records import (
     Record,
     supersedes,
 )
+from .states import (
+    REBALANCING,
+    STATE_DOCS,
+    STATE_TABLE,
+    TRANSITIONS,
+    GroupState,
+    IllegalTransitionError,
+    Trigger,
+)
 from .validation import MAX_NAME_LENGTH, PATTERN_PREFIX, validate_subscription
 
 __all__ = [
@@ -70,6 +78,8 @@ __all__ = [
     "OFFSET_RESET_POLICIES",
     "PREDECESSOR_SUFFIX",
     "REBALANCE_PROTOCOLS",
+    "STATE_DOCS",
+    "STATE_TABLE",
     "TRANSITIONS",
     "AssignmentInput",
     "AssignmentPlan",
@@ -80,6 +90,7 @@ __all__ = [
     "IllegalTransitionError",
     "Member",
     "StartPlan",
+    "Trigger",
 ]
 
 OFFSET_RESET_POLICIES = ("earliest", "latest", "none")
@@ -92,35 +103,6 @@ MAX_ASSIGNORS = 32
 PREDECESSOR_SUFFIX = "~previous-process"
 """Appended to a static member's id to key the fence over what its former process may
 fetch (:meth:`Group.replace_process`); no member id the coordinator hands out ends so."""
-
-
-class GroupState(enum.StrEnum):
-    """Where a group is in its life and in its rebalance."""
-
-    EMPTY = "EMPTY"
-    STOPPING = "STOPPING"
-    ASSIGNING = "ASSIGNING"
-    STARTING = "STARTING"
-    STABLE = "STABLE"
-    DEAD = "DEAD"
-
-
-_S = GroupState
-TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
-    _S.EMPTY: frozenset({_S.STOPPING, _S.DEAD}),
-    _S.STOPPING: frozenset({_S.STOPPING, _S.ASSIGNING, _S.EMPTY}),
-    _S.ASSIGNING: frozenset({_S.STOPPING, _S.STARTING, _S.EMPTY}),
-    _S.STARTING: frozenset({_S.STOPPING, _S.STABLE, _S.EMPTY}),
-    _S.STABLE: frozenset({_S.STOPPING, _S.EMPTY}),
-    _S.DEAD: frozenset(),
-}
-"""The legal state changes; any other is a bug and raises :class:`IllegalTransitionError`."""
-
-REBALANCING = frozenset({_S.STOPPING, _S.ASSIGNING, _S.STARTING})
-
-
-class IllegalTransitionError(RuntimeError):
-    """A state change not in :data:`TRANSITIONS` was attempted (a coordinator bug)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,15 +282,23 @@ class Group:
         """True while a rebalance is in one of its phases."""
         return self.state in REBALANCING
 
+    def fire(self, trigger: Trigger) -> GroupState:
+        """Move as :data:`STATE_TABLE` says ``trigger`` moves the current state; return it."""
+        new = STATE_TABLE.get((self.state, trigger))
+        if new is None:
+            raise IllegalTransitionError(f"group {self.group_id}: {self.state} on {trigger}")
+        self.state = new
+        return new
+
     def transition(self, new: GroupState) -> None:
-        """Move to ``new``, which must be legal from the current state."""
+        """Move to ``new``, which must be legal from the current state (:data:`TRANSITIONS`)."""
         if new not in TRANSITIONS[self.state]:
             raise IllegalTransitionError(f"group {self.group_id}: {self.state} -> {new}")
         self.state = new
 
     def _became_empty(self, now: float) -> None:
         if self.state is not GroupState.EMPTY:
-            self.transition(GroupState.EMPTY)
+            self.fire(Trigger.EMPTIED)
         self.empty_since = now
 
     # -- membership ------------------------------------------------------------
@@ -580,7 +570,7 @@ class Group:
 
     def begin_rebalance(self) -> list[Member]:
         """Enter STOPPING (from any state but EMPTY/DEAD); return the members to stop."""
-        self.transition(GroupState.STOPPING)
+        self.fire(Trigger.REBALANCE)
         return list(self.members.values())
 
     def member_stopped(
@@ -745,7 +735,7 @@ class Group:
         (:meth:`_start_offset`). Nothing changes until the returned record is
         replayed (after it is durable).
         """
-        self.transition(GroupState.ASSIGNING)
+        self.fire(Trigger.STOPPED)
         self.expire_fences(now)
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         if computed is None:
@@ -971,7 +961,7 @@ class Group:
 
     def begin_starting(self) -> None:
         """Enter STARTING: the new generation is durable and replayed."""
-        self.transition(GroupState.STARTING)
+        self.fire(Trigger.PLANNED)
 
     def member_starting(
         self, member_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -990,7 +980,7 @@ class Group:
 
     def complete_rebalance(self) -> None:
         """Every member acknowledged its start: the group is STABLE."""
-        self.transition(GroupState.STABLE)
+        self.fire(Trigger.STARTED)
 
     # -- records -----------------------------------------------------------------
 
@@ -1035,7 +1025,7 @@ class Group:
             self.offsets.clear()
             self.positions.clear()
             if self.state is not GroupState.DEAD:
-                self.transition(GroupState.DEAD)
+                self.fire(Trigger.DELETED)
 
     # -- views ---------------------------------------------------------------------
 
