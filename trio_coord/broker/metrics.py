@@ -13,6 +13,7 @@ broker: one request per connection, bounded in size and time.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -51,12 +52,12 @@ class BrokerMetrics:
 
     def __init__(self, broker: Broker) -> None:
         self.registry = CollectorRegistry()
-        self.rebalance_seconds = Histogram(
+        histogram = functools.partial(Histogram, registry=self.registry)
+        self.rebalance_seconds = histogram(
             "trio_coord_rebalance_duration_seconds",
             "Rebalances completed, by cause, and how long each took (start to stable).",
             ["cause"],
             buckets=_BUCKETS,
-            registry=self.registry,
         )
         self.restarts = Counter(
             "trio_coord_rebalance_restarts",
@@ -68,31 +69,33 @@ class BrokerMetrics:
         for cause in CAUSES:  # every label present from the start, at 0
             self.rebalance_seconds.labels(cause)
             self.restarts.labels(cause)
-        self.commit_seconds = Histogram(
-            "trio_coord_offset_commit_duration_seconds",
-            "Offset commits acknowledged (native and Kafka), and how long each took from "
-            "arrival to durable.",
-            buckets=_BUCKETS,
-            registry=self.registry,
-        )
-        self.commit_offsets = Histogram(
-            "trio_coord_offset_commit_partitions",
-            "How many partitions' offsets each acknowledged commit carried.",
-            buckets=_SIZE_BUCKETS,
-            registry=self.registry,
-        )
-        self.store_seconds = Histogram(
-            "trio_coord_store_write_duration_seconds",
-            "Metadata store transactions (one per group commit of queued records), and how "
-            "long each took.",
-            buckets=_BUCKETS,
-            registry=self.registry,
-        )
-        self.store_records = Histogram(
-            "trio_coord_store_write_records",
-            "How many records each metadata store transaction carried.",
-            buckets=_SIZE_BUCKETS,
-            registry=self.registry,
+        # (name, what it counts, buckets) of the unlabelled histograms:
+        self.commit_seconds, self.commit_offsets, self.store_seconds, self.store_records = (
+            histogram(name, text, buckets=buckets)
+            for name, text, buckets in (
+                (
+                    "trio_coord_offset_commit_duration_seconds",
+                    "Offset commits acknowledged (native and Kafka), and how long each took "
+                    "from arrival to durable.",
+                    _BUCKETS,
+                ),
+                (
+                    "trio_coord_offset_commit_partitions",
+                    "How many partitions' offsets each acknowledged commit carried.",
+                    _SIZE_BUCKETS,
+                ),
+                (
+                    "trio_coord_store_write_duration_seconds",
+                    "Metadata store transactions (one per group commit of queued records), "
+                    "and how long each took.",
+                    _BUCKETS,
+                ),
+                (
+                    "trio_coord_store_write_records",
+                    "How many records each metadata store transaction carried.",
+                    _SIZE_BUCKETS,
+                ),
+            )
         )
         self.gc_seconds = 0.0
         self._gc_started = 0.0
