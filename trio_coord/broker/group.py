@@ -856,7 +856,7 @@ class GroupRunner:
         which expects a new generation); see :meth:`Group.unchanged_by`.
         """
         group = self.group
-        if group.state is not GroupState.STABLE:
+        if not group.may_be_unchanged():  # (a join, a leave: no assignor run to learn it)
             return False
         self._match_patterns()
         partitions = self._subscribed_partitions()

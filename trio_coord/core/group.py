@@ -802,12 +802,7 @@ class Group:
         subscriptions, timeouts, assignor, partitions per member, fences and
         topics). Then the coordinator bumps no generation and stops no one.
         """
-        if self.state is not GroupState.STABLE or self.record is None:
-            return False
-        if any(
-            m.generation != self.generation or m.may_own != m.assignment
-            for m in self.members.values()
-        ):
+        if not self.may_be_unchanged():
             return False
         self.expire_fences(now)
         members = sorted(self.members.values(), key=lambda m: m.member_id)
@@ -815,6 +810,27 @@ class Group:
             self.generation, assignor, members, assignment, partitions, created_since
         )
         return record == self.record
+
+    def may_be_unchanged(self) -> bool:
+        """The cheap half of :meth:`unchanged_by` (O(members), no assignor run): False if a
+        rebalance certainly changes something (not STABLE, a member not started in the
+        current generation, members or subscriptions other than the current record's)."""
+        record = self.record
+        if self.state is not GroupState.STABLE or record is None:
+            return False
+        if len(record.members) != len(self.members):
+            return False
+        for persisted in record.members:
+            m = self.members.get(persisted.member_id)
+            if (
+                m is None
+                or m.generation != self.generation
+                or m.may_own != m.assignment
+                or len(persisted.topics) != len(m.topics)
+                or not m.topics.issuperset(persisted.topics)
+            ):
+                return False
+        return True
 
     def _next_record(
         self,
