@@ -970,13 +970,14 @@ class Consumer(EnterOnce):
     async def _join(self, conn: Connection) -> None:
         while True:
             sent_at = trio.current_time()
+            topics = self.topics
             try:
                 response = await self._request(
                     conn,
                     JoinGroupRequest(
                         self.group_id,
                         self.member_id,
-                        self.topics,
+                        topics,
                         round(self.session_timeout * 1000),
                         round(self.rebalance_timeout * 1000),
                         self.assignors,
@@ -992,9 +993,11 @@ class Consumer(EnterOnce):
             except UnknownMemberError as exc:
                 raise _Reconnect(str(exc), forget_member=True) from None
             assert isinstance(response, JoinGroupResponse)
-            if not response.rejoin:
+            if not response.rejoin and topics == self.topics:
                 break
-            self.member_id = response.member_id  # the first step: join again with it
+            # The first step (join again with the member id handed out), or subscribe()
+            # changed the topics while this join was on its way: join again with them.
+            self.member_id = response.member_id
         self.member_id = response.member_id
         self._fenced_since = None
         self.generation = response.generation
