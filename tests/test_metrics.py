@@ -26,6 +26,15 @@ def _scrape(url: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+def _produce_with_kafka(bootstrap: str, count: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(count):
+        producer.produce("orders", b"kafka %d" % i, partition=0)
+    assert producer.flush(15) == 0
+
+
 def _value(samples: list, name: str, **labels: str) -> float:
     (found,) = [s.value for s in samples if s.name == name and s.labels == labels]
     return found
@@ -33,7 +42,9 @@ def _value(samples: list, name: str, **labels: str) -> float:
 
 async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
     events: list[GroupEvent] = []
-    settings = dict(metrics_port=0, initial_rebalance_delay=0.0, on_event=events.append)
+    settings = dict(
+        metrics_port=0, kafka_port=0, initial_rebalance_delay=0.0, on_event=events.append
+    )
     async with open_broker(tmp_path, **settings) as broker:  # type: ignore[arg-type]
         assert broker.metrics_address is not None
         host, port = broker.metrics_address
@@ -56,6 +67,10 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
                 while len(consumer.assignment) != 2:
                     await trio.sleep(0.02)
             await trio.sleep(0.5)  # (a few heartbeats)
+            # A Kafka producer's records count as produced too (and are lag for billing).
+            assert broker.kafka_address is not None
+            kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
+            await trio.to_thread.run_sync(_produce_with_kafka, kafka, 4)
             metrics = await trio.to_thread.run_sync(_scrape, url)
 
     assert _value(metrics["trio_coord_connections"], "trio_coord_connections") >= 1
@@ -82,21 +97,21 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
     records = metrics["trio_coord_store_write_records"]
     assert _value(records, "trio_coord_store_write_records_sum") >= 3  # topic, 2 offsets
     produced = metrics["trio_coord_produced_records"]
-    assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 10
+    assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 14
     fetched = metrics["trio_coord_fetched_records"]
     assert _value(fetched, "trio_coord_fetched_records_total", topic="orders") >= 10
     ends = metrics["trio_coord_log_end_offset"]
     assert [
         _value(ends, "trio_coord_log_end_offset", topic="orders", partition=p) for p in "01"
     ] == [
-        5,
+        9,
         5,
     ]
-    for p in "01":
+    for p, lag in (("0", 4), ("1", 0)):
         labels = dict(group="billing", topic="orders", partition=p)
         committed = metrics["trio_coord_group_committed_offset"]
         assert _value(committed, "trio_coord_group_committed_offset", **labels) == 5
-        assert _value(metrics["trio_coord_group_lag"], "trio_coord_group_lag", **labels) == 0
+        assert _value(metrics["trio_coord_group_lag"], "trio_coord_group_lag", **labels) == lag
     assert (
         _value(metrics["trio_coord_resident_memory_bytes"], "trio_coord_resident_memory_bytes") > 0
     )

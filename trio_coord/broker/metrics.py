@@ -243,23 +243,41 @@ class _StateCollector(Collector):
             "The first offset still stored of a partition.",
             labels=["topic", "partition"],
         )
+        produced: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
         for topic, partition in broker.logs.partitions():
             partition_log = broker.logs.get(topic, partition)
             if partition_log is not None:
                 labels = [topic, str(partition)]
                 log_end.add_metric(labels, partition_log.end_offset)
                 log_start.add_metric(labels, partition_log.start_offset)
+                counts = produced[topic]
+                counts[0] += partition_log.appended[0]
+                counts[1] += partition_log.appended[1]
         yield log_end
         yield log_start
-        traffic = broker.partitions.traffic
-        for name, help_text, index in (
-            ("trio_coord_produced_bytes", "Record bytes appended, by topic.", 0),
-            ("trio_coord_produced_records", "Records appended, by topic.", 1),
-            ("trio_coord_fetched_bytes", "Record bytes served to fetches, by topic.", 2),
-            ("trio_coord_fetched_records", "Records served to fetches, by topic.", 3),
+        for name, help_text, source, index in (
+            (
+                "trio_coord_produced_bytes",
+                "Record bytes appended (native and Kafka producers), by topic.",
+                produced,
+                0,
+            ),
+            ("trio_coord_produced_records", "Records appended, by topic.", produced, 1),
+            (
+                "trio_coord_fetched_bytes",
+                "Record bytes served to native fetches, by topic.",
+                broker.partitions.traffic,
+                0,
+            ),
+            (
+                "trio_coord_fetched_records",
+                "Records served to native fetches, by topic.",
+                broker.partitions.traffic,
+                1,
+            ),
         ):
             family = CounterMetricFamily(name, help_text, labels=["topic"])
-            for topic, counts in sorted(traffic.items()):
+            for topic, counts in sorted(source.items()):
                 family.add_metric([topic], counts[index])
             yield family
         gc_time = CounterMetricFamily(
