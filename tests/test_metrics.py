@@ -155,3 +155,47 @@ def test_a_port_in_use_for_metrics_is_named(tmp_path) -> None:
             trio.run(start)
     finally:
         held.close()
+
+
+async def test_a_member_failing_mid_rebalance_counts_as_a_crash_restart(autojump_clock) -> None:
+    # The group task's RebalanceRestarted and Stable events are what the metrics count:
+    # b hangs on its StopFetchers, then its connection drops. (The exposition is read from
+    # the broker's registry directly: this test runs on the virtual clock.)
+    from broker.harness import (
+        FakeMember,
+        Recorder,
+        connected,
+        ephemeral_broker,
+        heartbeat_forever,
+    )
+
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, metrics_port=0) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b, c = (FakeMember(broker, "g", ["t"], name=n) for n in "abc")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            await a.join()
+            nursery.start_soon(heartbeat_forever, a, 1.0)
+            await rec.wait_for("stable", generation=1)
+            await b.join()
+            await rec.wait_for("stable", generation=2)
+            b.hold_stop = True
+            mark = rec.mark()
+            await c.join()
+            nursery.start_soon(heartbeat_forever, c, 1.0)
+            await rec.wait_for("rebalance_started", since=mark)
+            await b.crash()
+            await rec.wait_for("rebalance_restarted", since=mark, cause="crash")
+            await rec.wait_for("stable", since=mark)
+            assert broker.metrics is not None
+            text = broker.metrics.render().decode()  # (before the members go away)
+            nursery.cancel_scope.cancel()
+    metrics = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    restarts = metrics["trio_coord_rebalance_restarts"]
+    assert _value(restarts, "trio_coord_rebalance_restarts_total", cause="crash") == 1
+    assert _value(restarts, "trio_coord_rebalance_restarts_total", cause="join") == 0
+    durations = metrics["trio_coord_rebalance_duration_seconds"]
+    # Two joins completed (a, b); the third rebalance, restarted by b's crash, completed
+    # as a crash rebalance once b's lease ended.
+    assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="join") == 2
+    assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="crash") == 1
