@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 from bench._common import (
@@ -47,6 +48,7 @@ from bench._common import (
     ratio,
     run_and_report,
 )
+from trio_coord.broker.events import GroupEvent
 from trio_coord.broker.server import open_broker
 from trio_coord.protocol import (
     Connection,
@@ -174,9 +176,9 @@ class _Group:
     def group(self) -> str:
         return f"churn-{self.protocol}"
 
-    def on_event(self, what: str, details: dict[str, Any]) -> None:
-        if details.get("group") == self.group:
-            self.events.append((what, details))
+    def on_event(self, event: GroupEvent) -> None:
+        if event.group == self.group:
+            self.events.append((event.kind, msgspec.structs.asdict(event)))
             self.changed.set()
             self.changed = trio.Event()
 
@@ -267,9 +269,9 @@ def _tp(text: str) -> TopicPartition:
 async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[str, Any]]]:
     groups: dict[str, _Group] = {}
 
-    def on_event(what: str, details: dict[str, Any]) -> None:
+    def on_event(event: GroupEvent) -> None:
         for group in groups.values():
-            group.on_event(what, details)
+            group.on_event(event)
 
     results: dict[str, list[dict[str, Any]]] = {}
     settings: dict[str, Any] = {

@@ -52,8 +52,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
+from trio_coord.broker.events import GroupEvent
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.client.admin import open_admin
 from trio_coord.core.group import Member
@@ -154,10 +156,10 @@ class _EventLog:
         self.events: list[_Event] = []
         self._changed = trio.Event()
 
-    def __call__(self, what: str, details: dict[str, object]) -> None:
-        if details.get("group") != self.group:
+    def __call__(self, event: GroupEvent) -> None:
+        if event.group != self.group:
             return
-        self.events.append(_Event(what, dict(details)))
+        self.events.append(_Event(event.kind, msgspec.structs.asdict(event)))
         self._changed.set()
         self._changed = trio.Event()
 

@@ -174,15 +174,19 @@ def test_admin_commands_print_tables_and_json(broker_process):
     assert re.search(r"orders\s+2\s+0\s+0", ok("topics", "describe", "orders", "-b", bootstrap))
     ok("topics", "add-partitions", "orders", "--total", "5", "-b", bootstrap)
     described = json.loads(ok("topics", "describe", "orders", "--json", "-b", bootstrap))
-    # (the topic's id, kept by add-partitions, is checked in test_cli_data.py)
+    # (the topic's id, kept by add-partitions, is checked in test_cli_data.py, its configs too)
     assert described[0].pop("topic_id") and described[0].pop("topic_uuid")
+    assert described[0].pop("configs")
     assert described == [
         {
             "topic": "orders",
             "partitions": 5,
-            "offsets": [{"partition": p, "log_start": 0, "log_end": 0} for p in range(5)],
+            "offsets": [
+                {"partition": p, "log_start": 0, "log_end": 0, "leader": None} for p in range(5)
+            ],
         }
     ]
+    assert described[0]["configs"]["cleanup.policy"] == "delete"
     ok("groups", "create", "g", "-b", bootstrap)
     listed = json.loads(ok("groups", "list", "--json", "-b", bootstrap))
     assert listed == [{"group": "g", "state": "EMPTY", "generation": 0, "members": 0}]

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import trio
 
-from trio_coord import open_admin, open_consumer, open_producer
+from trio_coord import LogConfig, open_admin, open_consumer, open_producer
 from trio_coord.cli import main
 from trio_coord.client import partition_for_key
 
@@ -285,7 +285,7 @@ def test_consume_max_records_zero_consumes_nothing(bootstrap, capsys):
 # -- the admin commands (in this process: the same code path, without a start-up each) -------
 
 
-def test_topics_describe_shows_each_partitions_log_offsets(bootstrap, capsys):
+def test_topics_describe_shows_each_partitions_log_offsets_and_the_configs(bootstrap, capsys):
     cli_ok(capsys, "topics", "create", "described", "--partitions", "3", "-b", bootstrap)
     produce_values(bootstrap, "described", 1, ["a", "b", "c"])
     produce_values(bootstrap, "described", 2, ["d"])
@@ -295,29 +295,37 @@ def test_topics_describe_shows_each_partitions_log_offsets(bootstrap, capsys):
     topic_id = described.pop("topic_id")
     uuid_bytes = uuid.UUID(described.pop("topic_uuid")).bytes
     assert base64.urlsafe_b64decode(topic_id + "==") == uuid_bytes
-    assert [described] == [
-        {
-            "topic": "described",
-            "partitions": 3,
-            "offsets": [
-                {"partition": 0, "log_start": 0, "log_end": 0},
-                {"partition": 1, "log_start": 0, "log_end": 3},
-                {"partition": 2, "log_start": 0, "log_end": 1},
-            ],
-        }
-    ]
-    text = cli_ok(capsys, "topics", "describe", "described", "-b", bootstrap).splitlines()
-    assert text[0].split() == ["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"]
-    assert [line.split() for line in text[1:4]] == [
+    configs = described.pop("configs")
+    assert described == {
+        "topic": "described",
+        "partitions": 3,
+        "offsets": [  # (one broker: it holds every partition, no leader is named)
+            {"partition": 0, "log_start": 0, "log_end": 0, "leader": None},
+            {"partition": 1, "log_start": 0, "log_end": 3, "leader": None},
+            {"partition": 2, "log_start": 0, "log_end": 1, "leader": None},
+        ],
+    }
+    # The settings its log follows (the broker's: this one runs with the defaults).
+    assert configs["retention.ms"] == str(7 * 24 * 3600 * 1000)
+    assert configs["segment.bytes"] == str(LogConfig().segment_bytes)
+    assert configs["cleanup.policy"] == "delete"
+    text = cli_ok(capsys, "topics", "describe", "described", "-b", bootstrap)
+    offsets, ids, config_table = text.split("\n\n")
+    lines = offsets.splitlines()
+    assert lines[0].split() == ["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"]
+    assert [line.split() for line in lines[1:]] == [
         ["described", "0", "0", "0", "0"],
         ["described", "1", "0", "3", "3"],
         ["described", "2", "0", "1", "1"],
     ]
-    assert [line.split() for line in text[4:]] == [
-        [],
+    assert [line.split() for line in ids.splitlines()] == [
         ["TOPIC", "TOPIC-ID", "PARTITIONS"],
         ["described", topic_id, "3"],
     ]
+    rows = [line.split() for line in config_table.splitlines()]
+    assert rows[0] == ["TOPIC", "CONFIG", "VALUE"]
+    assert rows[1] == ["described", "partitions", "3"]
+    assert ["described", "retention.ms", configs["retention.ms"]] in rows
 
 
 def test_reset_offsets_is_a_dry_run_unless_executed(bootstrap, capsys):

@@ -120,6 +120,13 @@ async def test_a_stalled_application_leaves_at_max_poll_interval_and_rejoins_whe
 
             nursery.start_soon(keep_reading)
             await wait_until(lambda: owns_everything([stalled, healthy], 2))
+            states = [stalled.state]
+
+            async def follow_states() -> None:
+                while True:
+                    states.append(await stalled.wait_state_change())
+
+            nursery.start_soon(follow_states)
             for p in range(2):
                 await producer.send("t", f"first {p}", partition=p)
             (record,) = await stalled.getmany()
@@ -169,6 +176,9 @@ async def test_a_stalled_application_leaves_at_max_poll_interval_and_rejoins_whe
             await wait_until(lambda: bool(again))
             assert [r.value for r in again] == [f"second {again[0].partition}".encode()]
             await stalled.commit()  # a member again
+            # Its states, in order: it left (UNJOINED), then joined anew (REBALANCING,
+            # holding nothing) and was started (STABLE).
+            assert states == ["STABLE", "UNJOINED", "REBALANCING", "STABLE"]
             nursery.cancel_scope.cancel()
 
 

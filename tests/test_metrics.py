@@ -15,7 +15,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from trio_coord import open_admin, open_broker, open_consumer, open_producer
+from trio_coord import GroupEvent, open_admin, open_broker, open_consumer, open_producer
+from trio_coord.broker.events import Stable
 
 
 def _scrape(url: str) -> dict[str, list]:
@@ -25,13 +26,25 @@ def _scrape(url: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+def _produce_with_kafka(bootstrap: str, count: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(count):
+        producer.produce("orders", b"kafka %d" % i, partition=0)
+    assert producer.flush(15) == 0
+
+
 def _value(samples: list, name: str, **labels: str) -> float:
     (found,) = [s.value for s in samples if s.name == name and s.labels == labels]
     return found
 
 
 async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
-    settings = dict(metrics_port=0, initial_rebalance_delay=0.0)
+    events: list[GroupEvent] = []
+    settings = dict(
+        metrics_port=0, kafka_port=0, initial_rebalance_delay=0.0, on_event=events.append
+    )
     async with open_broker(tmp_path, **settings) as broker:  # type: ignore[arg-type]
         assert broker.metrics_address is not None
         host, port = broker.metrics_address
@@ -54,6 +67,10 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
                 while len(consumer.assignment) != 2:
                     await trio.sleep(0.02)
             await trio.sleep(0.5)  # (a few heartbeats)
+            # A Kafka producer's records count as produced too (and are lag for billing).
+            assert broker.kafka_address is not None
+            kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
+            await trio.to_thread.run_sync(_produce_with_kafka, kafka, 4)
             metrics = await trio.to_thread.run_sync(_scrape, url)
 
     assert _value(metrics["trio_coord_connections"], "trio_coord_connections") >= 1
@@ -66,22 +83,35 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
     leaves = _value(rebalances, "trio_coord_rebalance_duration_seconds_count", cause="leave")
     assert joins >= 2 and leaves >= 1
     assert _value(rebalances, "trio_coord_rebalance_duration_seconds_sum", cause="join") > 0
+    # The metrics and on_event hear the same typed events: one Stable per rebalance counted.
+    counted = sum(s.value for s in rebalances if s.name.endswith("_count"))
+    stables = [e for e in events if isinstance(e, Stable) and e.group == "billing"]
+    assert counted == len(stables) and {e.cause for e in stables} >= {"join", "leave"}
+    commits = metrics["trio_coord_offset_commit_duration_seconds"]
+    assert _value(commits, "trio_coord_offset_commit_duration_seconds_count") >= 1
+    sizes = metrics["trio_coord_offset_commit_partitions"]
+    # consumer.commit() carried both partitions (positions handed back are not commits)
+    assert _value(sizes, "trio_coord_offset_commit_partitions_bucket", le="2.0") >= 1
+    writes = metrics["trio_coord_store_write_duration_seconds"]
+    assert _value(writes, "trio_coord_store_write_duration_seconds_count") >= 2
+    records = metrics["trio_coord_store_write_records"]
+    assert _value(records, "trio_coord_store_write_records_sum") >= 3  # topic, 2 offsets
     produced = metrics["trio_coord_produced_records"]
-    assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 10
+    assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 14
     fetched = metrics["trio_coord_fetched_records"]
     assert _value(fetched, "trio_coord_fetched_records_total", topic="orders") >= 10
     ends = metrics["trio_coord_log_end_offset"]
     assert [
         _value(ends, "trio_coord_log_end_offset", topic="orders", partition=p) for p in "01"
     ] == [
-        5,
+        9,
         5,
     ]
-    for p in "01":
+    for p, lag in (("0", 4), ("1", 0)):
         labels = dict(group="billing", topic="orders", partition=p)
         committed = metrics["trio_coord_group_committed_offset"]
         assert _value(committed, "trio_coord_group_committed_offset", **labels) == 5
-        assert _value(metrics["trio_coord_group_lag"], "trio_coord_group_lag", **labels) == 0
+        assert _value(metrics["trio_coord_group_lag"], "trio_coord_group_lag", **labels) == lag
     assert (
         _value(metrics["trio_coord_resident_memory_bytes"], "trio_coord_resident_memory_bytes") > 0
     )
@@ -125,3 +155,47 @@ def test_a_port_in_use_for_metrics_is_named(tmp_path) -> None:
             trio.run(start)
     finally:
         held.close()
+
+
+async def test_a_member_failing_mid_rebalance_counts_as_a_crash_restart(autojump_clock) -> None:
+    # The group task's RebalanceRestarted and Stable events are what the metrics count:
+    # b hangs on its StopFetchers, then its connection drops. (The exposition is read from
+    # the broker's registry directly: this test runs on the virtual clock.)
+    from broker.harness import (
+        FakeMember,
+        Recorder,
+        connected,
+        ephemeral_broker,
+        heartbeat_forever,
+    )
+
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, metrics_port=0) as broker:
+        await broker.topics.create_topic("t", 4)
+        a, b, c = (FakeMember(broker, "g", ["t"], name=n) for n in "abc")
+        async with connected(a), connected(b), connected(c), trio.open_nursery() as nursery:
+            await a.join()
+            nursery.start_soon(heartbeat_forever, a, 1.0)
+            await rec.wait_for("stable", generation=1)
+            await b.join()
+            await rec.wait_for("stable", generation=2)
+            b.hold_stop = True
+            mark = rec.mark()
+            await c.join()
+            nursery.start_soon(heartbeat_forever, c, 1.0)
+            await rec.wait_for("rebalance_started", since=mark)
+            await b.crash()
+            await rec.wait_for("rebalance_restarted", since=mark, cause="crash")
+            await rec.wait_for("stable", since=mark)
+            assert broker.metrics is not None
+            text = broker.metrics.render().decode()  # (before the members go away)
+            nursery.cancel_scope.cancel()
+    metrics = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    restarts = metrics["trio_coord_rebalance_restarts"]
+    assert _value(restarts, "trio_coord_rebalance_restarts_total", cause="crash") == 1
+    assert _value(restarts, "trio_coord_rebalance_restarts_total", cause="join") == 0
+    durations = metrics["trio_coord_rebalance_duration_seconds"]
+    # Two joins completed (a, b); the third rebalance, restarted by b's crash, completed
+    # as a crash rebalance once b's lease ended.
+    assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="join") == 2
+    assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="crash") == 1

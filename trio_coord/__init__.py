@@ -10,6 +10,7 @@ as a subclass of :class:`CoordError`, one per :class:`ErrorCode`.
 from .broker import Broker as Broker
 from .broker import BrokerConfig as BrokerConfig
 from .broker import open_broker as open_broker
+from .broker.events import GroupEvent as GroupEvent
 from .client import Admin as Admin
 from .client import Consumer as Consumer
 from .client import ConsumerState as ConsumerState
@@ -40,6 +41,7 @@ __all__ = [
     "ConsumerRecord",
     "ConsumerState",
     "Delivery",
+    "GroupEvent",
     "LogConfig",
     "PartitionLag",
     "Producer",

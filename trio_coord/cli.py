@@ -165,6 +165,9 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         request_read_timeout=args.request_read_timeout,
         queued_max_request_bytes=args.queued_max_request_bytes,
         group_retention=args.group_retention,
+        offsets_retention=None if args.offsets_retention <= 0 else args.offsets_retention,
+        rebalance_retry_backoff=args.rebalance_retry_backoff,
+        rebalance_retry_backoff_max=args.rebalance_retry_backoff_max,
         coordinator_slots=args.coordinator_slots,
         zk_session_timeout=args.zk_session_timeout,
         initial_rebalance_delay=args.initial_rebalance_delay,
@@ -294,11 +297,18 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
     """Describe topics partition by partition, with their log offsets."""
 
     async def ask(admin: Admin) -> tuple[list[TopicInfo], dict[TopicPartition, Any]]:
-        topics = await (admin.describe_topics(args.names) if args.names else admin.list_topics())
+        topics = await (
+            admin.describe_topics(args.names, configs=True)
+            if args.names
+            else admin.list_topics(configs=True)
+        )
         partitions = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
         return topics, await admin.list_offsets(partitions) if partitions else {}
 
     topics, offsets = await _ask_admin(args, ask)
+    leaders = {
+        TopicPartition(t.name, p): leader for t in topics for p, leader in enumerate(t.leaders)
+    }
     rows = [
         [tp.topic, tp.partition, o.log_start, o.log_end, o.log_end - o.log_start]
         for tp, o in sorted(offsets.items())
@@ -307,21 +317,36 @@ async def cmd_topics_describe(args: argparse.Namespace) -> None:
         ["TOPIC", "TOPIC-ID", "PARTITIONS"],
         [[t.name, kafka_topic_id(t) or "-", str(t.partitions)] for t in topics],
     )
+    configs = [
+        [t.name, name, value]
+        for t in topics
+        for name, value in [("partitions", str(t.partitions)), *sorted(t.configs.items())]
+    ]
     _say(
         args,
         [
             {
                 **_topic_json([t])[0],
                 **_topic_id_json(t),
+                "configs": dict(sorted(t.configs.items())),
                 "offsets": [
-                    {"partition": r[1], "log_start": r[2], "log_end": r[3]}
+                    {
+                        "partition": r[1],
+                        "log_start": r[2],
+                        "log_end": r[3],
+                        "leader": leaders.get(TopicPartition(t.name, r[1])),
+                    }
                     for r in rows
                     if r[0] == t.name
                 ],
             }
             for t in topics
         ],
-        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows) + "\n\n" + ids
+        format_table(["TOPIC", "PARTITION", "LOG-START", "LOG-END", "RECORDS"], rows)
+        + "\n\n"
+        + ids
+        + "\n\n"
+        + format_table(["TOPIC", "CONFIG", "VALUE"], configs)
         if rows
         else "no topics (create one with: trio-coord topics create NAME --partitions N)",
     )
@@ -977,6 +1002,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove groups empty and without offsets for this long (default: %(default)s)",
     )
     p.add_argument(
+        "--offsets-retention",
+        type=float,
+        default=7 * 24 * 3600.0,
+        metavar="SECONDS",
+        help="delete an empty group's committed offsets once it has been empty this long "
+        "(Kafka's offsets.retention.minutes; 0: keep them; default: %(default)s = 7 days)",
+    )
+    p.add_argument(
+        "--rebalance-retry-backoff",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="retry a failed rebalance (store outage) after this long, doubling per failure "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--rebalance-retry-backoff-max",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="the longest wait between rebalance retries (default: %(default)s)",
+    )
+    p.add_argument(
         "--initial-rebalance-delay",
         type=float,
         default=0.1,
@@ -1146,7 +1194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_topics_delete)
     for action, func, text in (
         ("list", cmd_topics_list, "list topics and their partition counts"),
-        ("describe", cmd_topics_describe, "show each partition's log start and end offsets"),
+        (
+            "describe",
+            cmd_topics_describe,
+            "show each partition's log start and end offsets, and the topic's configs",
+        ),
     ):
         p = topics.add_parser(
             action, help=text, description=text[0].upper() + text[1:] + " (all, or the ones named)."

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import msgspec
 import trio
 
 from .broker import open_broker
+from .broker.events import GroupEvent, Removed, Stable
 from .client import open_admin, open_producer
 
 __all__ = ["run_demo"]
@@ -85,13 +87,13 @@ async def run_demo(*, partitions: int = 6, session_timeout: float = 1.5) -> None
     removed: list[dict[str, Any]] = []
     member_removed = trio.Event()
 
-    def on_event(what: str, details: dict[str, Any]) -> None:
-        if what == "stable":
+    def on_event(event: GroupEvent) -> None:
+        if isinstance(event, Stable):
             last_stable.clear()
-            last_stable.update(details)
+            last_stable.update(msgspec.structs.asdict(event))
             stable.set()
-        elif what == "removed":
-            removed.append(details)
+        elif isinstance(event, Removed):
+            removed.append(msgspec.structs.asdict(event))
             member_removed.set()
 
     def next_stable() -> trio.Event:

@@ -22,6 +22,7 @@ import trio
 import trio.testing
 
 from trio_coord import Broker, open_broker
+from trio_coord.broker.events import GroupEvent
 from trio_coord.core.assignors import GroupSpec, MemberSpec
 from trio_coord.protocol import (
     ComputeAssignmentRequest,
@@ -314,14 +315,20 @@ async def heartbeat_forever(member: FakeMember, interval: float) -> None:
 
 
 class Recorder:
-    """Collects the broker's group events (``BrokerConfig.on_event``) and awaits them."""
+    """Collects the broker's group events (``BrokerConfig.on_event``) and awaits them.
+
+    Each event is kept as it came (:attr:`typed`) and as ``(kind, its fields as a
+    dict)`` (:attr:`events`), which ``wait_for`` matches on.
+    """
 
     def __init__(self) -> None:
+        self.typed: list[GroupEvent] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._changed = trio.Event()
 
-    def __call__(self, what: str, details: dict[str, Any]) -> None:
-        self.events.append((what, details))
+    def __call__(self, event: GroupEvent) -> None:
+        self.typed.append(event)
+        self.events.append((event.kind, msgspec.structs.asdict(event)))
         self._changed.set()
         self._changed = trio.Event()
 

@@ -23,6 +23,7 @@ from trio_coord import (
     open_broker,
     open_consumer,
 )
+from trio_coord.broker.events import GroupEvent, Removed
 from trio_coord.core.assignors import Assignment, GroupSpec
 
 from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
@@ -251,10 +252,8 @@ async def test_a_leader_whose_assignor_raises_fails_the_rebalance_and_is_not_exp
 async def test_a_consumer_whose_assignor_raises_leaves_and_raises_it(tmp_path):
     """Real consumers: the leader's assignor raises; that consumer leaves the group and
     raises the assignor's exception from its ``async with``; the other carries on."""
-    events: list[tuple[str, dict]] = []
-    async with open_broker(
-        tmp_path, min_session_timeout=0.05, on_event=lambda w, d: events.append((w, d))
-    ) as broker:
+    events: list[GroupEvent] = []
+    async with open_broker(tmp_path, min_session_timeout=0.05, on_event=events.append) as broker:
         async with open_admin(broker.bootstrap) as admin:
             await admin.create_topic("t", 4)
         # Only the second consumer can compute "weighted"; alone, the first uses range.
@@ -278,7 +277,7 @@ async def test_a_consumer_whose_assignor_raises_leaves_and_raises_it(tmp_path):
             assert described.assignor == "range"
         # It left (no expulsion), once: whether its LeaveGroup overtook its error answer
         # or not, the group went on without it.
-        removed = [(d["member_id"], d["reason"]) for w, d in events if w == "removed"]
+        removed = [(e.member_id, e.reason) for e in events if isinstance(e, Removed)]
         assert removed[0] == (second.member_id, "left the group: its assignor failed")
         assert [m for m, _ in removed].count(second.member_id) == 1
 

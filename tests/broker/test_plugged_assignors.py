@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer
+from trio_coord.broker.events import RebalanceFailed
 from trio_coord.core.assignors import Assignment, GroupSpec
 
 S = 0.6
@@ -64,9 +65,9 @@ async def test_a_registered_assignor_assigns_groups_that_prefer_it(tmp_path):
 async def test_a_broken_assignor_fails_the_rebalance_and_says_which(tmp_path):
     failures: list[str] = []
 
-    def on_event(what, details):
-        if what == "rebalance_failed":
-            failures.append(details["error"])
+    def on_event(event):
+        if isinstance(event, RebalanceFailed):
+            failures.append(event.error)
 
     async with open_broker(
         tmp_path, min_session_timeout=0.05, assignors=(Forgetful(),), on_event=on_event

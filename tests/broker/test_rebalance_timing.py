@@ -463,9 +463,9 @@ async def test_a_member_lost_as_the_rebalance_begins_is_only_removed(autojump_cl
     rec, timeline = Recorder(), Timeline()
     lose: list[str] = []
 
-    def on_event(what, details):
-        rec(what, details)
-        if what == "rebalance_started" and lose:
+    def on_event(event):
+        rec(event)
+        if event.kind == "rebalance_started" and lose:
             broker.coordinator.runner("g").connection_lost(lose.pop())
 
     async with ephemeral_broker(on_event=on_event) as broker:

@@ -25,6 +25,7 @@ import trio
 from kio.index import load_request_schema
 
 from trio_coord import Broker, open_broker
+from trio_coord.broker.events import GroupEvent, RebalanceFailed, RebalanceRestarted
 from trio_coord.kafka.codec import KafkaCode, RequestHead
 from trio_coord.kafka.dispatch import FrontEnd, RequestContext
 from trio_coord.kafka.groups import decode_assignment, encode_assignment, encode_subscription
@@ -57,13 +58,13 @@ class Recorder:
     """The broker's group events, with their (virtual) times."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[GroupEvent] = []
 
-    def __call__(self, what: str, details: dict[str, Any]) -> None:
-        self.events.append((what, details))
+    def __call__(self, event: GroupEvent) -> None:
+        self.events.append(event)
 
     def times(self, what: str) -> list[float]:
-        return [d["time"] for w, d in self.events if w == what]
+        return [e.time for e in self.events if e.kind == what]
 
 
 @asynccontextmanager
@@ -224,6 +225,9 @@ async def test_member_dying_mid_rebalance_restarts_it_at_once(autojump_clock: An
         # The moment B died, it was removed and the rebalance restarted without it.
         assert recorder.times("removed")[-1] == died
         assert recorder.times("rebalance_restarted")[-1] == died
+        # ... and says why (what the metrics count as trio_coord_rebalance_restarts{cause}):
+        restarts = [e for e in recorder.events if isinstance(e, RebalanceRestarted)]
+        assert restarts[-1].cause == "crash"
         assert trio.current_time() - died < 0.01  # (not REBALANCE_TIMEOUT later)
         assert {results["a"].generation_id, results["c"].generation_id} == {2}
         leader = a if results["a"].leader == a.member_id else c
@@ -277,7 +281,7 @@ async def test_leader_assigning_what_does_not_exist_fails_the_rebalance(
             result = await a.sync(bad)
             assert result.error_code == KafkaCode.rebalance_in_progress
         assert answer.leader == a.member_id
-        failures = [d["error"] for w, d in recorder.events if w == "rebalance_failed"]
+        failures = [e.error for e in recorder.events if isinstance(e, RebalanceFailed)]
         assert failures and "LeaderAssignmentError" in failures[0]
         assert "no such partition" in failures[0]
         synced = await join_and_sync([a])

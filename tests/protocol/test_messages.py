@@ -71,7 +71,9 @@ from trio_coord.protocol.messages import (
 
 BROKER = BrokerInfo(7, "10.0.0.7", 9093, 9092)
 OFFSET = PartitionOffset("orders", 3, 1234, "checkpoint-9")
-TOPIC = TopicInfo("orders", 12, leaders=[7] * 12, topic_id="9f" * 16)
+TOPIC = TopicInfo(
+    "orders", 12, leaders=[7] * 12, topic_id="9f" * 16, configs={"retention.ms": "604800000"}
+)
 MEMBER = MemberDescription(
     "m-1",
     "client-a",
@@ -90,7 +92,7 @@ MEMBER = MemberDescription(
 
 # One instance of every body type, every defaulted field set to a non-default value.
 REQUEST_SAMPLES: list[messages.RequestBody] = [
-    MetadataRequest(["orders", "payments"], group="billing", after="orders"),
+    MetadataRequest(["orders", "payments"], group="billing", after="orders", configs=True),
     CreateTopicRequest("orders", 12),
     AddPartitionsRequest("orders", 24),
     JoinGroupRequest(
@@ -143,6 +145,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         incremental=True,
         more=True,
         unchanged=True,
+        leaders=[7],
     ),
     messages.ComputeAssignmentRequest(
         "billing",
@@ -157,7 +160,9 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
 RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     MetadataResponse([BROKER], [TOPIC], coordinator=BROKER, next="orders"),
     CreateTopicResponse(TOPIC),
-    AddPartitionsResponse(TopicInfo("orders", 24, leaders=[7] * 24, topic_id="9f" * 16)),
+    AddPartitionsResponse(
+        TopicInfo("orders", 24, leaders=[7] * 24, topic_id="9f" * 16, configs={"a": "b"})
+    ),
     JoinGroupResponse("m-1", 5, 15_000, rejoin=True),
     HeartbeatResponse(),
     LeaveGroupResponse(),

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trio_coord.store.embedded as embedded
+from trio_coord import _files
 from trio_coord.store import (
     Check,
     Create,
@@ -99,6 +100,7 @@ async def test_new_data_dir_entries_are_made_durable(
         real_fsync_dir(path)
 
     monkeypatch.setattr(embedded, "_fsync_dir", recording_fsync_dir)
+    monkeypatch.setattr(_files, "fsync_dir", recording_fsync_dir)  # (mkdir_durably's)
     data_dir = tmp_path / "a" / "b" / "c"
     async with open_embedded_store(data_dir) as store:
         await store.create("/x")

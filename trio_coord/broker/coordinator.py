@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,7 +51,8 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import BadVersionError, StoreError
-from .group import EventCallback, GroupRunner, LogOffsets, MemberLink
+from .events import EventCallback
+from .group import GroupRunner, Locate, LogOffsets, MemberLink
 from .persistence import RecordWriter
 from .topics import PATTERN_PREFIX, TopicManager, subscription_patterns
 
@@ -71,6 +74,9 @@ class CoordinatorConfig:
     limits: GroupLimits = field(default_factory=GroupLimits)
     group_retention: float = 600.0
     position_flush_interval: float = 1.0
+    offsets_retention: float | None = 7 * 24 * 3600.0
+    rebalance_retry_backoff: float = 1.0
+    rebalance_retry_backoff_max: float = 30.0
 
 
 class CoordinatorService:
@@ -85,8 +91,7 @@ class CoordinatorService:
         log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[float, str], None] | None = None,
-        on_restart: Callable[[str], None] | None = None,
+        locate: Locate | None = None,
     ) -> None:
         self._writer = writer
         self._topics = topics
@@ -94,10 +99,11 @@ class CoordinatorService:
         self._config = config
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
-        self._on_stable = on_stable
-        self._on_restart = on_restart
+        self._locate = locate
         self.heartbeats = 0
         """Heartbeats accepted (for metrics; a plain count: this is the hottest path)."""
+        self.on_commit: Callable[[int, float], None] | None = None
+        """Told of each acknowledged offset commit: (offsets, seconds to durable) (metrics)."""
         self._runners: dict[str, GroupRunner] = {}
         self._by_conn: dict[MemberLink, dict[str, str]] = {}  # conn → {member id: group id}
         self._nursery: trio.Nursery | None = None
@@ -127,9 +133,10 @@ class CoordinatorService:
             assignors=self._assignors,
             limits=self._config.limits,
             position_flush_interval=self._config.position_flush_interval,
+            store_retry_backoff=self._config.rebalance_retry_backoff,
+            store_retry_backoff_max=self._config.rebalance_retry_backoff_max,
             on_event=self._on_event,
-            on_stable=self._on_stable,
-            on_restart=self._on_restart,
+            locate=self._locate,
             bind_connection=self._bind_connection,
         )
         self._runners[group.group_id] = runner
@@ -241,8 +248,11 @@ class CoordinatorService:
 
     async def commit(self, request: OffsetCommitRequest) -> None:
         """Durably commit offsets for a member or a standalone committer."""
+        began = time.perf_counter()
         runner = await self._runner_ready(request.group, create=True)
         await runner.commit(request)
+        if self.on_commit is not None:
+            self.on_commit(len(request.offsets), time.perf_counter() - began)
 
     async def reset_offsets(self, request: ResetOffsetsRequest) -> None:
         """Move a group's committed offsets; a running group restarts from them."""
@@ -347,8 +357,12 @@ class CoordinatorService:
 
     async def _sweep_empty_groups(self) -> None:
         retention = self._config.group_retention
+        offsets_retention = self._config.offsets_retention
+        period = min(retention, math.inf if offsets_retention is None else offsets_retention)
         while True:
-            await trio.sleep(max(retention / 4, 0.01))
+            await trio.sleep(max(period / 4, 0.01))
+            if offsets_retention is not None:
+                await self._expire_offsets(offsets_retention)
             now = trio.current_time()
             for group_id in [g for g, r in self._runners.items() if r.is_removable(now, retention)]:
                 # Deleting the previous group awaited the store: look at this one again.
@@ -364,6 +378,24 @@ class CoordinatorService:
                     await self._delete(runner)
                 except StoreError as exc:
                     log.warning("could not remove empty group %s: %s", group_id, exc)
+
+    async def _expire_offsets(self, retention: float) -> None:
+        """Delete the offsets of groups empty for ``retention`` (Kafka's offsets.retention)."""
+        for runner in list(self._runners.values()):
+            if runner.deleting or not runner.group.offsets:
+                continue
+            try:
+                expired = await runner.expire_offsets(retention)
+            except StoreError as exc:
+                log.warning("could not expire offsets of group %s: %s", runner.group_id, exc)
+                continue
+            if expired:
+                log.info(
+                    "group %s: %d committed offset(s) expired (empty for %gs; offsets_retention)",
+                    runner.group_id,
+                    expired,
+                    retention,
+                )
 
 
 def slot_of(group_id: str, slots: int) -> int:

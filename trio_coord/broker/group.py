@@ -49,6 +49,7 @@ from ..protocol.errors import (
     UnknownTopicError,
 )
 from ..protocol.messages import (
+    BrokerInfo,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
     GroupDescription,
@@ -67,6 +68,8 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..store.base import StoreError
+from . import events as ev
+from .events import EventCallback
 from .liveness import Liveness
 from .paging import in_parts
 
@@ -89,6 +92,10 @@ PENDING_JOIN_TIMEOUT = 30.0
 
 LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
+
+Locate = Callable[[list[TopicPartition]], tuple[list[BrokerInfo], list[int]]]
+"""The brokers holding some partitions: their addresses, and per partition the id of its
+broker (what a StartFetchers tells a member, so that it fetches without a Metadata call)."""
 
 
 CAUSES = ("join", "leave", "crash", "topic", "reset", "other")
@@ -115,16 +122,6 @@ def _cause_of(reason: str) -> str:
 def _wall_clock_ms() -> int:
     """Commit timestamps are for people: wall-clock time, unlike every deadline here."""
     return time.time_ns() // 1_000_000
-
-
-EventCallback = Callable[[str, dict[str, object]], None]
-"""An observer of group events: ``callback(what, details)``, where ``what`` is one of
-joined, removed, empty, rebalance_started, rebalance_restarted, rebalance_failed,
-start_delayed, started, stable; initial_delay (a new group waits for more joins),
-revoking (a cooperative plan: what each member gives up), compute_requested (a
-leader is asked for the assignment), disconnected, stepped_out and resumed (a
-static member);
-``details`` always has ``group`` and ``time``, and partitions are spelled ``"topic-N"``."""
 
 
 class MemberLink(Protocol):
@@ -191,9 +188,9 @@ class GroupRunner:
         limits: GroupLimits,
         position_flush_interval: float,
         store_retry_backoff: float = 1.0,
+        store_retry_backoff_max: float = 30.0,
         on_event: EventCallback | None = None,
-        on_stable: Callable[[float, str], None] | None = None,
-        on_restart: Callable[[str], None] | None = None,
+        locate: Locate | None = None,
         bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
         self.group = group
@@ -204,11 +201,10 @@ class GroupRunner:
         self._limits = limits
         self._flush_interval = position_flush_interval
         self._retry_backoff = store_retry_backoff
+        self._retry_backoff_max = max(store_retry_backoff, store_retry_backoff_max)
+        self._failures = 0  # rebalances failed in a row (each backoff doubles)
         self._on_event = on_event
-        # Cheap hooks for the broker (its collector keeper, its metrics), unlike on_event
-        # whose "stable" event lists every partition's owner:
-        self._on_stable = on_stable  # (seconds the rebalance took, its cause)
-        self._on_restart = on_restart  # (the cause of the restart)
+        self._locate = locate
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, MemberLink] = {}
@@ -232,9 +228,10 @@ class GroupRunner:
         """The id of the group this runner drives."""
         return self.group.group_id
 
-    def _emit(self, what: str, **details: object) -> None:
+    def _emit(self, kind: type[ev.GroupEvent], **fields: object) -> None:
+        """Report an event (:mod:`.events`) of this group, now; built only if someone listens."""
         if self._on_event is not None:
-            self._on_event(what, {"group": self.group_id, "time": trio.current_time(), **details})
+            self._on_event(kind(group=self.group_id, time=trio.current_time(), **fields))
 
     # -- lifetime --------------------------------------------------------------
 
@@ -346,7 +343,7 @@ class GroupRunner:
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)
         self._liveness.watch(member_id, session_timeout)
-        self._emit("joined", member_id=member_id)
+        self._emit(ev.Joined, member_id=member_id)
         if new and self._rebalance_scope is not None:
             # A rebalance runs: it is not restarted (a new member owns nothing to stop, and
             # a burst of joins would restart it for each). The member is in its plan if the
@@ -421,7 +418,7 @@ class GroupRunner:
         self._liveness.watch(member.member_id, member.session_timeout)
         plan = group.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
-        self._emit("resumed", member_id=member.member_id, instance_id=member.instance_id)
+        self._emit(ev.Resumed, member_id=member.member_id, instance_id=member.instance_id)
 
         async def resume(m: Member) -> None:
             # A rebalance that began before this task ran decides for itself (it may
@@ -464,7 +461,7 @@ class GroupRunner:
             conn = self._conns.pop(member.member_id, None)
             if conn is not None:
                 self._bind(conn, member.member_id, None)
-            self._emit("stepped_out", member_id=member.member_id, until=member.lease_end)
+            self._emit(ev.SteppedOut, member_id=member.member_id, until=member.lease_end)
         else:
             reason = f"left the group{': ' + request.reason if request.reason else ''}"
             self.remove_member(member.member_id, reason, stopped=True)
@@ -483,14 +480,14 @@ class GroupRunner:
         log.info("group %s: member %s removed: %s", self.group_id, member_id, reason)
         fence = self.group.fences.get(member_id)
         self._emit(
-            "removed",
+            ev.Removed,
             member_id=member_id,
             reason=reason,
             fenced_until=fence.until if fence else None,
             partitions=[str(tp) for tp in sorted(member.may_own)],
         )
         if not self.group.members:
-            self._emit("empty")
+            self._emit(ev.Empty)
         self.request_rebalance(f"member {member_id} {reason}")
 
     def connection_lost(self, member_id: str) -> None:
@@ -504,7 +501,7 @@ class GroupRunner:
             conn = self._conns.pop(member_id, None)
             if conn is not None:
                 self._bind(conn, member_id, None)
-            self._emit("disconnected", member_id=member_id, until=member.lease_end)
+            self._emit(ev.Disconnected, member_id=member_id, until=member.lease_end)
             return
         self.remove_member(member_id, "lost its connection", stopped=False)
 
@@ -655,6 +652,18 @@ class GroupRunner:
                     reset.done.set()
         log.info("group %s: offsets reset for %d request(s)", self.group_id, len(resets))
 
+    async def expire_offsets(self, retention: float) -> int:
+        """Delete the offsets expired by ``retention`` (:meth:`Group.expired_offsets`).
+
+        Returns how many were deleted; a store failure is raised (the sweeper retries).
+        """
+        expired = self.group.expired_offsets(trio.current_time(), _wall_clock_ms(), retention)
+        if expired:
+            await self._writer.write(
+                [OffsetTombstone(self.group_id, tp.topic, tp.partition) for tp in expired]
+            )
+        return len(expired)
+
     async def delete_offsets(self, partitions: list[TopicPartition]) -> None:
         """Forget committed offsets of partitions that no live member subscribes to."""
         consumed = sorted(
@@ -704,15 +713,15 @@ class GroupRunner:
                     log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
                 else:
                     log.exception("group %s: rebalance failed (a bug)", self.group_id)
-                self._emit("rebalance_failed", error=repr(exc))
-                with trio.move_on_after(self._retry_backoff):
+                self._emit(ev.RebalanceFailed, error=repr(exc))
+                backoff = min(self._retry_backoff * 2**self._failures, self._retry_backoff_max)
+                self._failures += 1
+                with trio.move_on_after(backoff):
                     await self._kick.wait()  # a membership change ends the backoff early
                 self._kick.set()
                 continue
             if scope.cancelled_caught:
-                self._emit("rebalance_restarted")
-                if self._on_restart is not None:
-                    self._on_restart(self._cause or "other")
+                self._emit(ev.RebalanceRestarted, cause=self._cause or "other")
 
     async def _debounce_first_joins(self) -> None:
         """A group coming to life waits for the burst of joins to end before its first rebalance.
@@ -727,7 +736,7 @@ class GroupRunner:
             return
         now = trio.current_time()
         limit = now + max(m.rebalance_timeout for m in self.group.members.values())
-        self._emit("initial_delay", until=min(now + delay, limit))
+        self._emit(ev.InitialDelay, until=min(now + delay, limit))
         while self.group.members:
             with trio.move_on_at(min(trio.current_time() + delay, limit)):
                 await self._kick.wait()
@@ -738,17 +747,31 @@ class GroupRunner:
     async def _rebalance(self) -> None:
         group = self.group
         started = trio.current_time()
+        if not self._resets and not group.cooperative and self._assignment_unchanged():
+            self._emit(
+                ev.RebalanceSkipped, generation=group.generation, cause=self._cause or "other"
+            )
+            if not self._kick.is_set():
+                self._cause = ""
+            return
         members = group.begin_rebalance()
         # Offsets being reset must restart every owner: a reset makes the rebalance eager.
         cooperative = group.cooperative and not self._resets
-        self._emit("rebalance_started", members=len(members), cooperative=cooperative)
+        self._emit(
+            ev.RebalanceStarted,
+            members=len(members),
+            cooperative=cooperative,
+            cause=self._cause or "other",
+        )
         computed = None
         if cooperative:
             # Plan first, from what everyone is fetching; then only what moves stops:
             # phase 1 reaches just the members that give partitions up.
             computed = await self._compute_assignment(cooperative=True)
             revoke = group.revocations(computed[1])
-            self._emit("revoking", partitions={m: [str(tp) for tp in r] for m, r in revoke.items()})
+            self._emit(
+                ev.Revoking, partitions={m: [str(tp) for tp in r] for m, r in revoke.items()}
+            )
             await self._in_parallel(
                 [group.members[m] for m in sorted(revoke)],
                 lambda m: self._stop_member(m, revoke[m.member_id]),
@@ -808,8 +831,8 @@ class GroupRunner:
             self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
         self._late_joins.clear()
         self.rebalances += 1
-        if self._on_stable is not None:
-            self._on_stable(trio.current_time() - started, self._cause or "other")
+        self._failures = 0
+        cause = self._cause or "other"
         if not self._kick.is_set():
             self._cause = ""
         elapsed = trio.current_time() - started
@@ -821,10 +844,35 @@ class GroupRunner:
             elapsed * 1000,
         )
         self._emit(
-            "stable",
+            ev.Stable,
             generation=group.generation,
             elapsed=elapsed,
             ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
+            cause=cause,
+        )
+
+    def _assignment_unchanged(self) -> bool:
+        """Whether an eager rebalance now would change nothing (seed 000, section 9 step 3).
+
+        Only a broker-side assignor is asked (a leader's runs in its client,
+        which expects a new generation); see :meth:`Group.unchanged_by`.
+        """
+        group = self.group
+        if not group.may_be_unchanged():  # (a join, a leave: no assignor run to learn it)
+            return False
+        self._match_patterns()
+        partitions = self._subscribed_partitions()
+        input = group.assignment_input(
+            partitions=partitions, available=self._assignors, cooperative=False
+        )
+        if input.leader is not None:
+            return False
+        return group.unchanged_by(
+            trio.current_time(),
+            group.compute_assignment(input, self._assignors),
+            assignor=input.assignor,
+            partitions=partitions,
+            created_since=self._created_since(),
         )
 
     async def _compute_assignment(self, *, cooperative: bool) -> tuple[AssignmentInput, Assignment]:
@@ -859,7 +907,7 @@ class GroupRunner:
                 return
             answers.append(response)
 
-        self._emit("compute_requested", leader=leader.member_id, assignor=input.assignor)
+        self._emit(ev.ComputeRequested, leader=leader.member_id, assignor=input.assignor)
         await self._answer_in_time(leader, ask, 0.0)
         await trio.lowlevel.checkpoint_if_cancelled()  # the leader went away: restarted
         if refusals:
@@ -963,7 +1011,7 @@ class GroupRunner:
         the same id.
         """
         if start_at > trio.current_time():
-            self._emit("start_delayed", member_id=member.member_id, until=start_at)
+            self._emit(ev.StartDelayed, member_id=member.member_id, until=start_at)
             await trio.sleep_until(start_at)
         if not self._is_current(member):
             return
@@ -1018,22 +1066,25 @@ class GroupRunner:
         self.group.member_starting(member.member_id, [p.tp for p in plan.partitions])
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
         for number, part in enumerate(parts, 1):
+            brokers, leaders = self._locate([p.tp for p in part]) if self._locate else ([], [])
             await conn.request(
                 StartFetchersRequest(
                     self.group_id,
                     member.member_id,
                     generation,
                     part,
+                    brokers,
                     incremental=plan.incremental,
                     more=number < len(parts),
                     unchanged=plan.unchanged,
+                    leaders=leaders,
                 )
             )
         if not self._is_current(member):
             return
         self.group.member_started(member.member_id)
         self._emit(
-            "started",
+            ev.Started,
             member_id=member.member_id,
             generation=generation,
             partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions],

@@ -13,6 +13,7 @@ broker: one request per connection, bounded in size and time.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 _REQUEST_LIMIT = 8 * 1024
 _REQUEST_TIMEOUT = 10.0
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
 class BrokerMetrics:
@@ -50,12 +52,12 @@ class BrokerMetrics:
 
     def __init__(self, broker: Broker) -> None:
         self.registry = CollectorRegistry()
-        self.rebalance_seconds = Histogram(
+        histogram = functools.partial(Histogram, registry=self.registry)
+        self.rebalance_seconds = histogram(
             "trio_coord_rebalance_duration_seconds",
             "Rebalances completed, by cause, and how long each took (start to stable).",
             ["cause"],
             buckets=_BUCKETS,
-            registry=self.registry,
         )
         self.restarts = Counter(
             "trio_coord_rebalance_restarts",
@@ -67,17 +69,55 @@ class BrokerMetrics:
         for cause in CAUSES:  # every label present from the start, at 0
             self.rebalance_seconds.labels(cause)
             self.restarts.labels(cause)
+        # (name, what it counts, buckets) of the unlabelled histograms:
+        self.commit_seconds, self.commit_offsets, self.store_seconds, self.store_records = (
+            histogram(name, text, buckets=buckets)
+            for name, text, buckets in (
+                (
+                    "trio_coord_offset_commit_duration_seconds",
+                    "Offset commits acknowledged (native and Kafka), and how long each took "
+                    "from arrival to durable.",
+                    _BUCKETS,
+                ),
+                (
+                    "trio_coord_offset_commit_partitions",
+                    "How many partitions' offsets each acknowledged commit carried.",
+                    _SIZE_BUCKETS,
+                ),
+                (
+                    "trio_coord_store_write_duration_seconds",
+                    "Metadata store transactions (one per group commit of queued records), "
+                    "and how long each took.",
+                    _BUCKETS,
+                ),
+                (
+                    "trio_coord_store_write_records",
+                    "How many records each metadata store transaction carried.",
+                    _SIZE_BUCKETS,
+                ),
+            )
+        )
         self.gc_seconds = 0.0
         self._gc_started = 0.0
         self.registry.register(_StateCollector(broker, self))
 
     def rebalanced(self, seconds: float, cause: str) -> None:
-        """A rebalance completed (the group runners' ``on_stable`` hook)."""
+        """A rebalance completed (a ``Stable`` event)."""
         self.rebalance_seconds.labels(cause).observe(seconds)
 
     def restarted(self, cause: str) -> None:
-        """A rebalance was restarted (the group runners' ``on_restart`` hook)."""
+        """A rebalance was restarted (a ``RebalanceRestarted`` event)."""
         self.restarts.labels(cause).inc()
+
+    def committed(self, offsets: int, seconds: float) -> None:
+        """An offset commit of ``offsets`` partitions was acknowledged after ``seconds``."""
+        self.commit_seconds.observe(seconds)
+        self.commit_offsets.observe(offsets)
+
+    def store_written(self, records: int, seconds: float) -> None:
+        """A store transaction of ``records`` records succeeded after ``seconds``."""
+        self.store_seconds.observe(seconds)
+        self.store_records.observe(records)
 
     def _gc_callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -203,23 +243,41 @@ class _StateCollector(Collector):
             "The first offset still stored of a partition.",
             labels=["topic", "partition"],
         )
+        produced: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
         for topic, partition in broker.logs.partitions():
             partition_log = broker.logs.get(topic, partition)
             if partition_log is not None:
                 labels = [topic, str(partition)]
                 log_end.add_metric(labels, partition_log.end_offset)
                 log_start.add_metric(labels, partition_log.start_offset)
+                counts = produced[topic]
+                counts[0] += partition_log.appended[0]
+                counts[1] += partition_log.appended[1]
         yield log_end
         yield log_start
-        traffic = broker.partitions.traffic
-        for name, help_text, index in (
-            ("trio_coord_produced_bytes", "Record bytes appended, by topic.", 0),
-            ("trio_coord_produced_records", "Records appended, by topic.", 1),
-            ("trio_coord_fetched_bytes", "Record bytes served to fetches, by topic.", 2),
-            ("trio_coord_fetched_records", "Records served to fetches, by topic.", 3),
+        for name, help_text, source, index in (
+            (
+                "trio_coord_produced_bytes",
+                "Record bytes appended (native and Kafka producers), by topic.",
+                produced,
+                0,
+            ),
+            ("trio_coord_produced_records", "Records appended, by topic.", produced, 1),
+            (
+                "trio_coord_fetched_bytes",
+                "Record bytes served to native fetches, by topic.",
+                broker.partitions.traffic,
+                0,
+            ),
+            (
+                "trio_coord_fetched_records",
+                "Records served to native fetches, by topic.",
+                broker.partitions.traffic,
+                1,
+            ),
         ):
             family = CounterMetricFamily(name, help_text, labels=["topic"])
-            for topic, counts in sorted(traffic.items()):
+            for topic, counts in sorted(source.items()):
                 family.add_metric([topic], counts[index])
             yield family
         gc_time = CounterMetricFamily(

@@ -110,9 +110,9 @@ class PartitionService:
         # while it waited for its fsync), or when the log closes or fails.
         self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
         self._reported: set[tuple[object, int]] = set()  # damage logged already
-        self.traffic: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        """Per topic: bytes and records produced, bytes and records fetched (for metrics;
-        native requests)."""
+        self.traffic: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+        """Per topic: bytes and records fetched by native requests (for metrics; what is
+        produced, by either front end, each partition log counts: ``PartitionLog.appended``)."""
         logs.on_advance(self._wake)
 
     def _wake(self, topic: str, partition: int) -> None:
@@ -177,9 +177,6 @@ class PartitionService:
             base = await log.append(request.records, request.count, newest)
         except LogBusyError as exc:
             raise ResourcesExhaustedError(f"{tp.topic}-{tp.partition}: {exc}") from None
-        counts = self.traffic[tp.topic]
-        counts[0] += size
-        counts[1] += request.count
         return ProduceResponse(base)
 
     # -- fetch -----------------------------------------------------------------------------
@@ -256,8 +253,8 @@ class PartitionService:
             for batch in batches:
                 total += len(batch.records)
                 used += len(batch.records) + _BATCH_BYTES
-                counts[2] += len(batch.records)
-                counts[3] += batch.count
+                counts[0] += len(batch.records)
+                counts[1] += batch.count
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
@@ -51,6 +52,7 @@ from ..protocol.messages import (
     MetadataRequest,
     MetadataResponse,
     TopicInfo,
+    TopicPartition,
 )
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
@@ -58,7 +60,7 @@ from ..store.zookeeper import require_zk_url
 from ._gc import CollectorKeeper
 from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
-from .group import EventCallback
+from .events import EventCallback, GroupEvent, RebalanceRestarted, Stable
 from .handler import BrokerHandler
 from .paging import page
 from .partitions import PartitionService
@@ -116,6 +118,15 @@ class BrokerConfig:
     max_partitions: int = 10_000
     group_retention: float = 600.0
     position_flush_interval: float = 1.0
+    offsets_retention: float | None = 7 * 24 * 3600.0
+    """How long an empty group's committed offsets are kept, counted from when it became
+    empty (and from each offset's commit): Kafka's offsets.retention.minutes. None: kept
+    until the group or its topic is deleted."""
+    rebalance_retry_backoff: float = 1.0
+    """A rebalance that failed (store outage, a leader's assignor error) is retried after
+    this long, doubling per failure in a row up to ``rebalance_retry_backoff_max`` (a
+    membership change retries at once)."""
+    rebalance_retry_backoff_max: float = 30.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 64
     max_connections: int | None = None
@@ -156,7 +167,8 @@ class BrokerConfig:
     assignors: tuple[Assignor, ...] = ()
     """Assignors of the application's own, registered by name beside the built-in ones."""
     on_event: EventCallback | None = field(default=None, repr=False)
-    """Observer of group events (joined, removed, stable, ...), for tools and tests."""
+    """Observer of group events: typed structs (``trio_coord.broker.events``: Joined,
+    Removed, Stable, ...), each with its ``kind``, ``group`` and ``time``."""
     coordinator_slots: int = 16
     """Cluster only: how many coordinator slots groups hash onto (fixed per cluster)."""
     zk_session_timeout: float = 6.0
@@ -258,6 +270,13 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if self.offsets_retention is not None and not self.offsets_retention > 0:
+            raise ValueError("offsets_retention must be positive (seconds), or None: keep")
+        if not 0 < self.rebalance_retry_backoff <= self.rebalance_retry_backoff_max:
+            raise ValueError(
+                f"rebalance_retry_backoff ({self.rebalance_retry_backoff}) must be positive and "
+                f"at most rebalance_retry_backoff_max ({self.rebalance_retry_backoff_max})"
+            )
 
 
 class Broker:
@@ -297,6 +316,7 @@ class Broker:
             # In a cluster every topic write touches the topics root, which all brokers watch.
             guard=[SetData(TOPICS, b"")] if cluster_url else (),
         )
+        self.writer.on_flush = self._store_written
         self.member: ClusterMember | None = None
         """This broker's membership of its cluster (None: a single broker)."""
         if cluster_url is not None:
@@ -357,7 +377,8 @@ class Broker:
     def new_coordinator_service(self, writer: RecordWriter) -> CoordinatorService:
         """A coordinator service writing through ``writer`` (one per slot held)."""
         config = self.config
-        return CoordinatorService(
+        writer.on_flush = self._store_written
+        service = CoordinatorService(
             writer,
             self.topics,
             CoordinatorConfig(
@@ -371,23 +392,58 @@ class Broker:
                 ),
                 group_retention=config.group_retention,
                 position_flush_interval=config.position_flush_interval,
+                offsets_retention=config.offsets_retention,
+                rebalance_retry_backoff=config.rebalance_retry_backoff,
+                rebalance_retry_backoff_max=config.rebalance_retry_backoff_max,
             ),
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
-            on_event=config.on_event,
-            on_stable=self._rebalanced,
-            on_restart=self._rebalance_restarted,
+            on_event=self._group_event if self._observes_groups else None,
+            locate=self.locate,
         )
+        service.on_commit = self._committed
+        return service
 
-    def _rebalanced(self, seconds: float, cause: str) -> None:
-        if self.gc_keeper is not None:
-            self.gc_keeper.changed()
-        if self.metrics is not None:
-            self.metrics.rebalanced(seconds, cause)
+    def locate(self, tps: list[TopicPartition]) -> tuple[list[BrokerInfo], list[int]]:
+        """The live brokers holding ``tps``, and per partition its broker's id.
 
-    def _rebalance_restarted(self, cause: str) -> None:
+        What a StartFetchers carries. A partition whose broker is not live
+        (between ZooKeeper sessions) gets -1: the member asks Metadata for it.
+        """
+        if self.member is None:
+            return [self.info], [self.broker_id] * len(tps)
+        live = self.member.brokers
+        leaders = []
+        for tp in tps:
+            leader = self.topics.leader(tp.topic, tp.partition)
+            leaders.append(leader if leader is not None and leader in live else -1)
+        return [live[b] for b in sorted(set(leaders)) if b >= 0], leaders
+
+    def _committed(self, offsets: int, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.restarted(cause)
+            self.metrics.committed(offsets, seconds)
+
+    def _store_written(self, records: int, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.store_written(records, seconds)
+
+    @property
+    def _observes_groups(self) -> bool:
+        """Whether anyone here wants group events (else the group tasks build none)."""
+        config = self.config
+        return config.on_event is not None or config.tune_gc or config.metrics_port is not None
+
+    def _group_event(self, event: GroupEvent) -> None:
+        """One group event, to the collector keeper, the metrics and ``config.on_event``."""
+        if isinstance(event, Stable):
+            if self.gc_keeper is not None:
+                self.gc_keeper.changed()
+            if self.metrics is not None:
+                self.metrics.rebalanced(event.elapsed, event.cause)
+        elif isinstance(event, RebalanceRestarted) and self.metrics is not None:
+            self.metrics.restarted(event.cause)
+        if self.config.on_event is not None:
+            self.config.on_event(event)
 
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
         """Live brokers, the topics asked for and the coordinator of the group asked about.
@@ -397,12 +453,15 @@ class Broker:
         following = ""
         if request.topics is None:
             names = (n for n in sorted(self.topics.partitions) if n > request.after)
-            topics, cursor = page(
-                (self.topics.info(n) for n in names), _topic_name, self.page_bytes
-            )
+            infos = (self.topics.info(n) for n in names)
+            if request.configs:
+                infos = (self._with_configs(info) for info in infos)
+            topics, cursor = page(infos, _topic_name, self.page_bytes)
             following = cursor or ""
         else:
             topics = self.topics.describe(request.topics)
+            if request.configs:
+                topics = [self._with_configs(info) for info in topics]
         if self.member is None:
             info = self.info
             return MetadataResponse([info], topics, info if request.group else None, following)
@@ -423,6 +482,10 @@ class Broker:
         if request.group:
             coordinator = self.member.coordinator_of(self.coordinator.slot_of(request.group))
         return MetadataResponse(brokers, topics, coordinator, following)
+
+    def _with_configs(self, info: TopicInfo) -> TopicInfo:
+        """``info`` with the settings its log follows (the broker's: no per-topic ones)."""
+        return msgspec.structs.replace(info, configs=dict(topic_configs(self.config)))
 
     @property
     def clustered(self) -> bool:
@@ -769,23 +832,33 @@ def _naming_the_address(host: str, port: int, flag: str) -> Iterator[None]:
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}; {hint}") from exc
 
 
-def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
-    """The Kafka front end's bounds and reported settings, from the broker's config."""
+def _retention_ms(log_config: LogConfig) -> int:
+    seconds = log_config.retention_seconds
+    return -1 if seconds is None else int(seconds * 1000)
+
+
+def topic_configs(config: BrokerConfig) -> tuple[tuple[str, str], ...]:
+    """The settings every topic's log follows, by their Kafka names (there are no per-topic
+    ones): what Kafka's DescribeConfigs and ``trio-coord topics describe`` report."""
     log_config = config.log
-    retention_ms = (
-        -1 if log_config.retention_seconds is None else int(log_config.retention_seconds * 1000)
-    )
     retention_bytes = -1 if log_config.retention_bytes is None else log_config.retention_bytes
-    topic = (
+    return (
         ("cleanup.policy", "delete"),
         ("compression.type", "producer"),
         ("max.message.bytes", str(config.kafka_max_batch_bytes)),
         ("message.timestamp.type", "CreateTime"),
         ("min.insync.replicas", "1"),
         ("retention.bytes", str(retention_bytes)),
-        ("retention.ms", str(retention_ms)),
+        ("retention.ms", str(_retention_ms(log_config))),
         ("segment.bytes", str(log_config.segment_bytes)),
     )
+
+
+def _kafka_limits(config: BrokerConfig, max_connections: int) -> KafkaLimits:
+    """The Kafka front end's bounds and reported settings, from the broker's config."""
+    log_config = config.log
+    retention_ms = _retention_ms(log_config)
+    topic = topic_configs(config)
     broker = (
         ("auto.create.topics.enable", "false"),
         ("broker.id", str(config.broker_id)),

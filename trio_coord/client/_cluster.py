@@ -63,6 +63,7 @@ class ClusterView:
         self._name = name
         self._topics: dict[str, TopicInfo] = {}
         self._brokers: dict[int, BrokerInfo] = {}
+        self._hints: dict[TopicPartition, int] = {}  # leaders a StartFetchers named
         self._conns: dict[tuple[str, int], Connection] = {}
         self._connecting: dict[tuple[str, int], trio.Lock] = {}
 
@@ -82,10 +83,22 @@ class ClusterView:
         self._brokers = {b.broker_id: b for b in response.brokers}
         for info in response.topics:
             self._topics[info.name] = info
+        if self._hints:  # the metadata is fresher than what a StartFetchers said
+            named = {info.name for info in response.topics}
+            self._hints = {tp: b for tp, b in self._hints.items() if tp.topic not in named}
+
+    def learn(self, brokers: list[BrokerInfo], leaders: dict[TopicPartition, int]) -> None:
+        """Leaders (and their brokers' addresses) a StartFetchers named: fetching them needs
+        no Metadata call. A NotLeaderForPartition or a refresh replaces them."""
+        for broker in brokers:
+            self._brokers.setdefault(broker.broker_id, broker)
+        self._hints.update((tp, b) for tp, b in leaders.items() if b >= 0)
 
     def forget(self, topic: str) -> None:
         """Drop what is cached about ``topic`` (the next lookup asks again)."""
         self._topics.pop(topic, None)
+        if self._hints:
+            self._hints = {tp: b for tp, b in self._hints.items() if tp.topic != topic}
 
     async def topic(self, name: str) -> TopicInfo:
         """The topic's metadata (from the cache, or asked for); UnknownTopicError if none."""
@@ -116,6 +129,9 @@ class ClusterView:
         raised for the caller to retry, rather than sending to a broker that
         does not hold ``tp``.
         """
+        hinted = self._hints.get(tp)
+        if hinted is not None and hinted in self._brokers:
+            return self._brokers[hinted]
         broker = await self._known_leader(tp)
         if broker is None:
             await self.refresh([tp.topic])

@@ -145,14 +145,19 @@ class Admin:
 
     # -- cluster and topics ------------------------------------------------------------
 
-    async def metadata(self, topics: Sequence[str] | None = None) -> MetadataResponse:
-        """Live brokers and topics (``topics=None``: all topics, asked for page by page)."""
+    async def metadata(
+        self, topics: Sequence[str] | None = None, *, configs: bool = False
+    ) -> MetadataResponse:
+        """Live brokers and topics (``topics=None``: all topics, asked for page by page);
+        ``configs``: with the settings each topic's log follows (``TopicInfo.configs``)."""
         if topics is not None:
-            return await self._ask(MetadataRequest(list(topics)), MetadataResponse)
-        response = await self._ask(MetadataRequest(None), MetadataResponse)
+            return await self._ask(MetadataRequest(list(topics), configs=configs), MetadataResponse)
+        response = await self._ask(MetadataRequest(None, configs=configs), MetadataResponse)
         listed = list(response.topics)
         while response.next:
-            response = await self._ask(MetadataRequest(None, after=response.next), MetadataResponse)
+            response = await self._ask(
+                MetadataRequest(None, after=response.next, configs=configs), MetadataResponse
+            )
             listed.extend(response.topics)
         return msgspec.structs.replace(response, topics=listed, next="")
 
@@ -179,13 +184,16 @@ class Admin:
         """
         await self._ask(DeleteTopicRequest(name), DeleteTopicResponse)
 
-    async def list_topics(self) -> list[TopicInfo]:
-        """Every topic, sorted by name."""
-        return (await self.metadata()).topics
+    async def list_topics(self, *, configs: bool = False) -> list[TopicInfo]:
+        """Every topic, sorted by name (``configs``: with their settings)."""
+        return (await self.metadata(configs=configs)).topics
 
-    async def describe_topics(self, names: Iterable[str]) -> list[TopicInfo]:
-        """The named topics (raises UnknownTopicError for a missing one)."""
-        return (await self.metadata(list(names))).topics
+    async def describe_topics(
+        self, names: Iterable[str], *, configs: bool = False
+    ) -> list[TopicInfo]:
+        """The named topics (raises UnknownTopicError for a missing one); ``configs``: with
+        the settings each one's log follows (``TopicInfo.configs``: retention.ms, ...)."""
+        return (await self.metadata(list(names), configs=configs)).topics
 
     async def list_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp_ms: int = LATEST

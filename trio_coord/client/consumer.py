@@ -48,7 +48,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -98,7 +98,14 @@ from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 from ._fetcher import Fetcher, FetchSettings
 
-__all__ = ["Consumer", "ConsumerState", "PartitionsCallback", "open_consumer"]
+__all__ = [
+    "Consumer",
+    "ConsumerState",
+    "OffsetReset",
+    "PartitionsCallback",
+    "RebalanceProtocol",
+    "open_consumer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,14 @@ _DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
 }
 """The assignors a consumer accepts unless told otherwise, per rebalance protocol: a
 cooperative group pays for every move with a stop, so it prefers the sticky ones."""
+
+
+OffsetReset = Literal["earliest", "latest", "none"]
+"""Where a member starts on a partition its group has no committed offset for (Kafka's
+auto.offset.reset): the log start, the log end, or nowhere (NoOffsetError)."""
+
+RebalanceProtocol = Literal["eager", "cooperative"]
+"""How a member wants rebalances run: stop everything, or only what moves."""
 
 
 class ConsumerState(enum.StrEnum):
@@ -193,9 +208,9 @@ class Consumer(EnterOnce):
         session_timeout: float = 10.0,
         rebalance_timeout: float = 30.0,
         auto_commit: bool = True,
-        offset_reset: str = "latest",
+        offset_reset: OffsetReset = "latest",
         assignors: Sequence[str | Assignor] | None = None,
-        rebalance_protocol: str = "eager",
+        rebalance_protocol: RebalanceProtocol = "eager",
         instance_id: str | None = None,
         user_data: bytes = b"",
         on_assigned: PartitionsCallback | None = None,
@@ -392,6 +407,47 @@ class Consumer(EnterOnce):
     async def wait_state(self, state: ConsumerState) -> None:
         """Return once the consumer is in ``state`` (at once if it is already)."""
         await self._state.wait_value(state)
+
+    async def wait_state_change(self) -> ConsumerState:
+        """Wait for :attr:`state` to change and return the new state (a change that
+        happens while the caller is not waiting here is not reported later)."""
+        new, _old = await self._state.wait_transition()
+        return new
+
+    async def subscribe(self, topics: Iterable[str]) -> None:
+        """Change what this member consumes, at run time (the seed's addTopic).
+
+        The new subscription reaches the coordinator at once (a JoinGroup
+        with the same member id), which rebalances the group once: the
+        partitions of topics dropped are revoked (``on_revoked``) and those of
+        topics added assigned (``on_assigned``). Returns once the coordinator
+        has the new subscription, not once it is assigned (``wait_assigned``,
+        or ``wait_state``, for that). If the connection to the coordinator is
+        down, the rejoin that follows carries it. ``re:`` entries may be
+        given, as to :func:`open_consumer`.
+        """
+        wanted = sorted(set([topics] if isinstance(topics, str) else topics))
+        if self.static_partitions is not None:
+            raise ValueError(
+                "a consumer of fixed partitions=[...] has no subscription to change; "
+                "open another consumer for other partitions"
+            )
+        if not wanted:
+            raise ValueError("subscribe to at least one topic (to stop consuming, close)")
+        if self._lifetime is None:
+            raise UnknownMemberError("use the consumer inside its async with block")
+        if wanted == self.topics:
+            return
+        self.topics = wanted
+        conn = self._conn
+        if conn is None or conn.closed or not self._member_ready.is_set() or self._left:
+            return  # the next join carries the new topics
+        try:
+            await self._join(conn)
+        except (_Reconnect, CoordError) as exc:
+            # The session will rejoin (with the new topics) once its connection is gone.
+            log.info("consumer %s: resubscribing failed: %s; rejoining", self.member_id, exc)
+            await conn.aclose()
 
     @property
     def assignment(self) -> dict[TopicPartition, int]:
@@ -681,7 +737,23 @@ class Consumer(EnterOnce):
         if len(held) == 1:
             return part
         joined = [p for each in held for p in each.partitions]
-        return msgspec.structs.replace(part, partitions=joined)
+        brokers = {b.broker_id: b for each in held for b in each.brokers}
+        return msgspec.structs.replace(
+            part,
+            partitions=joined,
+            brokers=list(brokers.values()),
+            leaders=[b for each in held for b in each.leaders]
+            if all(len(e.leaders) == len(e.partitions) for e in held)
+            else [],
+        )
+
+    def _learn_leaders(self, request: StartFetchersRequest) -> None:
+        """Where the partitions of a start are: the coordinator said, no Metadata needed."""
+        if request.brokers and len(request.leaders) == len(request.partitions):
+            self._engine().cluster.learn(
+                request.brokers,
+                {p.tp: b for p, b in zip(request.partitions, request.leaders, strict=True)},
+            )
 
     def _keep_assignment(self, request: StartFetchersRequest) -> None:
         """Cooperative, nothing of ours moved: the same partitions, in the new generation."""
@@ -700,6 +772,7 @@ class Consumer(EnterOnce):
         self._check_lease()
         self.generation = request.generation
         self._handed_back = []
+        self._learn_leaders(request)
         wanted = {p.tp: p.offset for p in request.partitions}
         gone = sorted(self._assignment.keys() - wanted.keys())
         added = {tp: off for tp, off in wanted.items() if tp not in self._assignment}
@@ -783,6 +856,7 @@ class Consumer(EnterOnce):
         self._check_lease()
         self.generation = request.generation
         self._handed_back = []
+        self._learn_leaders(request)
         self._assignment = {p.tp: p.offset for p in request.partitions}
         self._engine().assign(dict(self._assignment))
         self._state.value = ConsumerState.STABLE
@@ -896,13 +970,14 @@ class Consumer(EnterOnce):
     async def _join(self, conn: Connection) -> None:
         while True:
             sent_at = trio.current_time()
+            topics = self.topics
             try:
                 response = await self._request(
                     conn,
                     JoinGroupRequest(
                         self.group_id,
                         self.member_id,
-                        self.topics,
+                        topics,
                         round(self.session_timeout * 1000),
                         round(self.rebalance_timeout * 1000),
                         self.assignors,
@@ -918,9 +993,11 @@ class Consumer(EnterOnce):
             except UnknownMemberError as exc:
                 raise _Reconnect(str(exc), forget_member=True) from None
             assert isinstance(response, JoinGroupResponse)
-            if not response.rejoin:
+            if not response.rejoin and topics == self.topics:
                 break
-            self.member_id = response.member_id  # the first step: join again with it
+            # The first step (join again with the member id handed out), or subscribe()
+            # changed the topics while this join was on its way: join again with them.
+            self.member_id = response.member_id
         self.member_id = response.member_id
         self._fenced_since = None
         self.generation = response.generation
@@ -1072,7 +1149,26 @@ def open_consumer(
     bootstrap: str | Sequence[str],
     group_id: str | None = None,
     topics: Iterable[str] = (),
-    **options: Any,
+    *,
+    partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
+    session_timeout: float = 10.0,
+    rebalance_timeout: float = 30.0,
+    auto_commit: bool = True,
+    offset_reset: OffsetReset = "latest",
+    assignors: Sequence[str | Assignor] | None = None,
+    rebalance_protocol: RebalanceProtocol = "eager",
+    instance_id: str | None = None,
+    user_data: bytes = b"",
+    on_assigned: PartitionsCallback | None = None,
+    on_revoked: PartitionsCallback | None = None,
+    on_lost: PartitionsCallback | None = None,
+    client_id: str = "trio-coord",
+    fetch_max_wait: float = 0.5,
+    fetch_min_bytes: int = 1,
+    max_partition_fetch_bytes: int = 1024 * 1024,
+    max_poll_interval: float = 300.0,
+    request_timeout: float = 30.0,
+    api_timeout: float = 60.0,
 ) -> Consumer:
     """Join ``group_id`` as a consumer of ``topics``: ``async with open_consumer(...) as c``.
 
@@ -1120,4 +1216,27 @@ def open_consumer(
     group cleanly. (The :class:`Consumer` this returns is itself the async
     context manager, so callbacks can refer to it before it is entered.)
     """
-    return Consumer(bootstrap, group_id, topics, **options)
+    return Consumer(
+        bootstrap,
+        group_id,
+        topics,
+        partitions=partitions,
+        session_timeout=session_timeout,
+        rebalance_timeout=rebalance_timeout,
+        auto_commit=auto_commit,
+        offset_reset=offset_reset,
+        assignors=assignors,
+        rebalance_protocol=rebalance_protocol,
+        instance_id=instance_id,
+        user_data=user_data,
+        on_assigned=on_assigned,
+        on_revoked=on_revoked,
+        on_lost=on_lost,
+        client_id=client_id,
+        fetch_max_wait=fetch_max_wait,
+        fetch_min_bytes=fetch_min_bytes,
+        max_partition_fetch_bytes=max_partition_fetch_bytes,
+        max_poll_interval=max_poll_interval,
+        request_timeout=request_timeout,
+        api_timeout=api_timeout,
+    )

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -48,7 +48,10 @@ from ..protocol.records import COMPRESSION, Header, WireRecord, encode_batch
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
-__all__ = ["Delivery", "Producer", "RecordMetadata", "open_producer"]
+__all__ = ["Compression", "Delivery", "Producer", "RecordMetadata", "open_producer"]
+
+Compression = Literal["zlib", "lzma", "lz4", "zstd"]
+"""How a producer may compress its batches (None: not at all)."""
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +166,7 @@ class Producer(EnterOnce):
         max_batch_bytes: int = 512 * 1024,
         buffer_bytes: int = 32 * 1024 * 1024,
         max_in_flight: int = 16,
-        compression: str | None = None,
+        compression: Compression | None = None,
         delivery_timeout: float = 120.0,
         request_timeout: float = 30.0,
         max_block: float = 60.0,
@@ -528,7 +531,21 @@ class Producer(EnterOnce):
                 self._resolve_failed(batch, error)
 
 
-def open_producer(bootstrap: str | Sequence[str], **options: Any) -> Producer:
+def open_producer(
+    bootstrap: str | Sequence[str],
+    *,
+    linger: float = 0.005,
+    batch_size: int = 64 * 1024,
+    max_batch_bytes: int = 512 * 1024,
+    buffer_bytes: int = 32 * 1024 * 1024,
+    max_in_flight: int = 16,
+    compression: Compression | None = None,
+    delivery_timeout: float = 120.0,
+    request_timeout: float = 30.0,
+    max_block: float = 60.0,
+    close_timeout: float = 30.0,
+    client_id: str = "trio-coord-producer",
+) -> Producer:
     """A producer for the brokers of ``bootstrap``: ``async with open_producer(b) as p``.
 
     Options (defaults): ``linger=0.005`` s and ``batch_size=65536`` bytes
@@ -550,4 +567,17 @@ def open_producer(bootstrap: str | Sequence[str], **options: Any) -> Producer:
     ``max_block=60`` s for the topic's metadata and for buffer space, then
     raise RequestTimedOutError (the record was not enqueued).
     """
-    return Producer(bootstrap, **options)
+    return Producer(
+        bootstrap,
+        linger=linger,
+        batch_size=batch_size,
+        max_batch_bytes=max_batch_bytes,
+        buffer_bytes=buffer_bytes,
+        max_in_flight=max_in_flight,
+        compression=compression,
+        delivery_timeout=delivery_timeout,
+        request_timeout=request_timeout,
+        max_block=max_block,
+        close_timeout=close_timeout,
+        client_id=client_id,
+    )

@@ -44,12 +44,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..protocol.messages import TopicPartition
-
-if TYPE_CHECKING:
-    from .assignors import Assignment, GroupSpec
+from .assignment import Assignment, GroupSpec
 
 __all__ = ["balanced_assignment"]
 

@@ -54,11 +54,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..protocol.messages import TopicPartition
 from ._sticky import balanced_assignment
+from .assignment import Assignment, Assignor, GroupSpec, MemberSpec
 
 __all__ = [
     "ASSIGNORS",
@@ -76,62 +75,6 @@ __all__ = [
     "make_registry",
     "validate_assignment",
 ]
-
-Assignment = dict[str, list[TopicPartition]]
-"""member id → the partitions it owns, sorted."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemberSpec:
-    """What an assignor knows of one member."""
-
-    member_id: str
-    topics: frozenset[str]
-    owned: frozenset[TopicPartition] = field(default_factory=frozenset)
-    user_data: bytes = b""
-    """Opaque bytes the member gave in JoinGroup (for assignors of the application's own)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """The input of an assignor: members and the partition count of each topic."""
-
-    members: Mapping[str, MemberSpec]
-    partitions: Mapping[str, int]
-
-    def subscribers(self, topic: str) -> list[str]:
-        """The sorted ids of the members subscribed to ``topic``."""
-        return sorted(m.member_id for m in self.members.values() if topic in m.topics)
-
-    def topics(self) -> list[str]:
-        """Every topic some member subscribes to and that exists, sorted."""
-        wanted: set[str] = set()
-        for member in self.members.values():
-            wanted |= member.topics
-        return sorted(t for t in wanted if t in self.partitions)
-
-
-class Assignor(Protocol):
-    """A named, pure assignment strategy: what a custom assignor implements.
-
-    ``name`` is what members list in their preferences (letters, digits,
-    ``.``, ``_`` and ``-``; see :func:`make_registry`). ``assign`` must be a
-    pure function of ``spec``: no I/O, no clock, no randomness, no ``hash()``
-    of strings, and the same result whatever the order of ``spec``'s dicts
-    and sets (sort what you iterate). Every coordinator that computes the
-    group's assignment must get the same answer.
-    """
-
-    name: str
-
-    def assign(self, spec: GroupSpec) -> Assignment:
-        """Return every member's partitions (every member appears, maybe with none).
-
-        Every partition of a topic that some member subscribes to and that
-        exists (``range(spec.partitions[topic])``) goes to exactly one member
-        that subscribes to its topic; :func:`validate_assignment` checks it.
-        """
-        ...
 
 
 def _empty(spec: GroupSpec) -> Assignment:

@@ -26,7 +26,6 @@ stages, one per fence end).
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +62,15 @@ from .records import (
     Record,
     supersedes,
 )
+from .states import (
+    REBALANCING,
+    STATE_DOCS,
+    STATE_TABLE,
+    TRANSITIONS,
+    GroupState,
+    IllegalTransitionError,
+    Trigger,
+)
 from .validation import MAX_NAME_LENGTH, PATTERN_PREFIX, validate_subscription
 
 __all__ = [
@@ -71,6 +79,8 @@ __all__ = [
     "OFFSET_RESET_POLICIES",
     "PREDECESSOR_SUFFIX",
     "REBALANCE_PROTOCOLS",
+    "STATE_DOCS",
+    "STATE_TABLE",
     "TRANSITIONS",
     "AssignmentInput",
     "AssignmentPlan",
@@ -81,6 +91,7 @@ __all__ = [
     "IllegalTransitionError",
     "Member",
     "StartPlan",
+    "Trigger",
 ]
 
 OFFSET_RESET_POLICIES = ("earliest", "latest", "none")
@@ -93,35 +104,6 @@ MAX_ASSIGNORS = 32
 PREDECESSOR_SUFFIX = "~previous-process"
 """Appended to a static member's id to key the fence over what its former process may
 fetch (:meth:`Group.replace_process`); no member id the coordinator hands out ends so."""
-
-
-class GroupState(enum.StrEnum):
-    """Where a group is in its life and in its rebalance."""
-
-    EMPTY = "EMPTY"
-    STOPPING = "STOPPING"
-    ASSIGNING = "ASSIGNING"
-    STARTING = "STARTING"
-    STABLE = "STABLE"
-    DEAD = "DEAD"
-
-
-_S = GroupState
-TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
-    _S.EMPTY: frozenset({_S.STOPPING, _S.DEAD}),
-    _S.STOPPING: frozenset({_S.STOPPING, _S.ASSIGNING, _S.EMPTY}),
-    _S.ASSIGNING: frozenset({_S.STOPPING, _S.STARTING, _S.EMPTY}),
-    _S.STARTING: frozenset({_S.STOPPING, _S.STABLE, _S.EMPTY}),
-    _S.STABLE: frozenset({_S.STOPPING, _S.EMPTY}),
-    _S.DEAD: frozenset(),
-}
-"""The legal state changes; any other is a bug and raises :class:`IllegalTransitionError`."""
-
-REBALANCING = frozenset({_S.STOPPING, _S.ASSIGNING, _S.STARTING})
-
-
-class IllegalTransitionError(RuntimeError):
-    """A state change not in :data:`TRANSITIONS` was attempted (a coordinator bug)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,15 +283,23 @@ class Group:
         """True while a rebalance is in one of its phases."""
         return self.state in REBALANCING
 
+    def fire(self, trigger: Trigger) -> GroupState:
+        """Move as :data:`STATE_TABLE` says ``trigger`` moves the current state; return it."""
+        new = STATE_TABLE.get((self.state, trigger))
+        if new is None:
+            raise IllegalTransitionError(f"group {self.group_id}: {self.state} on {trigger}")
+        self.state = new
+        return new
+
     def transition(self, new: GroupState) -> None:
-        """Move to ``new``, which must be legal from the current state."""
+        """Move to ``new``, which must be legal from the current state (:data:`TRANSITIONS`)."""
         if new not in TRANSITIONS[self.state]:
             raise IllegalTransitionError(f"group {self.group_id}: {self.state} -> {new}")
         self.state = new
 
     def _became_empty(self, now: float) -> None:
         if self.state is not GroupState.EMPTY:
-            self.transition(GroupState.EMPTY)
+            self.fire(Trigger.EMPTIED)
         self.empty_since = now
 
     # -- membership ------------------------------------------------------------
@@ -581,7 +571,7 @@ class Group:
 
     def begin_rebalance(self) -> list[Member]:
         """Enter STOPPING (from any state but EMPTY/DEAD); return the members to stop."""
-        self.transition(GroupState.STOPPING)
+        self.fire(Trigger.REBALANCE)
         return list(self.members.values())
 
     def member_stopped(
@@ -746,7 +736,7 @@ class Group:
         (:meth:`_start_offset`). Nothing changes until the returned record is
         replayed (after it is durable).
         """
-        self.transition(GroupState.ASSIGNING)
+        self.fire(Trigger.STOPPED)
         self.expire_fences(now)
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         if computed is None:
@@ -760,36 +750,8 @@ class Group:
             assignment = self.compute_assignment(input, available)
         else:
             input, assignment = computed
-        name = input.assignor
-        record = GroupRecord(
-            self.group_id,
-            self.generation + 1,
-            name,
-            [
-                MemberRecord(
-                    m.member_id,
-                    m.client_id,
-                    m.host,
-                    sorted(m.topics),
-                    round(m.session_timeout * 1000),
-                    round(m.rebalance_timeout * 1000),
-                    sorted(assignment.get(m.member_id, [])),
-                )
-                for m in members
-            ],
-            [
-                MemberRecord(
-                    member_id,
-                    "",
-                    "",
-                    [],
-                    round(fence.session_timeout * 1000),
-                    0,
-                    sorted(fence.partitions),
-                )
-                for member_id, fence in sorted(self.fences.items())
-            ],
-            self._topics_seen(members, partitions, created_since),
+        record = self._next_record(
+            self.generation + 1, input.assignor, members, assignment, partitions, created_since
         )
         starts = []
         if cooperative is None:
@@ -821,6 +783,96 @@ class Group:
                     )
                 )
         return AssignmentPlan(record, starts)
+
+    def unchanged_by(
+        self,
+        now: float,
+        assignment: Assignment,
+        *,
+        assignor: str,
+        partitions: Mapping[str, int],
+        created_since: Collection[str] = (),
+    ) -> bool:
+        """True if a rebalance to ``assignment`` would change nothing, so none is needed.
+
+        The check of the coordinator-driven design before an eager rebalance
+        (stop fetchers only if the new ownership differs from the current
+        one): the group is STABLE, every member was started in the current
+        generation and fetches what it was told, and the next generation's
+        record would be the current one but for its number (same members,
+        subscriptions, timeouts, assignor, partitions per member, fences and
+        topics). Then the coordinator bumps no generation and stops no one.
+        """
+        if not self.may_be_unchanged():
+            return False
+        self.expire_fences(now)
+        members = sorted(self.members.values(), key=lambda m: m.member_id)
+        record = self._next_record(
+            self.generation, assignor, members, assignment, partitions, created_since
+        )
+        return record == self.record
+
+    def may_be_unchanged(self) -> bool:
+        """The cheap half of :meth:`unchanged_by` (O(members), no assignor run): False if a
+        rebalance certainly changes something (not STABLE, a member not started in the
+        current generation, members or subscriptions other than the current record's)."""
+        record = self.record
+        if self.state is not GroupState.STABLE or record is None:
+            return False
+        if len(record.members) != len(self.members):
+            return False
+        for persisted in record.members:
+            m = self.members.get(persisted.member_id)
+            if (
+                m is None
+                or m.generation != self.generation
+                or m.may_own != m.assignment
+                or len(persisted.topics) != len(m.topics)
+                or not m.topics.issuperset(persisted.topics)
+            ):
+                return False
+        return True
+
+    def _next_record(
+        self,
+        generation: int,
+        assignor: str,
+        members: list[Member],
+        assignment: Assignment,
+        partitions: Mapping[str, int],
+        created_since: Collection[str],
+    ) -> GroupRecord:
+        """The group record of a generation with ``members`` owning ``assignment``."""
+        return GroupRecord(
+            self.group_id,
+            generation,
+            assignor,
+            [
+                MemberRecord(
+                    m.member_id,
+                    m.client_id,
+                    m.host,
+                    sorted(m.topics),
+                    round(m.session_timeout * 1000),
+                    round(m.rebalance_timeout * 1000),
+                    sorted(assignment.get(m.member_id, [])),
+                )
+                for m in members
+            ],
+            [
+                MemberRecord(
+                    member_id,
+                    "",
+                    "",
+                    [],
+                    round(fence.session_timeout * 1000),
+                    0,
+                    sorted(fence.partitions),
+                )
+                for member_id, fence in sorted(self.fences.items())
+            ],
+            self._topics_seen(members, partitions, created_since),
+        )
 
     def _fence_ends(self, now: float) -> dict[TopicPartition, float]:
         """Per fenced partition, when the last fence over it ends (only those after ``now``)."""
@@ -926,7 +978,7 @@ class Group:
 
     def begin_starting(self) -> None:
         """Enter STARTING: the new generation is durable and replayed."""
-        self.transition(GroupState.STARTING)
+        self.fire(Trigger.PLANNED)
 
     def member_starting(
         self, member_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -945,7 +997,7 @@ class Group:
 
     def complete_rebalance(self) -> None:
         """Every member acknowledged its start: the group is STABLE."""
-        self.transition(GroupState.STABLE)
+        self.fire(Trigger.STARTED)
 
     # -- records -----------------------------------------------------------------
 
@@ -990,7 +1042,7 @@ class Group:
             self.offsets.clear()
             self.positions.clear()
             if self.state is not GroupState.DEAD:
-                self.transition(GroupState.DEAD)
+                self.fire(Trigger.DELETED)
 
     # -- views ---------------------------------------------------------------------
 
@@ -1029,6 +1081,22 @@ class Group:
                 for tp, rec in sorted(self.offsets.items())
             ],
         )
+
+    def expired_offsets(self, now: float, wall_ms: int, retention: float) -> list[TopicPartition]:
+        """The partitions whose committed offsets have expired (Kafka's offsets.retention).
+
+        Only an EMPTY group's offsets expire: once it has been empty for
+        ``retention`` seconds (``now`` and ``empty_since`` on the coordinator's
+        clock), each offset committed more than ``retention`` ago (its
+        wall-clock ``commit_time_ms`` against ``wall_ms``; a standalone
+        committer keeps the offsets it still commits) is gone.
+        """
+        if self.state is not GroupState.EMPTY or self.empty_since is None:
+            return []
+        if now - self.empty_since < retention:
+            return []
+        oldest = wall_ms - retention * 1000
+        return sorted(tp for tp, rec in self.offsets.items() if rec.commit_time_ms <= oldest)
 
     def ownership(self) -> dict[TopicPartition, str]:
         """Who owns each partition in the current generation (for checks and tests)."""

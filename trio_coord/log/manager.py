@@ -34,12 +34,12 @@ from typing import Final
 import trio
 
 from .._aio import unwrap_lone_exception
-from .._files import lock_directory
+from .._files import fsync_dir, lock_directory, mkdir_durably
 from ..core.validation import validate_topic_name
 from ..protocol.errors import InvalidTopicError
 from .base import LogBusyError, LogConfig, LogCorruptError, LogError
 from .partition import PartitionLog, recover_segments
-from .segment import Segment, fsync_dir
+from .segment import Segment
 
 __all__ = ["DEFAULT_CONFIG", "LOCK_FILE", "LogManager", "open_log_manager"]
 
@@ -54,14 +54,6 @@ DEFAULT_CONFIG: Final = LogConfig()
 """The configuration :func:`open_log_manager` uses unless given one."""
 
 _Key = tuple[str, int]
-
-
-def _mkdir_durably(path: Path) -> None:
-    """Create ``path`` and any missing parents, fsyncing each new entry's parent (worker thread)."""
-    missing = [d for d in (path, *path.parents) if not d.is_dir()]
-    path.mkdir(parents=True, exist_ok=True)
-    for directory in reversed(missing):
-        fsync_dir(directory.parent)
 
 
 def _acquire_lock(root: Path) -> int:
@@ -300,7 +292,7 @@ class LogManager:
     # -- internals ----------------------------------------------------------------------------
 
     def _make_partition(self, directory: Path) -> list[Segment]:
-        _mkdir_durably(directory)
+        mkdir_durably(directory)
         return recover_segments(directory, self.config)
 
     def _register(
@@ -317,7 +309,7 @@ class LogManager:
         return log
 
     def _lock_and_scan(self) -> list[tuple[str, int, Path]]:
-        _mkdir_durably(self.root)
+        mkdir_durably(self.root)
         self._lock_fd = _acquire_lock(self.root)
         return _scan_root(self.root)
 

@@ -65,6 +65,7 @@ from typing import NoReturn
 
 import trio
 
+from .._files import fsync_dir
 from .base import (
     LogBusyError,
     LogConfig,
@@ -79,7 +80,6 @@ from .segment import (
     MAX_RELATIVE_OFFSET,
     Segment,
     check_batch,
-    fsync_dir,
     parse_segment_name,
 )
 
@@ -190,6 +190,9 @@ class PartitionLog:
         self.partition = partition
         self.directory = directory
         self.fsync_count = 0
+        self.appended = [0, 0]
+        """Payload bytes and records appended since the log was opened (by either front
+        end: what the metrics count as produced)."""
         self._config = config
         self._limiter = limiter
         self._fsync_mode = config.flush_interval == 0
@@ -286,6 +289,8 @@ class PartitionLog:
             except OSError as exc:
                 self._undo_write(segment, exc)
             self._written = base + count
+            self.appended[0] += len(payload)
+            self.appended[1] += count
             if assigned is not None:
                 assigned(base)
             if not self._fsync_mode:

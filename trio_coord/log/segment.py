@@ -65,6 +65,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
+from .._files import fdatasync, fsync_dir, write_file
 from .base import LogCorruptError, StoredBatch
 
 __all__ = [
@@ -79,7 +80,6 @@ __all__ = [
     "NO_TIMESTAMP",
     "Segment",
     "check_batch",
-    "fsync_dir",
     "parse_segment_name",
     "segment_name",
 ]
@@ -132,23 +132,6 @@ def parse_segment_name(filename: str, suffix: str = ".log") -> int | None:
     return int(match.group(1)) if match and match.group(2) == suffix else None
 
 
-def fsync_dir(path: Path) -> None:
-    """Make file creations, renames and deletions in ``path`` durable (worker thread)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fdatasync(fd: int) -> None:
-    # fdatasync also flushes a changed file size, which is all an append needs.
-    if hasattr(os, "fdatasync"):
-        os.fdatasync(fd)
-    else:  # pragma: no cover - macOS
-        os.fsync(fd)
-
-
 def _pread_full(fd: int, size: int, pos: int) -> bytes:
     """Read ``size`` bytes at ``pos``, fewer only at the end of the file."""
     data = os.pread(fd, size, pos)
@@ -178,16 +161,6 @@ def _pwrite_all(fd: int, parts: Sequence[bytes | memoryview], pos: int) -> None:
             views.pop(0)
         if written:
             views[0] = views[0][written:]
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    """Replace the contents of ``path`` with ``data`` and fsync it (worker thread)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _pwrite_all(fd, [data], 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Cursor:
@@ -374,7 +347,7 @@ class Segment:
                 raise segment._damaged(end, file_size, "intact data follows")
             if end < file_size:
                 kept = segment.log_path.with_name(f"{segment.log_path.name}.cut-{end}")
-                _write_file(kept, _pread_full(fd, file_size - end, end))
+                write_file(kept, _pread_full(fd, file_size - end, end))
                 logger.warning(
                     "%s: cut a torn tail of %d bytes at position %d; %d bytes "
                     "of intact batches kept, offsets [%d, %d) (the cut bytes are in %s)",
@@ -387,7 +360,7 @@ class Segment:
                     kept,
                 )
                 os.ftruncate(fd, end)
-            _fdatasync(fd)
+            fdatasync(fd)
         except BaseException:
             segment.close()
             raise
@@ -485,7 +458,7 @@ class Segment:
             return cls.load(directory, base_offset, index_interval), []
         kept = segment.log_path.with_name(f"{segment.log_path.name}.damaged-{first_damage}")
         os.replace(segment.log_path, kept)
-        _write_file(segment.log_path, b"".join(parts))
+        write_file(segment.log_path, b"".join(parts))
         segment.index_path.unlink(missing_ok=True)
         fsync_dir(directory)
         logger.error(
@@ -513,7 +486,7 @@ class Segment:
 
     def sync(self) -> None:
         """Make every byte written to the log durable: fdatasync (worker thread)."""
-        _fdatasync(self._fd)
+        fdatasync(self._fd)
 
     def write_index(self) -> None:
         """Write the whole sparse index to the ``.index`` file and fsync it (worker thread)."""
@@ -521,7 +494,7 @@ class Segment:
             INDEX_ENTRY.pack(rel, pos, ts)
             for rel, pos, ts in zip(self._idx_rel, self._idx_pos, self._idx_ts, strict=True)
         )
-        _write_file(self.index_path, body + _CRC.pack(zlib.crc32(body)))
+        write_file(self.index_path, body + _CRC.pack(zlib.crc32(body)))
 
     def close(self) -> None:
         """Close the log file if it is open (reads reopen it)."""

@@ -169,6 +169,9 @@ class TopicInfo(_Wire):
     leaders: list[int] = []
     topic_id: str = ""
     """The topic's id, 32 hex digits (Kafka clients see it as a UUID)."""
+    configs: dict[str, str] = {}
+    """Only if asked (``MetadataRequest.configs``): the settings the topic's log follows, by
+    their Kafka names (retention.ms, segment.bytes, ...), as the answering broker has them."""
 
 
 class GroupSummary(_Wire):
@@ -235,6 +238,8 @@ class MetadataRequest(_Wire, tag=1):
     topics: list[str] | None = None
     group: str = ""
     after: str = ""
+    configs: bool = False
+    """Also the settings each topic's log follows (``TopicInfo.configs``)."""
 
 
 class CreateTopicRequest(_Wire, tag=2):
@@ -488,6 +493,9 @@ class StartFetchersRequest(_Wire, tag=21):
     unchanged: bool = False
     """Cooperative: the member's assignment is exactly what it fetches now; keep it all and
     take ``generation`` as the new one (``partitions`` is empty)."""
+    leaders: list[int] = []
+    """Per entry of ``partitions``, the id of the broker holding it; ``brokers`` gives their
+    addresses, so the member fetches without asking Metadata first (empty: ask)."""
 
 
 class MemberSubscription(_Wire):

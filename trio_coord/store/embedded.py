@@ -27,7 +27,10 @@ import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
-from .._files import lock_directory
+from .._files import fdatasync as _fdatasync
+from .._files import fsync_dir as _fsync_dir  # (tests replace it to simulate crashes)
+from .._files import lock_directory, mkdir_durably
+from .._files import write_file as _write_durably
 from ._watch import Registry, WatchIterator, notify, notify_all, registered
 from .base import (
     BadVersionError,
@@ -563,13 +566,9 @@ class EmbeddedStore(MetadataStore):
         """Lock the directory, load snapshot and log (runs in a worker thread)."""
         data_dir = self.data_dir
         assert data_dir is not None
-        missing = [d for d in (data_dir, *data_dir.parents) if not d.is_dir()]
-        data_dir.mkdir(parents=True, exist_ok=True)
-        # Make every directory entry on the way to the log durable: each one
-        # created now, and data_dir's own (an earlier open may have crashed
-        # before syncing it).
-        for d in reversed(missing or [data_dir]):
-            _fsync_dir(d.parent)
+        # Every directory entry on the way to the log made durable: each one created
+        # now, and data_dir's own (an earlier open may have crashed before syncing it).
+        mkdir_durably(data_dir)
         self._lock_fd = _acquire_lock(data_dir)
         try:
             self._load_locked()
@@ -1175,38 +1174,6 @@ def _as_bytes(data: object, path: str) -> bytes:
     if isinstance(data, bytearray | memoryview):
         return bytes(data)
     raise TypeError(f"node data for {path!r} must be bytes, not {type(data).__name__}")
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file at ``path`` and fsync it (the directory is synced later)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fdatasync(fd: int) -> None:
-    # fdatasync also flushes the file size, which is all an append needs.
-    if hasattr(os, "fdatasync"):
-        os.fdatasync(fd)
-    else:  # pragma: no cover - macOS/Windows
-        os.fsync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make renames and file creations in ``path`` durable (POSIX)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _acquire_lock(data_dir: Path) -> int:
