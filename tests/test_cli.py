@@ -176,7 +176,7 @@ def test_admin_commands_print_tables_and_json(broker_process):
     described = json.loads(ok("topics", "describe", "orders", "--json", "-b", bootstrap))
     # (the topic's id, kept by add-partitions, is checked in test_cli_data.py, its configs too)
     assert described[0].pop("topic_id") and described[0].pop("topic_uuid")
-    assert described[0].pop("configs")
+    configs = described[0].pop("configs")
     assert described == [
         {
             "topic": "orders",
@@ -186,7 +186,7 @@ def test_admin_commands_print_tables_and_json(broker_process):
             ],
         }
     ]
-    assert described[0]["configs"]["cleanup.policy"] == "delete"
+    assert configs["cleanup.policy"] == "delete"
     ok("groups", "create", "g", "-b", bootstrap)
     listed = json.loads(ok("groups", "list", "--json", "-b", bootstrap))
     assert listed == [{"group": "g", "state": "EMPTY", "generation": 0, "members": 0}]
