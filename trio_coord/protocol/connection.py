@@ -205,7 +205,10 @@ class Connection:
         return response.body
 
     async def _send(self, frame: Request | Response | Goodbye) -> None:
-        await self._lock_sending()
+        if self._sending:
+            await self._lock_sending()
+        else:  # (uncontended: no coroutine; cancellation is checked just below)
+            self._sending = True
         try:
             data = self._codec.encode(frame)
             # An uncontended lock lets a cancelled task through; send_all would raise
