@@ -64,6 +64,17 @@ def test_heartbeat_bench_open_loop_quick_json() -> None:
     assert result["held"] == params["members"], result
 
 
+def test_assign_bench_quick_json() -> None:
+    """The assignment benchmark times both assignors in every case, and the baseline."""
+    result = run_quick("assign.py")
+    assert result["params"]["quick"] is True
+    assert result["baseline_ms"] > 0
+    for name in ("range", "uniform"):
+        for case in ("fresh", "leave", "join"):
+            assert result["ms"][name][case] > 0, result["ms"]
+            assert math.isfinite(result["ratio"][name][case]), result["ratio"]
+
+
 @pytest.mark.slow
 def test_rebalance_bench_quick() -> None:
     """The quick rebalance benchmark reports every measure, within sanity bounds of S.
