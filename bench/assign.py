@@ -10,13 +10,17 @@ theirs). The baseline, in the same run, is building the answer alone: a dict
 of N lists holding P new ``TopicPartition`` structs in order, the least any
 assignor must do; the ratios assignor/baseline are what travel between
 machines. Each figure is the median of R rounds, in this process (the
-assignors are pure functions: no broker, no I/O). Issue #14's goal is 100 ms
+assignors are pure functions: no broker, no I/O), with the cyclic collector
+paused as a coordinator runs an assignor (``collector_paused``); the
+baseline too. ``--collector`` runs them with it on instead, as an
+application calling ``assign`` itself would. Issue #14's goal is 100 ms
 at 10,000 members x 100,000 partitions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -32,6 +36,7 @@ from trio_coord.core.assignors import (
     MemberSpec,
     RangeAssignor,
     UniformAssignor,
+    collector_paused,
 )
 from trio_coord.protocol.messages import TopicPartition
 
@@ -62,6 +67,8 @@ class Params:
     partitions: int = 100_000
     rounds: int = 5
     quick: bool = False
+    collector: bool = False
+    """Leave the cyclic collector on while timing (a coordinator pauses it)."""
 
 
 QUICK = Params(members=50, partitions=500, rounds=2, quick=True)
@@ -92,12 +99,13 @@ def _baseline(ids: Sequence[str], partitions: int) -> Assignment:
     return result
 
 
-def _median_seconds(call: Callable[[], object], rounds: int) -> float:
+def _median_seconds(call: Callable[[], object], rounds: int, collector: bool) -> float:
     times = []
     for _ in range(rounds):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
+        with contextlib.nullcontext() if collector else collector_paused():
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
     return statistics.median(times)
 
 
@@ -105,7 +113,9 @@ def measure(params: Params) -> dict[str, Any]:
     """Time every assignor in every case, and the baseline; the JSON-ready result."""
     ids = _member_ids(params.members)
     fresh = _spec(ids, params.partitions)
-    baseline = _median_seconds(lambda: _baseline(ids, params.partitions), params.rounds)
+    baseline = _median_seconds(
+        lambda: _baseline(ids, params.partitions), params.rounds, params.collector
+    )
     figures: dict[str, dict[str, float]] = {}
     for assignor in ASSIGNORS:
         first = assignor.assign(fresh)
@@ -115,7 +125,10 @@ def measure(params: Params) -> dict[str, Any]:
             "join": _spec([*ids, "n-000000"], params.partitions, first),
         }
         figures[assignor.name] = {
-            case: _median_seconds(partial(assignor.assign, specs[case]), params.rounds) * 1000
+            case: _median_seconds(
+                partial(assignor.assign, specs[case]), params.rounds, params.collector
+            )
+            * 1000
             for case in CASES
         }
     return {
@@ -140,7 +153,8 @@ def render(result: dict[str, Any]) -> str:
     p = result["params"]
     lines = [
         f"assign: {p['members']:,} members x {p['partitions']:,} partitions (one topic), "
-        f"median of {p['rounds']}; {p['cpus']} CPUs, load average {p['load_average']}",
+        f"median of {p['rounds']}, collector {'on' if p['collector'] else 'paused'}; "
+        f"{p['cpus']} CPUs, load average {p['load_average']}",
         f"baseline (building the answer alone): {result['baseline_ms']:.1f} ms",
         "",
     ]
@@ -171,10 +185,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"CI smoke preset: {QUICK.members} x {QUICK.partitions}",
     )
+    parser.add_argument(
+        "--collector",
+        action="store_true",
+        help="leave the cyclic garbage collector on while timing (a coordinator pauses it)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     params = chosen_params(
-        args, QUICK if args.quick else Params(), ("members", "partitions", "rounds")
+        args,
+        QUICK if args.quick else Params(),
+        ("members", "partitions", "rounds"),
+        collector=args.collector,
     )
     if params.members < 2 or params.partitions < 1 or params.rounds < 1:
         print("members must be >= 2, partitions and rounds >= 1", file=sys.stderr)
