@@ -140,9 +140,10 @@ class FrameReader:
     async def _fill(self, needed: int) -> bool:
         """Receive until the buffer holds ``needed`` bytes; False at end of stream."""
         while len(self._buf) < needed:
-            if not self._buf and self._socket is not None:
+            if not self._buf and self._socket is not None and self._socket.fileno() >= 0:
                 # Idle between frames: wait here, where the chain of suspended
-                # coroutines is short (see the module docstring).
+                # coroutines is short (see the module docstring). (A socket closed
+                # already is left to receive_some: it raises ClosedResourceError.)
                 await trio.lowlevel.wait_readable(self._socket)
             chunk = await self._stream.receive_some(max(_RECEIVE_CHUNK, needed - len(self._buf)))
             if not chunk:
