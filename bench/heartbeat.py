@@ -57,6 +57,7 @@ from typing import Any
 
 import trio
 
+from trio_coord.broker._gc import CollectorKeeper
 from trio_coord.broker.server import open_broker
 from trio_coord.client.admin import open_admin
 from trio_coord.protocol.connection import Connection, RequestHandler, open_connection
@@ -233,8 +234,16 @@ async def _echo_connection(stream: trio.SocketStream) -> None:
 
 
 async def serve_echo() -> None:
-    """Run the baseline echo server, print ``port N``, and run until stdin closes."""
+    """Run the baseline echo server, print ``port N``, and run until stdin closes.
+
+    Its collector is kept as the broker's is (``tune_gc``: a server's
+    thresholds, long-lived objects frozen): with CPython's defaults the echo
+    server pays young collections that grow with the number of connections
+    (each waiting reader's fresh coroutines), and the ratio would flatter
+    the broker.
+    """
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(CollectorKeeper(settle=0.0, freeze_every=1.0).run)
         listeners = await nursery.start(partial(trio.serve_tcp, _echo_connection, 0, host=HOST))
         say("port", listeners[0].socket.getsockname()[1])
         await _until_stdin_closes()
