@@ -279,6 +279,9 @@ async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[st
         "on_event": on_event,
         "max_group_size": max(1000, params.members + 1),  # (each join adds one at a time)
         "max_connections_per_ip": params.members + 100,  # every member is on 127.0.0.1
+        # As `trio-coord broker` runs: a server's collector (its members share this
+        # process, and so the collector's walks, with the broker).
+        "tune_gc": True,
     }
     async with open_broker(workdir, HOST, 0, **settings) as broker:
         await broker.topics.create_topic("churn", params.partitions)

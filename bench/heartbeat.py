@@ -17,16 +17,33 @@ warm-up the completions inside the measured window give heartbeats/s and
 latency percentiles. The same load code sends the same HeartbeatRequest frames
 to the echo server, so the only difference between the two rows is the
 broker's work; the ratios (broker/echo) are what travel between machines.
+
+``--open-loop [--interval S] [--step K] [--p99-limit MS]`` asks another
+question: how many members can one broker hold? Members heartbeat as real
+ones do, each on its own timer (every S seconds, 3 by default, with ±10%
+jitter, the first at a random point of the first interval), whatever the
+latency: a late answer does not delay the next heartbeat, and latency counts
+from when a heartbeat was due, so a stalled broker cannot hide its stall
+(no coordinated omission). The group grows by K members a step, up to
+``--members``; after each step forms (and stays stable), one window of
+``--duration`` seconds is measured. The ramp stops at the first step whose
+p99 passes the limit (50 ms) or that has errors; the report is one row per
+step and the largest group held within the limit. No echo baseline: the
+limit is absolute; instead each row says how late the load processes
+themselves woke for a heartbeat due (p99): on a busy machine that, not the
+broker, may be most of the latency.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
+import gc
 import json
 import logging
 import math
 import os
+import random
 import sys
 import tempfile
 import time
@@ -40,9 +57,10 @@ from typing import Any
 
 import trio
 
+from trio_coord.broker._gc import CollectorKeeper
 from trio_coord.broker.server import open_broker
 from trio_coord.client.admin import open_admin
-from trio_coord.protocol.connection import RequestHandler, open_connection
+from trio_coord.protocol.connection import Connection, RequestHandler, open_connection
 from trio_coord.protocol.errors import ConnectionClosedError, CoordError, ErrorCode
 from trio_coord.protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -110,6 +128,19 @@ class Params:
     warmup: float = 1.0
     session_timeout: float = 30.0
     quick: bool = False
+    open_loop: bool = False
+    """Members heartbeat on their own timers; ramp the group up (see the module docstring)."""
+    interval: float = 3.0
+    """Open loop: seconds between one member's heartbeats (±10% jitter)."""
+    step: int = 0
+    """Open loop: members added per step (0: a fifth of ``members``)."""
+    p99_limit_ms: float = 50.0
+    """Open loop: the ramp stops at the first step whose p99 passes this."""
+
+    def steps(self) -> list[int]:
+        """Open loop: the group size after each step of the ramp."""
+        step = self.step or max(1, math.ceil(self.members / 5))
+        return [min(n, self.members) for n in range(step, self.members + step, step)]
 
     def split(self) -> list[tuple[int, int]]:
         """(first member index, member count) of each load process."""
@@ -123,6 +154,16 @@ class Params:
 
 
 QUICK = Params(members=16, processes=1, duration=1.0, warmup=0.3, quick=True)
+QUICK_OPEN = Params(
+    members=16,
+    processes=1,
+    duration=1.0,
+    warmup=0.0,
+    quick=True,
+    open_loop=True,
+    interval=0.3,
+    step=8,
+)
 """The ``--quick`` preset: small enough for a CI smoke test (a few seconds in all)."""
 
 
@@ -193,8 +234,16 @@ async def _echo_connection(stream: trio.SocketStream) -> None:
 
 
 async def serve_echo() -> None:
-    """Run the baseline echo server, print ``port N``, and run until stdin closes."""
+    """Run the baseline echo server, print ``port N``, and run until stdin closes.
+
+    Its collector is kept as the broker's is (``tune_gc``: a server's
+    thresholds, long-lived objects frozen): with CPython's defaults the echo
+    server pays young collections that grow with the number of connections
+    (each waiting reader's fresh coroutines), and the ratio would flatter
+    the broker.
+    """
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(CollectorKeeper(settle=0.0, freeze_every=1.0).run)
         listeners = await nursery.start(partial(trio.serve_tcp, _echo_connection, 0, host=HOST))
         say("port", listeners[0].socket.getsockname()[1])
         await _until_stdin_closes()
@@ -262,6 +311,30 @@ class _Load:
         self.go.set()
 
 
+async def _join_group(
+    conn: Connection, spec: dict[str, Any], client_id: str, handler: _MemberHandler
+) -> str:
+    """Join the bench group as a new member; return its id once its fetchers are started."""
+    member_id = ""
+    for _ in range(2):  # a new member is given its id first, then joins with it
+        joined = await conn.request(
+            JoinGroupRequest(
+                GROUP,
+                member_id,
+                [TOPIC],
+                spec["session_timeout_ms"],
+                spec["session_timeout_ms"],
+                ["range"],
+                auto_commit=False,
+                client_id=client_id,
+            )
+        )
+        assert isinstance(joined, JoinGroupResponse)
+        member_id = joined.member_id
+    await handler.started.wait()
+    return member_id
+
+
 async def _member(load: _Load, index: int) -> None:
     spec = load.spec
     broker = spec["mode"] == "broker"
@@ -269,23 +342,7 @@ async def _member(load: _Load, index: int) -> None:
     handler = _MemberHandler(load)
     async with open_connection(spec["host"], spec["port"], handler) as conn:
         if broker:
-            member_id = ""
-            for _ in range(2):  # a new member is given its id first, then joins with it
-                joined = await conn.request(
-                    JoinGroupRequest(
-                        GROUP,
-                        member_id,
-                        [TOPIC],
-                        spec["session_timeout_ms"],
-                        spec["session_timeout_ms"],
-                        ["range"],
-                        auto_commit=False,
-                        client_id=client_id,
-                    )
-                )
-                assert isinstance(joined, JoinGroupResponse)
-                member_id = joined.member_id
-            await handler.started.wait()
+            member_id = await _join_group(conn, spec, client_id, handler)
         else:  # the same shape of id the broker hands out, so the frames are the same size
             member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
             handler.generation = 1
@@ -340,10 +397,12 @@ async def run_load(spec: dict[str, Any]) -> None:
     after the measurement. Exits early if stdin closes before ``go``.
     """
     load = _Load(spec)
+    _tune_gc()
     async with trio.open_nursery() as nursery:
         for i in range(spec["count"]):
             nursery.start_soon(_member, load, spec["first"] + i)
         await load.all_ready.wait()
+        _freeze()
         say("ready")
         if (await read_stdin_line()).strip() != "go":
             nursery.cancel_scope.cancel()
@@ -365,6 +424,138 @@ async def run_load(spec: dict[str, Any]) -> None:
         say("done", json.dumps(report))
         await _until_stdin_closes()
         load.release.set()
+
+
+def _tune_gc() -> None:
+    """A load process holds thousands of members: collect as the broker does (tune_gc).
+
+    Otherwise its own full collections (a quarter of a second at a few
+    thousand members) stall every member at once, and the latency measured
+    is the load's, not the broker's.
+    """
+    gc.set_threshold(50_000, 20, 100)
+
+
+def _freeze() -> None:
+    """Every member is ready: what they hold lives until the end (out of the collector's walks)."""
+    gc.collect()
+    gc.freeze()
+
+
+# -- the open-loop load process -----------------------------------------------------------
+
+_JITTER = 0.1  # a member's interval varies by this fraction either way
+
+
+class _OpenLoad(_Load):
+    """An open-loop load process: members added on command, heartbeating on their own timers."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.wanted = 0  # members asked for so far
+        self.in_window = 0  # heartbeats due in the window (answered or not)
+        self.lags = array.array("d")  # how late the load itself woke for a heartbeat due
+
+    def member_ready(self) -> None:
+        self.ready += 1
+        if self.ready == self.wanted:
+            self.all_ready.set()
+
+    def add(self, count: int) -> None:
+        self.wanted += count
+        self.all_ready = trio.Event()
+
+
+async def _open_member(load: _OpenLoad, index: int) -> None:
+    """One member: join, then heartbeat every interval (jittered) until the process ends.
+
+    A heartbeat's latency counts from when it was due, not from when it was
+    sent: a member that fell behind (its previous answer came late) sends at
+    once, and its lateness is measured.
+    """
+    spec = load.spec
+    interval = spec["interval"]
+    rng = random.Random(index)
+    handler = _MemberHandler(load)
+    async with open_connection(spec["host"], spec["port"], handler) as conn:
+        member_id = await _join_group(conn, spec, f"bench-{index:05d}", handler)
+        load.member_ready()
+        clock = time.perf_counter
+        due = clock() + rng.uniform(0, interval)
+        while True:
+            await trio.sleep(max(0.0, due - clock()))
+            start, end = load.window
+            counted = start <= due < end
+            if counted:
+                load.in_window += 1
+                load.lags.append(clock() - due)
+            heartbeat = HeartbeatRequest(GROUP, member_id, handler.generation)
+            try:
+                await conn.request(heartbeat)
+            except ConnectionClosedError:
+                load.lost += 1
+                return
+            except CoordError:  # (a rebalance under way: the next heartbeat says more)
+                if counted:
+                    load.errors += 1
+            else:
+                if counted:
+                    load.samples.append(clock() - due)
+            due += interval * rng.uniform(1 - _JITTER, 1 + _JITTER)
+
+
+async def run_open_load(spec: dict[str, Any]) -> None:
+    """One open-loop load process, driven by lines on stdin until stdin closes.
+
+    ``add FIRST COUNT``: start members FIRST.. (COUNT of them); prints
+    ``ready`` once all members so far are started. ``measure SECONDS``: the
+    heartbeats due in the next SECONDS are the window; once they are
+    answered (or after a grace), writes their latencies to ``spec["out"]``
+    and prints ``measured {json}``.
+    """
+    load = _OpenLoad(spec)
+    _tune_gc()
+    async with trio.open_nursery() as nursery:
+        while line := (await read_stdin_line()).strip():
+            command, *args = line.split()
+            if command == "add":
+                first, count = int(args[0]), int(args[1])
+                load.add(count)
+                for index in range(first, first + count):
+                    nursery.start_soon(_open_member, load, index)
+                await load.all_ready.wait()
+                _freeze()
+                say("ready")
+            elif command == "measure":
+                duration = float(args[0])
+                load.samples, load.lags = array.array("d"), array.array("d")
+                load.errors = load.lost = load.pushes = load.in_window = 0
+                start = time.perf_counter()
+                load.window = (start, start + duration)
+                cpu = time.process_time()
+                await trio.sleep(duration)
+                cpu = time.process_time() - cpu
+                # Heartbeats due in the window may still be on their way: wait for them
+                # (bounded: one still unanswered is counted late).
+                grace_end = time.perf_counter() + max(1.0, spec["interval"])
+                while time.perf_counter() < grace_end:
+                    if len(load.samples) + load.errors + load.lost >= load.in_window:
+                        break
+                    await trio.sleep(0.05)
+                unanswered = load.in_window - len(load.samples) - load.errors
+                await trio.Path(spec["out"]).write_bytes(load.samples.tobytes())
+                report = {
+                    "requests": len(load.samples),
+                    "due": load.in_window,
+                    "errors": load.errors,
+                    "unanswered": max(0, unanswered),
+                    "lost": load.lost,
+                    "cpu": cpu / duration,
+                    "pushes": load.pushes,
+                    "wake_lag_p99_ms": latency_summary(load.lags)["p99"],
+                }
+                say("measured", json.dumps(report))
+        nursery.cancel_scope.cancel()
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -531,6 +722,164 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
     }
 
 
+async def run_open_loop(params: Params) -> dict[str, Any]:
+    """Ramp an open-loop group up step by step until p99 passes the limit; the JSON result."""
+    load_before = _load_average()
+    steps: list[dict[str, Any]] = []
+    stopped = f"reaching --members ({params.members})"
+    with tempfile.TemporaryDirectory(prefix="trio-coord-bench-") as tmp:
+        workdir = Path(tmp)
+        server_argv = python_module(
+            _MODULE,
+            "--serve-broker",
+            str(workdir / "broker-data"),
+            "--members",
+            str(params.members),
+        )
+        async with spawn(server_argv, "broker-server", workdir) as server:
+            with server.within(30.0, "print its port"):
+                port = int(await server.expect("port "))
+            bootstrap = f"{HOST}:{port}"
+            async with open_admin(bootstrap) as admin:
+                await admin.create_topic(TOPIC, params.members)
+            spec = _load_spec("broker", params, port, 0, 0)
+            spec["interval"] = params.interval
+            loads = []
+            async with AsyncExitStack() as stack:
+                for i in range(params.processes):
+                    out = str(workdir / f"open-load-{i}.latencies")
+                    argv = python_module(_MODULE, "--open-load", json.dumps({**spec, "out": out}))
+                    child = await stack.enter_async_context(spawn(argv, f"open-load-{i}", workdir))
+                    loads.append((out, child))
+                rss_before = process_rss_bytes(server.pid)
+                held = 0
+                for size in params.steps():
+                    row = await _open_step(params, server, bootstrap, loads, size, held)
+                    rss = process_rss_bytes(server.pid)
+                    if rss is not None and rss_before is not None:
+                        row["rss_per_member_bytes"] = (rss - rss_before) / size
+                    steps.append(row)
+                    if row["p99_ms"] > params.p99_limit_ms or row["errors"] or row["unanswered"]:
+                        stopped = f"p99 or errors at {size} members"
+                        break
+                    held = size
+                await server.stop()
+    return {
+        "bench": "heartbeat-open-loop",
+        "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_before},
+        "steps": steps,
+        "held": held,
+        "stopped_by": stopped,
+    }
+
+
+async def _open_step(
+    params: Params, server: Any, bootstrap: str, loads: list[Any], size: int, before: int
+) -> dict[str, Any]:
+    """Grow the open-loop group from ``before`` to ``size`` members and measure one window."""
+    began = trio.current_time()
+    share, extra = divmod(size - before, len(loads))
+    first = before
+    for i, (_, load) in enumerate(loads):
+        count = share + (1 if i < extra else 0)
+        await load.send_line(f"add {first} {count}")
+        first += count
+    ready_timeout = 30.0 + 0.05 * size
+    for _, load in loads:
+        with load.within(ready_timeout, f"get its members of {size} started"):
+            await load.expect("ready")
+    watch = _StableWatch(bootstrap, size)
+    generation = None
+    with trio.move_on_after(ready_timeout):
+        generation = await watch.wait()
+    if generation is None:
+        raise BenchError(
+            f"the group did not become stable with {size} members in {ready_timeout:g} s "
+            f"(last seen: {watch.seen}); broker stderr:\n{server.stderr_tail() or '(nothing)'}"
+        )
+    formed_s = trio.current_time() - began
+    await trio.sleep(params.interval)  # every member's timer is past its random start
+    cpu_before, t_before = process_cpu_seconds(server.pid), trio.current_time()
+    for _, load in loads:
+        await load.send_line(f"measure {params.duration}")
+    reports = []
+    for _, load in loads:
+        with load.within(params.duration + params.interval + 30.0, "report its window"):
+            reports.append(json.loads(await load.expect("measured ")))
+    cpu_after, t_after = process_cpu_seconds(server.pid), trio.current_time()
+    samples = array.array("d")
+    for out, _ in loads:
+        samples.frombytes(await trio.Path(out).read_bytes())
+    latency = latency_summary(samples)
+    server_cpu = None
+    if cpu_before is not None and cpu_after is not None:
+        server_cpu = (cpu_after - cpu_before) / (t_after - t_before)
+    return {
+        "members": size,
+        "formed_s": formed_s,
+        "generation": generation,
+        "heartbeats_per_s": len(samples) / params.duration,
+        "p50_ms": latency["p50"],
+        "p99_ms": latency["p99"] if samples else math.inf,
+        "latency_ms": latency,
+        "errors": sum(r["errors"] for r in reports),
+        "unanswered": sum(r["unanswered"] for r in reports),
+        "lost_connections": sum(r["lost"] for r in reports),
+        "pushes_in_window": sum(r["pushes"] for r in reports),
+        "server_cpu": server_cpu,
+        "load_cpu": [r["cpu"] for r in reports],
+        # The load's own lateness: a heartbeat due at t was sent this late (p99, worst load
+        # process). When it is near p99_ms, the machine, not the broker, set the latency.
+        "load_wake_lag_p99_ms": max(r["wake_lag_p99_ms"] for r in reports),
+    }
+
+
+def render_open(result: dict[str, Any]) -> str:
+    """The open-loop result: one row per step, then the largest group held within the limit."""
+    p = result["params"]
+    lines = [
+        f"heartbeat, open loop: each member every {p['interval']:g} s (±{_JITTER:.0%}); "
+        f"{p['processes']} load process(es), {p['cpus']} CPUs, load average "
+        f"{p['load_average']}; {p['duration']:g} s window per step",
+        "",
+    ]
+    rows = [
+        [
+            f"{r['members']:,}",
+            f"{r['formed_s']:.1f}",
+            f"{r['heartbeats_per_s']:,.0f}",
+            f"{r['p50_ms']:.2f}",
+            f"{r['p99_ms']:.2f}",
+            _percent(r["server_cpu"]),
+            "-"
+            if r.get("rss_per_member_bytes") is None
+            else f"{r['rss_per_member_bytes'] / 1024:.1f}",
+            " ".join(_percent(c) for c in r["load_cpu"]),
+            f"{r['load_wake_lag_p99_ms']:.2f}",
+            r["errors"] + r["unanswered"],
+        ]
+        for r in result["steps"]
+    ]
+    headers = [
+        "members",
+        "formed s",
+        "heartbeats/s",
+        "p50 ms",
+        "p99 ms",
+        "broker CPU",
+        "KiB/member",
+        "load CPU",
+        "load lag p99 ms",
+        "errors",
+    ]
+    lines.append(format_table(headers, rows))
+    lines.append(
+        f"held {result['held']:,} members with p99 <= {p['p99_limit_ms']:g} ms "
+        f"(stopped by {result['stopped_by']})"
+    )
+    return "\n".join(lines)
+
+
 def _load_average() -> float | None:
     """The machine's 1-minute load average before the run (others' work skews the figures)."""
     try:
@@ -643,35 +992,78 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"CI smoke preset: {QUICK.members} members, {QUICK.duration:g} s",
     )
+    parser.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="members heartbeat on their own timers; ramp the group up until p99 passes "
+        "--p99-limit (how many members one broker holds)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        help=f"open loop: seconds between a member's heartbeats (default {defaults.interval:g})",
+    )
+    parser.add_argument(
+        "--step", type=int, help="open loop: members added per step (default: members / 5)"
+    )
+    parser.add_argument(
+        "--p99-limit",
+        dest="p99_limit_ms",
+        type=float,
+        help=f"open loop: the p99 in ms that ends the ramp (default {defaults.p99_limit_ms:g})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     internal = argparse.SUPPRESS
     parser.add_argument("--serve-broker", metavar="DIR", help=internal)
     parser.add_argument("--serve-echo", action="store_true", help=internal)
     parser.add_argument("--load", metavar="SPEC", help=internal)
+    parser.add_argument("--open-load", metavar="SPEC", help=internal)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 if the benchmark could not run)."""
     args = _parse(argv)
-    if args.serve_broker or args.serve_echo or args.load:
+    if args.serve_broker or args.serve_echo or args.load or args.open_load:
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
         if args.serve_broker:
             trio.run(serve_broker, args.serve_broker, args.members)
         elif args.serve_echo:
             trio.run(serve_echo)
+        elif args.open_load:
+            trio.run(run_open_load, json.loads(args.open_load))
         else:
             trio.run(run_load, json.loads(args.load))
         return 0
+    preset = Params()
+    if args.quick:
+        preset = QUICK_OPEN if args.open_loop else QUICK
     params = chosen_params(
         args,
-        QUICK if args.quick else Params(),
-        ("members", "processes", "duration", "warmup", "session_timeout"),
+        preset,
+        (
+            "members",
+            "processes",
+            "duration",
+            "warmup",
+            "session_timeout",
+            "interval",
+            "step",
+            "p99_limit_ms",
+        ),
+        open_loop=args.open_loop,
     )
     if params.members < 1 or params.processes < 1 or params.duration <= 0 or params.warmup < 0:
         print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)
         return 2
+    if params.interval <= 0 or params.step < 0 or params.p99_limit_ms <= 0:
+        print("interval and p99 limit must be > 0, step >= 0", file=sys.stderr)
+        return 2
     params = replace(params, processes=min(params.processes, params.members))
+    if params.open_loop:
+        return run_and_report(
+            "heartbeat", run_open_loop, params, as_json=args.json, render=render_open
+        )
     return run_and_report("heartbeat", run_benchmark, params, as_json=args.json, render=render)
 
 

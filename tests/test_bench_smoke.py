@@ -19,10 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_quick(script: str, timeout: float = 60) -> dict:
-    """Run ``bench/SCRIPT --quick --json`` and return its JSON result."""
+def run_quick(script: str, *options: str, timeout: float = 60) -> dict:
+    """Run ``bench/SCRIPT --quick --json [OPTIONS]`` and return its JSON result."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick", "--json"],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--json", *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -46,6 +46,33 @@ def test_heartbeat_bench_quick_json() -> None:
         value = result["ratio"][name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
     assert result["params"]["quick"] is True
+
+
+@pytest.mark.slow
+def test_heartbeat_bench_open_loop_quick_json() -> None:
+    """The open-loop ramp grows the group step by step and says how many members it held."""
+    result = run_quick("heartbeat.py", "--open-loop")
+    params = result["params"]
+    assert params["open_loop"] is True and params["quick"] is True
+    steps = result["steps"]
+    assert [s["members"] for s in steps] == [params["step"], params["members"]], steps
+    for step in steps:
+        assert step["heartbeats_per_s"] > 0, step
+        assert 0 < step["p50_ms"] <= step["p99_ms"], step
+        assert step["errors"] == 0 and step["unanswered"] == 0, step
+    # 16 members heartbeating every 0.3 s: far below any limit, on any machine.
+    assert result["held"] == params["members"], result
+
+
+def test_assign_bench_quick_json() -> None:
+    """The assignment benchmark times both assignors in every case, and the baseline."""
+    result = run_quick("assign.py")
+    assert result["params"]["quick"] is True
+    assert result["baseline_ms"] > 0
+    for name in ("range", "uniform"):
+        for case in ("fresh", "leave", "join"):
+            assert result["ms"][name][case] > 0, result["ms"]
+            assert math.isfinite(result["ratio"][name][case]), result["ratio"]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ within what each strategy promises.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -27,9 +28,11 @@ from trio_coord.core.assignors import (
     RangeAssignor,
     RoundRobinAssignor,
     choose_assignor,
+    collector_paused,
     make_registry,
     validate_assignment,
 )
+from trio_coord.core.group import AssignmentInput, Group
 from trio_coord.protocol.messages import TopicPartition as TP
 
 
@@ -479,3 +482,31 @@ def test_registry_refuses_an_object_without_assign() -> None:
 
     with pytest.raises(ValueError, match="'lazy' has no assign"):
         make_registry([NoAssign()])  # type: ignore[list-item]
+
+
+def test_a_coordinator_runs_an_assignor_with_the_collector_paused() -> None:
+    # An assignment allocates much and frees nothing until it returns: collections during
+    # it walk tens of thousands of live containers for nothing (#14). A coordinator runs
+    # it with the collector off, and leaves the collector as it found it.
+    seen: list[bool] = []
+
+    class Spy:
+        name = "spy"
+
+        def assign(self, spec: GroupSpec) -> dict[str, list[TP]]:
+            seen.append(gc.isenabled())
+            return RangeAssignor().assign(spec)
+
+    spec = GroupSpec({"a": MemberSpec("a", frozenset({"t"}))}, {"t": 3})
+    group = Group("g", now=0.0)
+    assert gc.isenabled()
+    assignment = group.compute_assignment(AssignmentInput("spy", spec), {"spy": Spy()})
+    assert assignment == {"a": [TP("t", 0), TP("t", 1), TP("t", 2)]}
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # an application that runs with the collector off keeps it off
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

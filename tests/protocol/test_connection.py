@@ -592,9 +592,10 @@ async def test_a_request_cancelled_before_its_first_byte_leaves_the_connection_o
                 await a.request(HeartbeatRequest("g", "m", 1))
 
         async with trio.open_nursery() as nursery:
-            async with a._send_lock:
-                nursery.start_soon(push)
-                await trio.testing.wait_all_tasks_blocked()  # push waits for the lock
+            await a._lock_sending()
+            nursery.start_soon(push)
+            await trio.testing.wait_all_tasks_blocked()  # push waits for the lock
+            a._unlock_sending()
             scope.cancel()  # the lock is already push's, it has not run since
         assert scope.cancelled_caught
         assert not a.closed

@@ -338,3 +338,31 @@ async def test_encoded_frames_are_refused_by_a_reader_with_a_smaller_limit() -> 
     stream.put_data(wire)
     with pytest.raises(FrameTooLargeError):
         await FrameReader(stream, len(wire) - HEADER_SIZE - 1).read_frame()
+
+
+async def test_a_tcp_reader_waits_for_readability_and_reports_a_closed_socket() -> None:
+    # Between frames a reader on TCP waits for the socket before it receives (a broker's
+    # idle connections suspend less that way). A frame arriving in two pieces is read
+    # whole; a stream closed locally before the next read is ClosedResourceError, as
+    # receive_some says it, not an error of the wait.
+    frame = FrameCodec().encode(Request(1, HeartbeatRequest("g", "m", 1)))
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, _send_in_two_pieces(frame), 0)
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        reader = FrameReader(stream, DEFAULT_MAX_FRAME_SIZE)
+        assert await reader.read_frame() == frame[HEADER_SIZE:]
+        await stream.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await reader.read_frame()
+        nursery.cancel_scope.cancel()
+
+
+def _send_in_two_pieces(frame: bytes):  # (the handler trio.serve_tcp runs per connection)
+    async def serve(stream: trio.SocketStream) -> None:
+        await stream.send_all(frame[:3])
+        await trio.sleep(0.05)
+        await stream.send_all(frame[3:])
+        await trio.sleep_forever()
+
+    return serve

@@ -355,7 +355,7 @@ class Broker:
         self.max_connections = max_connections or config.max_connections or _DEFAULT_MAX_CONNECTIONS
         """The connection limit in force (``config.max_connections``, or what fits the
         file-descriptor limit: see :func:`connection_limit`)."""
-        self._codec = FrameCodec(config.max_frame_size)  # (for refusals; connections own theirs)
+        self._codec = FrameCodec(config.max_frame_size)  # (refusals, and every connection's)
         self._refused = 0
         self._refusals_logged = -math.inf
         self._services = trio.CancelScope()
@@ -612,6 +612,7 @@ class Broker:
             max_in_flight=config.max_in_flight,
             max_bytes=config.max_connection_bytes,
             shared=self._shared_bytes,
+            codec=self._codec,
         )
         conn.handler = BrokerHandler(self, conn)
         self._connections.add(conn)

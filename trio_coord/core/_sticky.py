@@ -42,7 +42,6 @@ partition it subscribes to from a member that has at least two more".
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Iterable
 
 from ..protocol.messages import TopicPartition
@@ -446,16 +445,27 @@ def _fill_by_quota(state: _State, *, spread: bool) -> None:
         state.add_many(i, keep)
     free.sort()
     # Dealt in member order, one at a time, to those below their quota: a member's share
-    # is every len(receivers)-th free partition while it stays below its quota.
+    # is every len(receivers)-th free partition while it stays below its quota. Dealt a
+    # block of whole rounds at a time (as many as the receiver wanting least still
+    # wants), by slicing: the same shares as one partition at a time, without a step
+    # per partition (100,000 of them in a large group).
     dealt: list[list[tuple[int, int]]] = [[] for _ in range(members)]
     wanted = [quota[i] - state.total[i] for i in range(members)]
-    receivers = deque(i for i in range(members) if wanted[i] > 0)
-    for tp in free:
-        i = receivers.popleft()
-        dealt[i].append(tp)
-        wanted[i] -= 1
-        if wanted[i]:
-            receivers.append(i)
+    receivers = [i for i in range(members) if wanted[i] > 0]
+    at = 0
+    while receivers and at < len(free):
+        width = len(receivers)
+        rounds = min(min(wanted[i] for i in receivers), (len(free) - at) // width)
+        if rounds == 0:  # fewer free partitions left than receivers: a last partial round
+            for i, tp in zip(receivers, free[at:], strict=False):
+                dealt[i].append(tp)
+            break
+        end = at + rounds * width
+        for k, i in enumerate(receivers):
+            dealt[i].extend(free[at + k : end : width])
+            wanted[i] -= rounds
+        at = end
+        receivers = [i for i in receivers if wanted[i] > 0]
     for i, share in enumerate(dealt):
         state.add_many(i, share)
 

@@ -47,13 +47,21 @@ place. So with identical subscriptions and nothing owned, every topic's
 partitions differ by at most one between members; per-topic balance yields
 to overall balance and to stickiness.
 docs/assignment.md explains the choices, with worked examples.
+
+An assignment of a large group builds tens of thousands of containers, all
+alive until it returns: CPython's cyclic collector, triggered every 700 of
+them, walks them again and again for nothing (at 10,000 members x 100,000
+partitions it doubled the time). A coordinator runs assignors
+:func:`collector_paused`.
 """
 
 from __future__ import annotations
 
+import gc
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from ..protocol.messages import TopicPartition
 from ._sticky import balanced_assignment
@@ -72,9 +80,26 @@ __all__ = [
     "StickyAssignor",
     "UniformAssignor",
     "choose_assignor",
+    "collector_paused",
     "make_registry",
     "validate_assignment",
 ]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block with CPython's cyclic garbage collector off (as it was, after).
+
+    For a bounded computation that allocates much and frees nothing until
+    it ends, such as an assignment: no collection could find garbage in it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _empty(spec: GroupSpec) -> Assignment:

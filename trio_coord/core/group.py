@@ -51,6 +51,7 @@ from .assignors import (
     Assignor,
     GroupSpec,
     MemberSpec,
+    collector_paused,
     validate_assignment,
 )
 from .records import (
@@ -678,7 +679,8 @@ class Group:
         self, input: AssignmentInput, available: Mapping[str, Assignor]
     ) -> Assignment:
         """Run a broker-side assignor on ``input`` and check what it returned."""
-        return self.check_assignment(input, available[input.assignor].assign(input.spec))
+        with collector_paused():  # (see the assignors module's docstring)
+            return self.check_assignment(input, available[input.assignor].assign(input.spec))
 
     def check_assignment(
         self, input: AssignmentInput, assignment: object, *, complete: bool = True

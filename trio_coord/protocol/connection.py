@@ -9,6 +9,10 @@ answered inline when the handler can do so at once (``handle_now``: a
 heartbeat is O(1) and spawns no task) and otherwise in a handler task, at most
 ``max_in_flight`` at a time (the reader stops reading beyond that, which is
 the per-connection memory bound). Writes are serialized by one lock.
+A broker holds thousands of idle connections, so an idle one is kept small:
+the broker's connections share one codec, and the write lock's parking lot,
+the in-flight limit's wait and the closed event exist only once something
+waits on them.
 Optionally (a broker's connections) each request is charged its *cost* in
 bytes (its frame, plus what its answer may hold: ``RequestHandler.cost``)
 against a per-connection :class:`~.budget.ByteBudget` and a shared one,
@@ -24,7 +28,6 @@ handler tasks are cancelled.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -112,19 +115,25 @@ class Connection:
         name: str = "",
         max_bytes: int | None = None,
         shared: ByteBudget | None = None,
+        codec: FrameCodec | None = None,
     ) -> None:
         self._stream = stream
         self.handler = handler if handler is not None else RequestHandler()
-        self._codec = FrameCodec(max_frame_size)
+        # (A codec is stateless between calls: a broker's connections share one.)
+        self._codec = codec if codec is not None else FrameCodec(max_frame_size)
         self._reader = FrameReader(stream, max_frame_size, shared)
-        self._send_lock = trio.Lock()
-        self._slots = trio.Semaphore(max_in_flight)
-        self._corr_ids = itertools.count(1)
+        self._sending = False  # the write lock: held while a frame is being sent
+        self._send_queue: trio.lowlevel.ParkingLot | None = None  # (made when contended)
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0  # handler tasks running
+        self._slot_freed: trio.Event | None = None  # (made when the reader waits for one)
+        self._last_corr_id = 0
         self._waiters: dict[int, _Waiter] = {}
-        self._closed = trio.Event()
+        self._is_closed = False
+        self._closed: trio.Event | None = None  # (made when someone waits for the close)
         self._close_reason: CoordError | None = None
-        self.name = name or _peer_name(stream)
         self.peer = _peer_name(stream)
+        self.name = name or self.peer
         self._own = None if max_bytes is None else ByteBudget(max_bytes)
         self._shared = shared
         self.last_active = trio.current_time()
@@ -133,7 +142,7 @@ class Connection:
     @property
     def max_frame_size(self) -> int:
         """The largest frame this connection sends or accepts."""
-        return self._codec.max_frame_size
+        return self._reader.max_frame_size
 
     @property
     def idle(self) -> bool:
@@ -156,10 +165,15 @@ class Connection:
     @property
     def closed(self) -> bool:
         """True once the connection has ended (for any reason)."""
-        return self._closed.is_set()
+        return self._is_closed
 
     async def wait_closed(self) -> None:
         """Return when the connection has ended."""
+        if self._is_closed:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._closed is None:
+            self._closed = trio.Event()
         await self._closed.wait()
 
     # -- outgoing ----------------------------------------------------------
@@ -174,7 +188,7 @@ class Connection:
         """
         if self._close_reason is not None:
             raise type(self._close_reason)(str(self._close_reason))
-        corr_id = next(self._corr_ids)
+        self._last_corr_id = corr_id = self._last_corr_id + 1
         waiter = _Waiter()
         self._waiters[corr_id] = waiter
         try:
@@ -191,7 +205,11 @@ class Connection:
         return response.body
 
     async def _send(self, frame: Request | Response | Goodbye) -> None:
-        async with self._send_lock:
+        if self._sending:
+            await self._lock_sending()
+        else:  # (uncontended: no coroutine; cancellation is checked just below)
+            self._sending = True
+        try:
             data = self._codec.encode(frame)
             # An uncontended lock lets a cancelled task through; send_all would raise
             # Cancelled before its first byte, and the handler below, unable to tell,
@@ -208,6 +226,29 @@ class Connection:
                 self._fail(ConnectionClosedError(f"a send to {self.name} was interrupted"))
                 await trio.aclose_forcefully(self._stream)
                 raise
+        finally:
+            self._unlock_sending()
+
+    async def _lock_sending(self) -> None:
+        """Take the write lock, first come first served (a ``trio.Lock``, made cheap).
+
+        Uncontended (nearly always), it is a flag; a parking lot is made the
+        first time a second writer must wait, and the lock is handed straight
+        to the first waiter on release.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._sending:
+            self._sending = True
+            return
+        if self._send_queue is None:
+            self._send_queue = trio.lowlevel.ParkingLot()
+        await self._send_queue.park()  # (woken holding the lock: see _unlock_sending)
+
+    def _unlock_sending(self) -> None:
+        if self._send_queue:
+            self._send_queue.unpark()  # the lock passes to the first waiter
+        else:
+            self._sending = False
 
     # -- the reader --------------------------------------------------------
 
@@ -253,10 +294,7 @@ class Connection:
                 self._discharge((0, self._reader.taken))
                 self._reader.taken = 0
             if isinstance(frame, Response):
-                waiter = self._waiters.get(frame.corr_id)
-                if waiter is not None and not waiter.done.is_set():
-                    waiter.response = frame
-                    waiter.done.set()
+                self._answered(frame)
             elif isinstance(frame, Request):
                 charge = self._charge_now(len(body), frame.body)  # (no coroutine, usually)
                 if charge is None:
@@ -268,6 +306,15 @@ class Connection:
                 log.warning("%s said goodbye: %s: %s", self.name, type(reason).__name__, reason)
                 self._fail(reason)
                 return
+            # An idle connection waits for its next frame holding nothing of the last.
+            body = frame = charge = None  # type: ignore[assignment]
+
+    def _answered(self, response: Response) -> None:
+        """Wake the request waiting for ``response`` (if it still waits)."""
+        waiter = self._waiters.get(response.corr_id)
+        if waiter is not None and not waiter.done.is_set():
+            waiter.response = response
+            waiter.done.set()
 
     def _charge_now(self, size: int, body: RequestBody) -> tuple[int, int] | None:
         """:meth:`_charge` when no budget makes it wait (the common case); else None."""
@@ -319,7 +366,11 @@ class Connection:
             except Exception as exc:
                 return await self._reply_error(request.corr_id, exc)
             if body is None:
-                await self._slots.acquire()
+                while self._in_flight >= self._max_in_flight:  # (stop reading meanwhile)
+                    if self._slot_freed is None:
+                        self._slot_freed = trio.Event()
+                    await self._slot_freed.wait()
+                self._in_flight += 1
                 nursery.start_soon(self._handle_in_task, request, charge)
                 charge = (0, 0)  # the task gives it back
                 return True
@@ -336,7 +387,10 @@ class Connection:
             else:
                 await self._reply(request.corr_id, body)
         finally:
-            self._slots.release()
+            self._in_flight -= 1
+            if self._slot_freed is not None:
+                self._slot_freed.set()
+                self._slot_freed = None
             self._discharge(charge)
 
     async def _reply(self, corr_id: int, body: ResponseBody) -> bool:
@@ -379,7 +433,9 @@ class Connection:
             if not waiter.done.is_set():
                 waiter.error = type(reason)(str(reason))
                 waiter.done.set()
-        self._closed.set()
+        self._is_closed = True
+        if self._closed is not None:
+            self._closed.set()
 
     async def close_with(self, reason: CoordError) -> None:
         """Say goodbye with ``reason`` (bounded wait), then close (for a broker's policies)."""

@@ -7,7 +7,12 @@ what it claims; a short read at end of stream is a truncated frame. One
 :class:`FrameCodec` per connection reuses one msgspec ``Encoder`` and one
 typed ``Decoder``; encoding writes the prefix and the body into one reused
 buffer, so sending a heartbeat allocates only the bytes object handed to the
-socket.
+socket. A codec holds nothing between calls, so connections may share one (a
+broker's do). Between frames, a :class:`FrameReader` on a TCP stream waits
+for the socket to become readable before it asks for bytes: an idle
+connection then suspends a short chain of coroutines, not the stream's whole
+receive path (a broker holds thousands of idle connections), and no receive
+is tried in vain first.
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ class FrameReader:
     ) -> None:
         self._stream = stream
         self._max = max_frame_size
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._buf = bytearray()
         self._budget = budget
         self.taken = 0
@@ -126,9 +132,19 @@ class FrameReader:
         """When the first byte of the frame being received arrived (None between frames):
         how a broker finds a peer that sends a frame too slowly (slowloris)."""
 
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame body this reader accepts."""
+        return self._max
+
     async def _fill(self, needed: int) -> bool:
         """Receive until the buffer holds ``needed`` bytes; False at end of stream."""
         while len(self._buf) < needed:
+            if not self._buf and self._socket is not None and self._socket.fileno() >= 0:
+                # Idle between frames: wait here, where the chain of suspended
+                # coroutines is short (see the module docstring). (A socket closed
+                # already is left to receive_some: it raises ClosedResourceError.)
+                await trio.lowlevel.wait_readable(self._socket)
             chunk = await self._stream.receive_some(max(_RECEIVE_CHUNK, needed - len(self._buf)))
             if not chunk:
                 return False

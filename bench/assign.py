@@ -1,0 +1,208 @@
+"""How long the built-in assignors take for a large group, against building their answer alone.
+
+``python bench/assign.py [--members N] [--partitions P] [--rounds R] [--json] [--quick]``
+times ``range`` and ``uniform`` (the server-side default for cooperative
+groups) on one topic of P partitions that all N members subscribe to, in the
+three situations a coordinator meets: ``fresh`` (nothing owned: a group's
+first generation), ``leave`` (one member gone, the others own what they were
+given: only its partitions move) and ``join`` (one new member, the others own
+theirs). The baseline, in the same run, is building the answer alone: a dict
+of N lists holding P new ``TopicPartition`` structs in order, the least any
+assignor must do; the ratios assignor/baseline are what travel between
+machines. Each figure is the median of R rounds, in this process (the
+assignors are pure functions: no broker, no I/O), with the cyclic collector
+paused as a coordinator runs an assignor (``collector_paused``); the
+baseline too. ``--collector`` runs them with it on instead, as an
+application calling ``assign`` itself would. Issue #14's goal is 100 ms
+at 10,000 members x 100,000 partitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from trio_coord.core.assignors import (
+    Assignment,
+    GroupSpec,
+    MemberSpec,
+    RangeAssignor,
+    UniformAssignor,
+    collector_paused,
+)
+from trio_coord.protocol.messages import TopicPartition
+
+if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    chosen_params,
+    cpu_count,
+    format_table,
+    load_average,
+    ratio,
+    run_and_report,
+)
+
+__all__ = ["Params", "main", "run_benchmark"]
+
+TOPIC = "t"
+ASSIGNORS = (RangeAssignor(), UniformAssignor())
+CASES = ("fresh", "leave", "join")
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What one run measures; the defaults are #14's size, :data:`QUICK` the CI smoke run."""
+
+    members: int = 10_000
+    partitions: int = 100_000
+    rounds: int = 5
+    quick: bool = False
+    collector: bool = False
+    """Leave the cyclic collector on while timing (a coordinator pauses it)."""
+
+
+QUICK = Params(members=50, partitions=500, rounds=2, quick=True)
+"""The ``--quick`` preset: small enough for a CI smoke test (well under a second)."""
+
+
+def _member_ids(count: int, prefix: str = "m") -> list[str]:
+    return [f"{prefix}-{i:06d}" for i in range(count)]
+
+
+def _spec(ids: Sequence[str], partitions: int, owned: Assignment | None = None) -> GroupSpec:
+    topics = frozenset({TOPIC})
+    members = {
+        m: MemberSpec(m, topics, frozenset(owned.get(m, ())) if owned else frozenset()) for m in ids
+    }
+    return GroupSpec(members, {TOPIC: partitions})
+
+
+def _baseline(ids: Sequence[str], partitions: int) -> Assignment:
+    """The answer's shape with no decision in it: N lists, P structs, in order."""
+    share, extra = divmod(partitions, len(ids))
+    result: Assignment = {}
+    start = 0
+    for k, m in enumerate(ids):
+        end = start + share + (1 if k < extra else 0)
+        result[m] = [TopicPartition(TOPIC, p) for p in range(start, end)]
+        start = end
+    return result
+
+
+def _median_seconds(call: Callable[[], object], rounds: int, collector: bool) -> float:
+    times = []
+    for _ in range(rounds):
+        with contextlib.nullcontext() if collector else collector_paused():
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(params: Params) -> dict[str, Any]:
+    """Time every assignor in every case, and the baseline; the JSON-ready result."""
+    ids = _member_ids(params.members)
+    fresh = _spec(ids, params.partitions)
+    baseline = _median_seconds(
+        lambda: _baseline(ids, params.partitions), params.rounds, params.collector
+    )
+    figures: dict[str, dict[str, float]] = {}
+    for assignor in ASSIGNORS:
+        first = assignor.assign(fresh)
+        specs = {
+            "fresh": fresh,
+            "leave": _spec(ids[1:], params.partitions, first),
+            "join": _spec([*ids, "n-000000"], params.partitions, first),
+        }
+        figures[assignor.name] = {
+            case: _median_seconds(
+                partial(assignor.assign, specs[case]), params.rounds, params.collector
+            )
+            * 1000
+            for case in CASES
+        }
+    return {
+        "bench": "assign",
+        "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_average()},
+        "baseline_ms": baseline * 1000,
+        "ms": figures,
+        "ratio": {
+            name: {case: ratio(ms, baseline * 1000) for case, ms in cases.items()}
+            for name, cases in figures.items()
+        },
+    }
+
+
+async def run_benchmark(params: Params) -> dict[str, Any]:
+    """:func:`measure`, as :func:`~bench._common.run_and_report` calls it."""
+    return measure(params)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The result as a header line and one row per assignor."""
+    p = result["params"]
+    lines = [
+        f"assign: {p['members']:,} members x {p['partitions']:,} partitions (one topic), "
+        f"median of {p['rounds']}, collector {'on' if p['collector'] else 'paused'}; "
+        f"{p['cpus']} CPUs, load average {p['load_average']}",
+        f"baseline (building the answer alone): {result['baseline_ms']:.1f} ms",
+        "",
+    ]
+    rows = [
+        [name, *(f"{cases[c]:.1f} ({result['ratio'][name][c]:.1f}x)" for c in CASES)]
+        for name, cases in result["ms"].items()
+    ]
+    lines.append(format_table(["assignor", *(f"{c} ms (x baseline)" for c in CASES)], rows))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (2 if the benchmark could not run)."""
+    parser = argparse.ArgumentParser(
+        prog="python bench/assign.py",
+        description="Time the range and uniform assignors on a large group.",
+    )
+    defaults = Params()
+    parser.add_argument("--members", type=int, help=f"members (default {defaults.members:,})")
+    parser.add_argument(
+        "--partitions", type=int, help=f"partitions of the topic (default {defaults.partitions:,})"
+    )
+    parser.add_argument(
+        "--rounds", type=int, help=f"timed rounds per figure (default {defaults.rounds})"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI smoke preset: {QUICK.members} x {QUICK.partitions}",
+    )
+    parser.add_argument(
+        "--collector",
+        action="store_true",
+        help="leave the cyclic garbage collector on while timing (a coordinator pauses it)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    params = chosen_params(
+        args,
+        QUICK if args.quick else Params(),
+        ("members", "partitions", "rounds"),
+        collector=args.collector,
+    )
+    if params.members < 2 or params.partitions < 1 or params.rounds < 1:
+        print("members must be >= 2, partitions and rounds >= 1", file=sys.stderr)
+        return 2
+    return run_and_report("assign", run_benchmark, params, as_json=args.json, render=render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
