@@ -55,13 +55,18 @@ def test_heartbeat_bench_open_loop_quick_json() -> None:
     params = result["params"]
     assert params["open_loop"] is True and params["quick"] is True
     steps = result["steps"]
-    assert [s["members"] for s in steps] == [params["step"], params["members"]], steps
+    sizes = [s["members"] for s in steps]
+    assert sizes in ([params["step"]], [params["step"], params["members"]]), steps
     for step in steps:
         assert step["heartbeats_per_s"] > 0, step
         assert 0 < step["p50_ms"] <= step["p99_ms"], step
         assert step["errors"] == 0 and step["unanswered"] == 0, step
-    # 16 members heartbeating every 0.3 s: far below any limit, on any machine.
-    assert result["held"] == params["members"], result
+    # The ramp stops at the first step over the p99 limit, and holds the step before it.
+    # (16 members at 0.3 s are far below it on a quiet machine; a loaded one, such as a
+    # parallel test run, can pass it: latency is the bench's figure, not this test's.)
+    within = [s["p99_ms"] <= params["p99_limit_ms"] for s in steps]
+    assert within in ([True, True], [True, False], [False]), steps
+    assert result["held"] == ([0, *sizes][within.index(False)] if False in within else sizes[-1])
 
 
 def test_assign_bench_quick_json() -> None:
