@@ -2,17 +2,15 @@
 
 A task's time goes to two things per record: decoding the msgpack of each
 fetched batch into Python objects, and building Arrow columns from them.
-Both are kept small here. The records decode into :class:`_Record`, a
-msgspec Struct made with ``gc=False`` and headers as a tuple (an empty tuple
-is a shared constant), so that decoding a batch of 8,192 records allocates
-no object the cyclic garbage collector tracks: with ``WireRecord`` (a list
-per record, collector-tracked structs) the collections that the allocations
-trigger cost most of the decode, about eight times what the decode costs
-without them. No reference cycle can go through a ``_Record`` (it holds an
-int, bytes and tuples of str and bytes), which is what ``gc=False``
-requires. The columns are then built one list comprehension or one Arrow
-compute call each: the offsets (dense: a batch stored at ``base`` holds
-``base``, ``base + 1``, ...) are a cached 0..n-1 array plus the first
+Both are kept small here. The records decode into
+:class:`~trio_coord.protocol.records.UntrackedRecord`, a msgspec Struct made
+with ``gc=False`` and headers as a tuple (an empty tuple is a shared
+constant), so that decoding a batch of 8,192 records allocates no object the
+cyclic garbage collector tracks: with ``WireRecord`` (a list per record) the
+collections that the allocations trigger cost most of the decode. The
+columns are then built one list comprehension or one Arrow compute call
+each: the offsets (dense: a batch stored at ``base`` holds ``base``,
+``base + 1``, ...) are a cached 0..n-1 array plus the first
 offset, the timestamps one multiplication, the topic and partition one
 repeated scalar each, and records without headers (the common case) an
 all-empty list array made from offsets alone. The format itself (a codec
@@ -23,17 +21,13 @@ with that module's codecs and its bound on what a batch may decompress to.
 
 from __future__ import annotations
 
-import lzma
-import zlib
 from collections.abc import Sequence
 from typing import Final
 
-import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..protocol.errors import InvalidRecordError
-from ..protocol.records import COMPRESSION, MAX_BATCH_BYTES
+from ..protocol.records import MAX_BATCH_BYTES, UntrackedRecord, decode_untracked
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -73,32 +67,13 @@ ROWS_PER_ARROW_BATCH: Final = 8192
 """Rows per Arrow batch handed to Spark."""
 
 
-class _Record(msgspec.Struct, array_like=True, gc=False, frozen=True):
-    """One stored record, as :class:`~trio_coord.protocol.records.WireRecord` but untracked
-    by the garbage collector (see the module docstring)."""
-
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-_decoder: Final = msgspec.msgpack.Decoder(list[_Record])
-_UNPACK: Final = {ident: unpack for ident, _, unpack in COMPRESSION.values()}
+_Record = UntrackedRecord
 
 
 def decode_records(payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES) -> list[_Record]:
     """The records of one stored batch payload (raises InvalidRecordError if it is malformed,
     or decompresses to more than ``max_bytes``), exactly as ``decode_batch`` reads it."""
-    if not payload:
-        raise InvalidRecordError("empty record batch")
-    unpack = _UNPACK.get(payload[0])
-    if unpack is None:
-        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
-    try:
-        return _decoder.decode(unpack(memoryview(payload)[1:], max_bytes))
-    except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
-        raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
+    return decode_untracked(payload, max_bytes)
 
 
 _ranks = pa.array(range(ROWS_PER_ARROW_BATCH), pa.int64())
