@@ -445,6 +445,7 @@ class BlockingClient:
                 if not exc.retriable:
                     raise
                 log.debug("sending %d batches again one by one after %s", len(indexes), exc)
+                self._topics.clear()  # the leaders may have moved: ask again
                 continue  # all of them are sent again below
             for index, answer in zip(indexes, answers, strict=True):
                 if isinstance(answer, ProduceResponse):
@@ -452,6 +453,8 @@ class BlockingClient:
                 elif isinstance(answer, CoordError):
                     if not answer.retriable:
                         raise answer
+                    if isinstance(answer, NotLeaderForPartitionError):
+                        self._topics.clear()
                 else:
                     raise CorruptMessageError(
                         f"expected ProduceResponse, the broker answered {type(answer).__name__}"
