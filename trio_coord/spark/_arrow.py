@@ -36,6 +36,7 @@ __all__ = [
     "HEADERS",
     "ROWS_PER_ARROW_BATCH",
     "TIMESTAMP",
+    "Pending",
     "arrow_batch",
     "decode_records",
 ]
@@ -94,29 +95,78 @@ def _no_headers(rows: int) -> pa.Array:
     )
 
 
+class Pending:
+    """Records of one partition waiting to become an Arrow batch, kept as columns: each
+    fetched batch's records are taken apart as they come (one list comprehension per
+    column), so no record object outlives the batch it was decoded from."""
+
+    __slots__ = ("headers", "include_headers", "keys", "stamps", "values")
+
+    def __init__(self, include_headers: bool = True) -> None:
+        self.include_headers = include_headers
+        self.stamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[tuple[tuple[str, bytes], ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.stamps)
+
+    def add(self, records: Sequence[_Record]) -> None:
+        """Append ``records`` (the next offsets)."""
+        self.stamps.extend([r.timestamp_ms for r in records])
+        self.keys.extend([r.key for r in records])
+        self.values.extend([r.value for r in records])
+        if self.include_headers:
+            self.headers.extend([r.headers for r in records])
+
+    def take(self, topic: str, partition: int, first: int, rows: int) -> pa.RecordBatch:
+        """The first ``rows`` records (offsets ``first``, ``first + 1``, ...) as one Arrow
+        batch of :data:`ARROW_SCHEMA` (without its headers column unless the records were
+        kept with theirs), removed from here."""
+        everything = rows >= len(self.stamps)
+        columns = [self.stamps, self.keys, self.values, self.headers]
+        parts = [c if everything else c[:rows] for c in columns]
+        if everything:
+            self.stamps, self.keys, self.values, self.headers = [], [], [], []
+        else:
+            for column in columns:
+                del column[:rows]
+        stamps, keys, values, headers = parts
+        return arrow_batch(
+            topic,
+            partition,
+            first,
+            stamps,
+            keys,
+            values,
+            headers if self.include_headers else None,
+        )
+
+
 def arrow_batch(
     topic: str,
     partition: int,
     first: int,
-    records: Sequence[_Record],
-    include_headers: bool = True,
+    stamps: Sequence[int],
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    headers: Sequence[tuple[tuple[str, bytes], ...]] | None,
 ) -> pa.RecordBatch:
-    """``records`` of ``topic``/``partition``, whose offsets are ``first``, ``first + 1``,
-    ..., as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers column unless
-    ``include_headers``)."""
-    rows = len(records)
-    timestamps_ms = pa.array([r.timestamp_ms for r in records], pa.int64())
+    """Records of ``topic``/``partition``, whose offsets are ``first``, ``first + 1``, ...,
+    given column by column, as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers
+    column when ``headers`` is None)."""
+    rows = len(stamps)
     columns = [
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
         pa.repeat(pa.scalar(topic, pa.string()), rows),
         pa.repeat(pa.scalar(partition, pa.int32()), rows),
         _offsets(first, rows),
-        pc.multiply_checked(timestamps_ms, 1000).cast(TIMESTAMP),
+        pc.multiply_checked(pa.array(stamps, pa.int64()), 1000).cast(TIMESTAMP),
         pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
     ]
-    if not include_headers:
+    if headers is None:
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITHOUT_HEADERS)
-    headers = [r.headers for r in records]
     columns.append(_no_headers(rows) if headers.count(()) == rows else pa.array(headers, HEADERS))
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

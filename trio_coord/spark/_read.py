@@ -60,7 +60,7 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
-from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, arrow_batch, decode_records
+from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, decode_records
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions
 from ._plan import (
@@ -258,7 +258,7 @@ def read_range(
     offset of its first one.
     """
     position = r.start
-    pending: list[Any] = []
+    pending = Pending(include_headers)
     first = position
     while position < r.end:
         try:
@@ -277,29 +277,27 @@ def read_range(
         for fetched in part.batches:
             if fetched.base_offset > position:  # the log's start moved past us meanwhile
                 if pending:
-                    yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
-                    pending = []
+                    yield pending.take(r.topic, r.partition, first, len(pending))
                 position = _skip_lost(client, r, position, fail_on_data_loss)
                 break
             low = position - fetched.base_offset
             high = r.end - fetched.base_offset
             if low >= fetched.count or high <= 0:
                 continue
-            records = decode_records(fetched.records)[max(0, low) : high]
+            records = decode_records(fetched.records)
+            if low > 0 or high < len(records):
+                records = records[max(0, low) : high]
             if not pending:
                 first = position
-            pending.extend(records)
+            pending.add(records)
             position += len(records)
             while len(pending) >= rows_per_batch:
-                yield arrow_batch(
-                    r.topic, r.partition, first, pending[:rows_per_batch], include_headers
-                )
-                del pending[:rows_per_batch]
+                yield pending.take(r.topic, r.partition, first, rows_per_batch)
                 first += rows_per_batch
             if position >= r.end:
                 break
     if pending:
-        yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
+        yield pending.take(r.topic, r.partition, first, len(pending))
 
 
 _IDLE_LIMIT = 8
