@@ -10,13 +10,19 @@ column is refused when the write is planned, so that nothing is silently
 dropped.
 
 Spark hands each task its rows as Arrow record batches (the writers are
-Arrow writers): a task turns each column into a list at once (strings to
-UTF-8 bytes by an Arrow cast, timestamps to milliseconds by Arrow compute),
-zips them into record tuples (which msgpack-encode exactly as
-``WireRecord``s do, in the format of :mod:`trio_coord.protocol.records`),
-packs them into batches of about ``batchSize`` bytes per partition, appends
-each batch with one Produce request through its own blocking client, and
-closes the client when it is done.
+Arrow writers). For the usual shapes (one topic, every row keyed or none,
+no ``partition`` or ``headers`` column) Arrow compute encodes the records
+themselves: one element-wise join of the columns' pieces gives each row's
+msgpack bytes in one buffer (see the comment above :func:`_encoded_records`),
+keyed rows are hashed once per distinct key and sorted by partition with a
+stable sort, and a batch is a slice of that buffer, cut at ``batchSize``
+bytes by bisecting the array's offsets: no Python object per row. Other
+rows are encoded one by one, as tuples that msgpack-encode exactly as
+``WireRecord`` does. Closed batches are produced :data:`IN_FLIGHT` at a
+time, one per partition in flight together
+(:meth:`~._client.BlockingClient.produce_many`), each round sent from a
+thread while the task encodes the next rows; a round waits for the one
+before it, so a partition's batches are stored in the order of its rows.
 Delivery is at least once, as with the producer: a task that Spark retries
 writes its rows again, and so does a micro-batch that a restarted stream runs
 again.
@@ -31,6 +37,7 @@ import time
 import zlib
 from bisect import bisect_left
 from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Final
 
@@ -244,9 +251,13 @@ class _Batches:
     """Per-partition open batches of one task, closed when full and at the end, and produced
     :data:`IN_FLIGHT` at a time (see :meth:`drain`)."""
 
-    def __init__(self, client: BlockingClient, options: WriteOptions) -> None:
+    def __init__(
+        self, client: BlockingClient, options: WriteOptions, pool: Executor | None = None
+    ) -> None:
         self.client = client
         self.options = options
+        self.pool = pool
+        self.flying: Future[list[int]] | None = None
         self.ident, self.pack, _ = COMPRESSION[options.compression]
         self.open: dict[TopicPartition, _Open] = {}
         self.ready: list[ProduceRequest] = []
@@ -260,6 +271,7 @@ class _Batches:
     def partitions(self, topic: str) -> int:
         count = self.counts.get(topic)
         if count is None:
+            self.wait()  # the client answers one caller at a time
             count = self.counts[topic] = self.client.partition_counts([topic])[topic]
         return count
 
@@ -410,7 +422,12 @@ class _Batches:
 
     def drain(self) -> None:
         """Produce the queued batches, in rounds of at most one per partition (a round's
-        requests in flight together; a partition's batches in the order they were closed)."""
+        requests in flight together; a partition's batches in the order they were closed).
+
+        With a ``pool`` (one thread), the last round is left in flight while the
+        task encodes its next rows: a round is sent only once the one before it
+        is answered, so a partition never has two batches in flight.
+        """
         while self.ready:
             round_: list[ProduceRequest] = []
             later: list[ProduceRequest] = []
@@ -419,25 +436,43 @@ class _Batches:
                 where = (request.topic, request.partition)
                 (later if where in taken else round_).append(request)
                 taken.add(where)
-            self.client.produce_many(round_)
             self.ready = later
+            self.wait()
+            if self.pool is None:
+                self.client.produce_many(round_)
+            else:
+                self.flying = self.pool.submit(self.client.produce_many, round_)
+
+    def wait(self) -> None:
+        """Wait for the round in flight, if any (raising its error)."""
+        flying, self.flying = self.flying, None
+        if flying is not None:
+            flying.result()
 
     def flush(self) -> None:
         """Close every open batch and produce everything queued."""
         for tp in sorted(self.open):
             self.send(tp)
         self.drain()
+        self.wait()
 
 
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
-    """Produce the rows of ``batches`` (one task's) with a client of its own; what was
-    written."""
-    with BlockingClient(options.bootstrap, timeout=options.timeout) as client:
-        out = _Batches(client, options)
-        now_ms = int(time.time() * 1000)
-        for batch in batches:
-            out.add_arrow(batch, now_ms)
-        out.flush()
+    """Produce the rows of ``batches`` (one task's) with a client of its own, each round of
+    requests sent from a thread while the next rows are encoded; what was written."""
+    with (
+        BlockingClient(options.bootstrap, timeout=options.timeout) as client,
+        ThreadPoolExecutor(1, thread_name_prefix="trio_coord produce") as pool,
+    ):
+        out = _Batches(client, options, pool)
+        try:
+            now_ms = int(time.time() * 1000)
+            for batch in batches:
+                out.add_arrow(batch, now_ms)
+            out.flush()
+        finally:
+            if out.flying is not None:  # failing: let the round end before the client closes
+                wait([out.flying])
         return WriteResult(out.records, out.sent)
 
 
