@@ -124,15 +124,17 @@ class Pending:
         """The first ``rows`` records (offsets ``first``, ``first + 1``, ...) as one Arrow
         batch of :data:`ARROW_SCHEMA` (without its headers column unless the records were
         kept with theirs), removed from here."""
-        everything = rows >= len(self.stamps)
-        columns = [self.stamps, self.keys, self.values, self.headers]
-        parts = [c if everything else c[:rows] for c in columns]
-        if everything:
+        stamps, keys, values, headers = self.stamps, self.keys, self.values, self.headers
+        if rows >= len(stamps):
             self.stamps, self.keys, self.values, self.headers = [], [], [], []
         else:
-            for column in columns:
-                del column[:rows]
-        stamps, keys, values, headers = parts
+            stamps, keys, values, headers = (
+                stamps[:rows],
+                keys[:rows],
+                values[:rows],
+                headers[:rows],
+            )
+            del self.stamps[:rows], self.keys[:rows], self.values[:rows], self.headers[:rows]
         return arrow_batch(
             topic,
             partition,
