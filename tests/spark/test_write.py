@@ -148,9 +148,10 @@ class _Recorder:
         [f"k{i}".encode() if i % 3 else None for i in range(40)],  # mixed: row by row
     ],
 )
-def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
+def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, monkeypatch):
     import pyarrow as pa
 
+    from trio_coord.spark import _write
     from trio_coord.spark._options import write_options
     from trio_coord.spark._write import _Batches
 
@@ -160,6 +161,7 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
     out = _Batches(client, options)  # type: ignore[arg-type]
     batch = pa.RecordBatch.from_pydict({"key": keys, "value": values})
     out.add_arrow(batch.slice(0, 25), now_ms=5)
+    monkeypatch.setattr(_write, "ENCODE_BYTES", 64)  # a batch too large is encoded in halves
     out.add_arrow(batch.slice(25), now_ms=5)
     out.flush()
     sent = [(partition, kv) for partition, batch_kv in client.sent for kv in batch_kv]

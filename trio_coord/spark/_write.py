@@ -77,6 +77,9 @@ _Record = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
 tuple encodes as the same msgpack array as a ``WireRecord``, without making one)."""
 _encoder = msgspec.msgpack.Encoder()
 IN_FLIGHT: Final = 8
+ENCODE_BYTES: Final = 256 * 1024 * 1024
+"""The most bytes of rows encoded at once; a larger Arrow batch is encoded in halves
+(the encoded records of one piece share a buffer of 32-bit offsets)."""
 """Closed batches a task queues before producing them together (one per partition in
 flight at a time; at most this many batch sizes of memory)."""
 
@@ -367,6 +370,11 @@ class _Batches:
         """
         rows = batch.num_rows
         if not rows:
+            return
+        if rows > 1 and batch.nbytes > ENCODE_BYTES:  # Arrow's binary offsets are 32-bit
+            half = rows // 2
+            self.add_arrow(batch.slice(0, half), now_ms)
+            self.add_arrow(batch.slice(half), now_ms)
             return
         key_column = _column(batch, "key")
         millis = _millis(_column(batch, "timestamp"), rows, now_ms)
