@@ -106,6 +106,33 @@ def test_a_task_leaves_its_client_to_the_next_and_closes_it_on_failure(bootstrap
     _read.close_idle_clients()
 
 
+def test_batches_produced_together_land_in_their_partitions_in_order(bootstrap):
+    from trio_coord.protocol.messages import ProduceRequest
+
+    make_topic(bootstrap, "client-many", 3)
+
+    def batch(partition: int, first: int) -> ProduceRequest:
+        records = [
+            WireRecord(i, None, f"p{partition}-{i}".encode()) for i in range(first, first + 4)
+        ]
+        return ProduceRequest("client-many", partition, encode_batch(records), 4, first + 3)
+
+    with BlockingClient(bootstrap) as client:
+        assert client.produce_many([batch(p, 0) for p in range(3)]) == [0, 0, 0]
+        assert client.produce_many([batch(2, 4), batch(0, 4)]) == [4, 4]
+        read = {
+            p: [
+                r["value"]
+                for b in read_range(client, OffsetRange("client-many", p, 0, n))
+                for r in b.to_pylist()
+            ]
+            for p, n in ((0, 8), (1, 4), (2, 8))
+        }
+    assert read[0] == [f"p0-{i}".encode() for i in range(8)]
+    assert read[1] == [f"p1-{i}".encode() for i in range(4)]
+    assert read[2] == [f"p2-{i}".encode() for i in range(8)]
+
+
 def _fetching_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "trio_coord fetch"]
 
