@@ -53,7 +53,9 @@ from trio_coord.protocol.records import (
     COMPRESSION,
     MAX_BATCH_BYTES,
     WireRecord,
+    check_batch,
     decode_batch,
+    decode_untracked,
     encode_batch,
 )
 
@@ -281,25 +283,45 @@ async def test_compressed_batch_that_inflates_past_the_limit_is_refused(tmp_path
             await _still_served(broker, bystander, "after-bomb")
 
 
-def test_batch_decoding_refuses_truncated_and_oversized_payloads() -> None:
-    records = [WireRecord(1, b"k", b"v" * 1000)] * 10
+@pytest.mark.parametrize("decode", [decode_batch, decode_untracked])
+def test_batch_decoding_refuses_truncated_and_oversized_payloads(decode) -> None:
+    # decode_untracked (the broker's check, the Spark source) accepts and refuses exactly
+    # what decode_batch does.
+    records = [WireRecord(1, b"k", b"v" * 1000, [("h", b"x")])] * 10
     for codec in ("zlib", "lzma", "lz4", "zstd"):
         batch = encode_batch(records, codec)
-        assert decode_batch(batch) == records
+        got = decode(batch)
+        assert [(r.timestamp_ms, r.key, r.value, list(r.headers)) for r in got] == [
+            (1, b"k", b"v" * 1000, [("h", b"x")])
+        ] * 10
         with pytest.raises(InvalidRecordError, match="more than 5000 bytes"):
-            decode_batch(batch, max_bytes=5000)
+            decode(batch, max_bytes=5000)
         with pytest.raises(InvalidRecordError, match=f"complete {codec} (stream|block)"):
-            decode_batch(batch[:-4])
+            decode(batch[:-4])
         with pytest.raises(InvalidRecordError, match=f"complete {codec} (stream|block)"):
-            decode_batch(batch + b"trailing")
+            decode(batch + b"trailing")
     for codec in ("lz4", "zstd"):  # a size that lies is refused before anything is allocated
         batch = bytearray(encode_batch(records, codec))
         batch[1:5] = (2**31).to_bytes(4, "big")
         with pytest.raises(InvalidRecordError, match="more than"):
-            decode_batch(bytes(batch))
+            decode(bytes(batch))
         batch[1:5] = (100).to_bytes(4, "big")  # too small for what the block holds
         with pytest.raises(InvalidRecordError, match=f"complete {codec} block"):
-            decode_batch(bytes(batch))
+            decode(bytes(batch))
+    for bad in (
+        b"",
+        b"\x09" + msgspec.msgpack.encode([]),
+        b"\x00" + msgspec.msgpack.encode([[1, 2]]),
+    ):
+        with pytest.raises(InvalidRecordError):
+            decode(bad)
+
+
+def test_a_batch_check_gives_its_count_and_timestamp_range() -> None:
+    stamps = [5, 3, 9, 4]
+    batch = encode_batch([WireRecord(t, None, b"v") for t in stamps], "lz4")
+    assert check_batch(batch) == (4, 3, 9)
+    assert check_batch(encode_batch([])) == (0, 0, 0)
 
 
 async def test_offset_metadata_is_capped_wherever_offsets_enter_a_group(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ client is closed however the task ends; commits to a group never move back.
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -103,6 +104,58 @@ def test_a_task_leaves_its_client_to_the_next_and_closes_it_on_failure(bootstrap
         list(read_task(options, beyond))
     assert clients[0]._sockets == {} and _read._idle == {}  # a failed task closes its client
     _read.close_idle_clients()
+
+
+def test_batches_produced_together_land_in_their_partitions_in_order(bootstrap):
+    from trio_coord.protocol.messages import ProduceRequest
+
+    make_topic(bootstrap, "client-many", 3)
+
+    def batch(partition: int, first: int) -> ProduceRequest:
+        records = [
+            WireRecord(i, None, f"p{partition}-{i}".encode()) for i in range(first, first + 4)
+        ]
+        return ProduceRequest("client-many", partition, encode_batch(records), 4, first + 3)
+
+    with BlockingClient(bootstrap) as client:
+        assert client.produce_many([batch(p, 0) for p in range(3)]) == [0, 0, 0]
+        assert client.produce_many([batch(2, 4), batch(0, 4)]) == [4, 4]
+        read = {
+            p: [
+                r["value"]
+                for b in read_range(client, OffsetRange("client-many", p, 0, n))
+                for r in b.to_pylist()
+            ]
+            for p, n in ((0, 8), (1, 4), (2, 8))
+        }
+    assert read[0] == [f"p0-{i}".encode() for i in range(8)]
+    assert read[1] == [f"p1-{i}".encode() for i in range(4)]
+    assert read[2] == [f"p2-{i}".encode() for i in range(8)]
+
+
+def _fetching_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "trio_coord fetch"]
+
+
+def test_a_read_stopped_early_stops_its_fetching_thread_and_leaves_the_client_usable(bootstrap):
+    make_topic(bootstrap, "client-ahead", 1)
+    tp = TopicPartition("client-ahead", 0)
+    with BlockingClient(bootstrap) as client:
+        for base in range(0, 400, 20):  # 20 stored batches of 20 records
+            records = [WireRecord(i, None, f"v{i}".encode()) for i in range(base, base + 20)]
+            client.produce(tp, encode_batch(records), 20, base + 19)
+        # One stored batch per fetch, ten rows per Arrow batch: the thread runs ahead.
+        batches = read_range(
+            client, OffsetRange("client-ahead", 0, 0, 400), rows_per_batch=10, fetch_max_bytes=64
+        )
+        assert next(batches).to_pylist()[0]["offset"] == 0
+        assert _fetching_threads()
+        batches.close()
+        assert not _fetching_threads()
+        assert client.list_offsets([tp], LATEST)[tp].log_end == 400  # the socket is in step
+        every = list(read_range(client, OffsetRange("client-ahead", 0, 5, 395), rows_per_batch=64))
+    assert [r["offset"] for b in every for r in b.to_pylist()] == list(range(5, 395))
+    assert not _fetching_threads()
 
 
 def test_a_malformed_stored_batch_is_an_invalid_record_error():

@@ -199,6 +199,16 @@ def test_a_produce_follows_the_leader_that_moved_while_asked(cluster):
     assert produces == [1, 2]
 
 
+def test_batches_produced_together_follow_the_leader_that_moved_while_asked(cluster):
+    cluster.move_on = ProduceRequest
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.produce_many([ProduceRequest(TP.topic, TP.partition, b"", 0, 0)]) == [7]
+        with pytest.raises(ValueError, match="at most one batch per partition"):
+            client.produce_many([ProduceRequest(TP.topic, TP.partition, b"", 0, 0)] * 2)
+    produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
+    assert produces == [1, 2]
+
+
 def test_list_offsets_follows_the_leader_that_moved_while_asked(cluster):
     # (It used to retry at the address it had first: the refusing broker, until it gave up.)
     cluster.move_on = ListOffsetsRequest

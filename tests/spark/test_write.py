@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import Row
 
 from trio_coord.client import partition_for_key
+from trio_coord.protocol.messages import TopicPartition
 from trio_coord.protocol.records import decode_batch
 
 from .helpers import consume, make_topic
@@ -117,6 +118,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.sent: list[tuple[int, list[tuple[bytes | None, bytes | None]]]] = []
+        self.stamps: list[int] = []
 
     def partition_counts(self, topics):
         return dict.fromkeys(topics, 3)
@@ -125,7 +127,17 @@ class _Recorder:
         records = decode_batch(payload)
         assert len(records) == count and max(r.timestamp_ms for r in records) == max_timestamp_ms
         self.sent.append((tp.partition, [(r.key, r.value) for r in records]))
+        self.stamps.extend(r.timestamp_ms for r in records)
         return 0
+
+    def produce_many(self, requests):
+        assert len({(r.topic, r.partition) for r in requests}) == len(requests)
+        return [
+            self.produce(
+                TopicPartition(r.topic, r.partition), r.records, r.count, r.max_timestamp_ms
+            )
+            for r in requests
+        ]
 
 
 @pytest.mark.parametrize(
@@ -136,9 +148,10 @@ class _Recorder:
         [f"k{i}".encode() if i % 3 else None for i in range(40)],  # mixed: row by row
     ],
 )
-def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
+def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, monkeypatch):
     import pyarrow as pa
 
+    from trio_coord.spark import _write
     from trio_coord.spark._options import write_options
     from trio_coord.spark._write import _Batches
 
@@ -148,6 +161,7 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
     out = _Batches(client, options)  # type: ignore[arg-type]
     batch = pa.RecordBatch.from_pydict({"key": keys, "value": values})
     out.add_arrow(batch.slice(0, 25), now_ms=5)
+    monkeypatch.setattr(_write, "ENCODE_BYTES", 64)  # a batch too large is encoded in halves
     out.add_arrow(batch.slice(25), now_ms=5)
     out.flush()
     sent = [(partition, kv) for partition, batch_kv in client.sent for kv in batch_kv]
@@ -155,8 +169,42 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys):
     for partition, (key, _) in sent:
         if key is not None:
             assert partition == partition_for_key(key, 3)
-    assert all(len(kvs) <= 4 for _, kvs in client.sent)  # ~35 B a record, 100 B a batch
+    for partition in range(3):  # each partition has its rows in the DataFrame's order
+        mine = [value for p, (_, value) in sent if p == partition]
+        assert mine == sorted(mine)
+    # A batch closes at the record that brings it to 100 B: records take 15 B (row by row,
+    # msgpack's shortest forms) to 33 B (in bulk, fixed-width forms).
+    assert all(len(kvs) <= 7 for _, kvs in client.sent)
+    assert len(client.sent) >= 40 * 15 // 100
     keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]
     if all(k is None for k in keys):  # consecutive batches move on to the next partition
         partitions = [p for p, _ in keyless]
         assert all(b == (a + 1) % 3 for a, b in itertools.pairwise(partitions))
+
+
+def test_string_columns_nulls_and_timestamps_are_written_as_given():
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from trio_coord.spark._options import write_options
+    from trio_coord.spark._write import _Batches
+
+    stamps = [dt.datetime(2024, 5, 1, 12, 0, 0, i * 1000, tzinfo=dt.UTC) for i in range(30)]
+    stamps[7] = None  # written at the task's clock
+    values = [None if i % 4 == 0 else "é" * i for i in range(30)]
+    options = write_options({"bootstrap": "127.0.0.1:1", "topic": "t", "batchSize": "64"})
+    client = _Recorder()
+    out = _Batches(client, options)  # type: ignore[arg-type]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "value": pa.array(values, pa.string()),
+            "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    out.add_arrow(batch, now_ms=42)
+    out.flush()
+    got = [kv for _, kvs in client.sent for kv in kvs]
+    assert got == [(None, None if v is None else v.encode()) for v in values]
+    base = int(stamps[0].timestamp() * 1000)
+    assert client.stamps == [42 if i == 7 else base + i for i in range(30)]

@@ -1,4 +1,4 @@
-"""A small blocking client for Spark's Python processes: one request at a time over plain sockets.
+"""A small blocking client for Spark's Python processes: the wire protocol over plain sockets.
 
 Spark runs the data source's code in Python worker processes that have no
 Trio event loop (and must not start one per task), so this client speaks the
@@ -16,6 +16,12 @@ Retriable errors (a lost connection, a coordinator not known yet or moved, a
 leader moved, a broker shutting down) are retried with backoff until
 ``timeout`` seconds have passed, each retry sent where fresh metadata says;
 anything else is raised at once as the typed :class:`CoordError`.
+
+One request at a time, except :meth:`BlockingClient.produce_many`, which
+puts one batch per partition in flight together on each leader's connection
+(the broker answers them in any order, matched by correlation id): a Spark
+write task then waits for one round trip per group of partitions, not per
+batch.
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ class BrokerUnreachableError(ConnectionClosedError):
 
 
 class _Socket:
-    """One blocking connection: send a request, read its answer."""
+    """One blocking connection: send requests, read their answers."""
 
     def __init__(self, sock: socket.socket, address: Address) -> None:
         self.sock = sock
@@ -97,28 +103,41 @@ class _Socket:
         self.corr_ids = itertools.count(1)
         self.broken = False
 
-    def call(self, body: RequestBody) -> ResponseBody:
-        """Send one request and return its answer's body (raising its error).
+    def call_many(self, bodies: Sequence[RequestBody]) -> list[ResponseBody | CoordError]:
+        """Send ``bodies`` together (in flight at once), then read their answers, which the
+        broker may give in any order; each answer's body, or the error it carries, in the
+        order of ``bodies``.
 
-        Anything but an error answer (a broken socket, a Goodbye, a frame
-        that does not decode) leaves the connection unusable: ``broken`` is
-        set and the caller closes it.
+        Anything but error answers (a broken socket, a Goodbye, a frame that
+        does not decode) leaves the connection unusable: ``broken`` is set,
+        the error raised, and the caller closes it.
         """
-        corr_id = next(self.corr_ids)
-        frame = self.codec.encode(Request(corr_id, body))
+        ids = [next(self.corr_ids) for _ in bodies]
+        frames = b"".join(
+            self.codec.encode(Request(corr_id, body))
+            for corr_id, body in zip(ids, bodies, strict=True)
+        )
         self.broken = True
-        self.sock.sendall(frame)
-        answer = self.codec.decode(self._read_frame())
-        if isinstance(answer, Goodbye):
-            raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
-        if not isinstance(answer, Response) or answer.corr_id != corr_id:
-            raise CorruptMessageError(f"expected the answer to request {corr_id}, got {answer!r}")
+        self.sock.sendall(frames)
+        waiting = {corr_id: index for index, corr_id in enumerate(ids)}
+        answers: list[ResponseBody | CoordError | None] = [None] * len(ids)
+        while waiting:
+            answer = self.codec.decode(self._read_frame())
+            if isinstance(answer, Goodbye):
+                raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
+            if not isinstance(answer, Response) or answer.corr_id not in waiting:
+                raise CorruptMessageError(
+                    f"expected the answer to one of requests {sorted(waiting)}, got {answer!r}"
+                )
+            index = waiting.pop(answer.corr_id)
+            if answer.error:
+                answers[index] = error_for(answer.error, answer.message)
+            elif answer.body is None:
+                raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
+            else:
+                answers[index] = answer.body
         self.broken = False
-        if answer.error:
-            raise error_for(answer.error, answer.message)
-        if answer.body is None:
-            raise CorruptMessageError(f"the answer to request {corr_id} has no body")
-        return answer.body
+        return answers  # type: ignore[return-value]  # every one was filled
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)
@@ -194,9 +213,17 @@ class BlockingClient:
         return sock
 
     def _call_once(self, address: Address, body: RequestBody) -> ResponseBody:
+        (answer,) = self._call_many_once(address, [body])
+        if isinstance(answer, CoordError):
+            raise answer
+        return answer
+
+    def _call_many_once(
+        self, address: Address, bodies: Sequence[RequestBody]
+    ) -> list[ResponseBody | CoordError]:
         sock = self._connect(address)
         try:
-            return sock.call(body)
+            return sock.call_many(bodies)
         except (OSError, CoordError) as exc:
             if sock.broken:
                 self._sockets.pop(address, None)
@@ -390,3 +417,53 @@ class BlockingClient:
         """Append one encoded batch to ``tp``; the offset of its first record."""
         request = ProduceRequest(tp.topic, tp.partition, payload, count, max_timestamp_ms)
         return self._call(lambda: self._leader(tp), request, ProduceResponse).base_offset
+
+    def produce_many(self, batches: Sequence[ProduceRequest]) -> list[int]:
+        """Append several encoded batches, at most one per partition, their requests in
+        flight together (one write and one wait per leader, not one round trip per batch);
+        the offset of each one's first record, in their order.
+
+        A batch whose request fails with a retriable error, or whose answer is
+        lost with its connection, is sent again alone by :meth:`produce` (so
+        with its retries and its deadline) before this returns; any other
+        error is raised. One batch per partition keeps each partition's
+        records in the order they were given, whatever order the broker
+        answers in; delivery is at least once, as for :meth:`produce`.
+        """
+        seen = {(b.topic, b.partition) for b in batches}
+        if len(seen) != len(batches):
+            raise ValueError("produce_many takes at most one batch per partition")
+        offsets: list[int | None] = [None] * len(batches)
+        by_leader: dict[Address, list[int]] = {}
+        for index, batch in enumerate(batches):
+            address = self._leader(TopicPartition(batch.topic, batch.partition))
+            by_leader.setdefault(address, []).append(index)
+        for address, indexes in by_leader.items():
+            try:
+                answers = self._call_many_once(address, [batches[i] for i in indexes])
+            except CoordError as exc:
+                if not exc.retriable:
+                    raise
+                log.debug("sending %d batches again one by one after %s", len(indexes), exc)
+                self._topics.clear()  # the leaders may have moved: ask again
+                continue  # all of them are sent again below
+            for index, answer in zip(indexes, answers, strict=True):
+                if isinstance(answer, ProduceResponse):
+                    offsets[index] = answer.base_offset
+                elif isinstance(answer, CoordError):
+                    if not answer.retriable:
+                        raise answer
+                    if isinstance(answer, NotLeaderForPartitionError):
+                        self._topics.clear()
+                else:
+                    raise CorruptMessageError(
+                        f"expected ProduceResponse, the broker answered {type(answer).__name__}"
+                    )
+        for index, offset in enumerate(offsets):
+            if offset is None:
+                batch = batches[index]
+                tp = TopicPartition(batch.topic, batch.partition)
+                offsets[index] = self.produce(
+                    tp, batch.records, batch.count, batch.max_timestamp_ms
+                )
+        return offsets  # type: ignore[return-value]  # every one was filled

@@ -11,8 +11,11 @@ cores the session has, else pieces of each partition's range. Bad options
 here, before any task runs. Each task then reads its ranges with the client
 its Python worker kept from its previous task (or a new one), and yields
 Arrow record batches whose types are exactly :data:`ARROW_SCHEMA` (the Arrow
-form of :data:`SCHEMA`, built by :mod:`._arrow`); the client goes back to
-the worker when the task ends, and is closed when the task fails.
+form of :data:`SCHEMA`, built by :mod:`._arrow`); a thread of the task
+fetches and decodes the next records meanwhile (a few fetches ahead at
+most), so that the broker's answer is on its way while Arrow batches are
+built; the client goes back to the worker when the task ends (the thread
+stopped first), and is closed when the task fails.
 
 The stream reader keeps the end of what has been read per partition as its
 offset (see :mod:`._plan`), discovers new partitions and, for a pattern, new
@@ -30,9 +33,11 @@ lost offsets) rather than crawling through the gap in empty batches.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+import queue
+import threading
+from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -60,7 +65,7 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
-from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, arrow_batch, decode_records
+from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, decode_records
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions
 from ._plan import (
@@ -241,25 +246,13 @@ def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool
     return start
 
 
-def read_range(
-    client: BlockingClient,
-    r: OffsetRange,
-    *,
-    fetch_max_bytes: int = 4 * 1024 * 1024,
-    fail_on_data_loss: bool = True,
-    rows_per_batch: int = ROWS_PER_ARROW_BATCH,
-    include_headers: bool = True,
-) -> Iterator[pa.RecordBatch]:
-    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA` (without the headers
-    column unless ``include_headers``), in offset order.
-
-    Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
-    ...), so the records waiting for the next Arrow batch are a list and the
-    offset of its first one.
-    """
+def _chunks(
+    client: BlockingClient, r: OffsetRange, fetch_max_bytes: int, fail_on_data_loss: bool
+) -> Generator[tuple[int, list[Any]], None, None]:
+    """The records of ``r``, decoded, as ``(offset of the first, records)`` chunks in offset
+    order; a chunk that does not start where the last one ended follows records lost to
+    retention (failOnDataLoss=false)."""
     position = r.start
-    pending: list[Any] = []
-    first = position
     while position < r.end:
         try:
             part = client.fetch(r.tp, position, max_bytes=fetch_max_bytes)
@@ -276,30 +269,107 @@ def read_range(
             )
         for fetched in part.batches:
             if fetched.base_offset > position:  # the log's start moved past us meanwhile
-                if pending:
-                    yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
-                    pending = []
                 position = _skip_lost(client, r, position, fail_on_data_loss)
                 break
             low = position - fetched.base_offset
             high = r.end - fetched.base_offset
             if low >= fetched.count or high <= 0:
                 continue
-            records = decode_records(fetched.records)[max(0, low) : high]
-            if not pending:
-                first = position
-            pending.extend(records)
+            records = decode_records(fetched.records)
+            if low > 0 or high < len(records):
+                records = records[max(0, low) : high]
+            yield position, records
             position += len(records)
-            while len(pending) >= rows_per_batch:
-                yield arrow_batch(
-                    r.topic, r.partition, first, pending[:rows_per_batch], include_headers
-                )
-                del pending[:rows_per_batch]
-                first += rows_per_batch
             if position >= r.end:
                 break
-    if pending:
-        yield arrow_batch(r.topic, r.partition, first, pending, include_headers)
+
+
+_AHEAD: Final = 4
+"""Decoded chunks the fetching thread of a task may hold ahead of the Arrow building."""
+_DONE: Final = object()
+
+
+def _ahead(
+    chunks: Iterator[tuple[int, list[Any]]],
+) -> Generator[tuple[int, list[Any]], None, None]:
+    """``chunks``, produced by a thread up to :data:`_AHEAD` ahead: the next fetch waits on
+    the broker while this thread builds Arrow batches. The thread has stopped (so the
+    task's client is idle again) when this generator ends or is closed."""
+    handoff: queue.Queue[Any] = queue.Queue(_AHEAD)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        handoff.put(chunk, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put(_DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            handoff.put(exc)
+
+    thread = threading.Thread(target=run, name="trio_coord fetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:  # unblock a put, then wait for the fetch in progress
+                handoff.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def read_range(
+    client: BlockingClient,
+    r: OffsetRange,
+    *,
+    fetch_max_bytes: int = 4 * 1024 * 1024,
+    fail_on_data_loss: bool = True,
+    rows_per_batch: int = ROWS_PER_ARROW_BATCH,
+    include_headers: bool = True,
+    prefetch: bool = True,
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``r`` as Arrow batches of :data:`ARROW_SCHEMA` (without the headers
+    column unless ``include_headers``), in offset order.
+
+    Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
+    ...), so the records waiting for the next Arrow batch are columns and the
+    offset of their first one. With ``prefetch``, a thread fetches and decodes
+    the next records while this one builds batches (see :func:`_ahead`).
+    """
+    chunks = _chunks(client, r, fetch_max_bytes, fail_on_data_loss)
+    if prefetch:
+        chunks = _ahead(chunks)
+    pending = Pending(include_headers)
+    first = r.start
+    try:
+        for position, records in chunks:
+            if pending and position != first + len(pending):  # records were lost in between
+                yield pending.take(r.topic, r.partition, first, len(pending))
+            if not pending:
+                first = position
+            pending.add(records)
+            while len(pending) >= rows_per_batch:
+                yield pending.take(r.topic, r.partition, first, rows_per_batch)
+                first += rows_per_batch
+        if pending:
+            yield pending.take(r.topic, r.partition, first, len(pending))
+    finally:
+        chunks.close()  # (with prefetch) the thread has stopped
 
 
 _IDLE_LIMIT = 8

@@ -10,13 +10,19 @@ column is refused when the write is planned, so that nothing is silently
 dropped.
 
 Spark hands each task its rows as Arrow record batches (the writers are
-Arrow writers): a task turns each column into a list at once (strings to
-UTF-8 bytes by an Arrow cast, timestamps to milliseconds by Arrow compute),
-zips them into record tuples (which msgpack-encode exactly as
-``WireRecord``s do, in the format of :mod:`trio_coord.protocol.records`),
-packs them into batches of about ``batchSize`` bytes per partition, appends
-each batch with one Produce request through its own blocking client, and
-closes the client when it is done.
+Arrow writers). For the usual shapes (one topic, every row keyed or none,
+no ``partition`` or ``headers`` column) Arrow compute encodes the records
+themselves: one element-wise join of the columns' pieces gives each row's
+msgpack bytes in one buffer (see the comment above :func:`_encoded_records`),
+keyed rows are hashed once per distinct key and sorted by partition with a
+stable sort, and a batch is a slice of that buffer, cut at ``batchSize``
+bytes by bisecting the array's offsets: no Python object per row. Other
+rows are encoded one by one, as tuples that msgpack-encode exactly as
+``WireRecord`` does. Closed batches are produced :data:`IN_FLIGHT` at a
+time, one per partition in flight together
+(:meth:`~._client.BlockingClient.produce_many`), each round sent from a
+thread while the task encodes the next rows; a round waits for the one
+before it, so a partition's batches are stored in the order of its rows.
 Delivery is at least once, as with the producer: a task that Spark retries
 writes its rows again, and so does a micro-batch that a restarted stream runs
 again.
@@ -24,12 +30,16 @@ again.
 
 from __future__ import annotations
 
+import array
 import logging
+import sys
 import time
 import zlib
+from bisect import bisect_left
 from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from operator import itemgetter
+from typing import Final
 
 import msgspec
 import pyarrow as pa
@@ -53,7 +63,7 @@ from pyspark.sql.types import (
 )
 
 from ..client.producer import partition_for_key
-from ..protocol.messages import TopicPartition
+from ..protocol.messages import ProduceRequest, TopicPartition
 from ..protocol.records import COMPRESSION, Header
 from ._client import BlockingClient
 from ._options import OptionError, WriteOptions
@@ -62,11 +72,16 @@ __all__ = ["BatchWriter", "StreamWriter", "WriteResult", "check_columns", "write
 
 log = logging.getLogger(__name__)
 
-_RECORD_OVERHEAD = 24
 _Record = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
 """A record as the batch format stores it: ``[timestamp_ms, key, value, headers]`` (a
 tuple encodes as the same msgpack array as a ``WireRecord``, without making one)."""
 _encoder = msgspec.msgpack.Encoder()
+IN_FLIGHT: Final = 8
+ENCODE_BYTES: Final = 256 * 1024 * 1024
+"""The most bytes of rows encoded at once; a larger Arrow batch is encoded in halves
+(the encoded records of one piece share a buffer of 32-bit offsets)."""
+"""Closed batches a task queues before producing them together (one per partition in
+flight at a time; at most this many batch sizes of memory)."""
 
 
 @dataclass(frozen=True)
@@ -128,34 +143,26 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     return None if index < 0 else batch.column(index)
 
 
+def _as_binary(column: pa.Array) -> pa.Array:
+    """A binary or string column as binary (strings: the same UTF-8 bytes)."""
+    return column if pa.types.is_binary(column.type) else column.cast(pa.binary())
+
+
 def _bytes_list(column: pa.Array | None, rows: int) -> list[bytes | None]:
     """A binary or string column as bytes (strings as UTF-8), None where null or absent."""
     if column is None:
         return [None] * rows
-    if not pa.types.is_binary(column.type):
-        column = column.cast(pa.binary())  # string (the same bytes), or all null
-    return column.to_pylist()
+    return _as_binary(column).to_pylist()
 
 
-def _timestamps_ms(column: pa.Array | None, rows: int, now_ms: int) -> list[int]:
-    """A timestamp column in whole milliseconds (the nearest), ``now_ms`` where null."""
+def _millis(column: pa.Array | None, rows: int, now_ms: int) -> pa.Array:
+    """A timestamp column in whole milliseconds (the nearest), ``now_ms`` where null or
+    absent, as int64."""
     if column is None:
-        return [now_ms] * rows
+        return pa.repeat(pa.scalar(now_ms, pa.int64()), rows)
     micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
     millis = pc.round(pc.divide(micros.cast(pa.float64()), 1000.0)).cast(pa.int64())
-    return pc.fill_null(millis, now_ms).to_pylist()
-
-
-def _sizes(key: pa.Array | None, value: pa.Array | None, rows: int) -> list[int]:
-    """About what each record takes in a batch: a fixed overhead, its key and its value."""
-    total = pa.repeat(pa.scalar(_RECORD_OVERHEAD, pa.int64()), rows)
-    for column in (key, value):
-        if column is not None:
-            if not pa.types.is_binary(column.type):
-                column = column.cast(pa.binary())  # string, or all null
-            length = pc.fill_null(pc.binary_length(column), 0).cast(pa.int64())
-            total = pc.add(total, length)
-    return total.to_pylist()
+    return pc.fill_null(millis, now_ms)
 
 
 def _headers_list(column: pa.Array | None, rows: int) -> list[tuple[Header, ...]]:
@@ -167,14 +174,96 @@ def _headers_list(column: pa.Array | None, rows: int) -> list[tuple[Header, ...]
     ]
 
 
-class _Batches:
-    """Per-partition open batches of one task, sent when full and at the end."""
+# -- records encoded by Arrow -----------------------------------------------------------------
+#
+# A record is the msgpack array [timestamp_ms, key, value, headers]. Encoded with fixed-width
+# forms (legal msgpack, which every reader of the format decodes as it decodes msgspec's
+# shortest forms): fixarray 4 (0x94), the timestamp as int64 (0xd3 and 8 bytes big-endian),
+# key and value as bin32 (0xc6, a 4-byte big-endian length, the bytes) or nil (0xc0), and no
+# headers (an empty fixarray, 0x90). Each piece is an Arrow column or scalar, and one
+# element-wise join makes every record's bytes, contiguous in one buffer: a batch's payload
+# is the array header and a slice of that buffer. Rows with headers take the per-row path.
 
-    def __init__(self, client: BlockingClient, options: WriteOptions) -> None:
+_RECORD_HEAD: Final = pa.scalar(b"\x94\xd3", pa.binary())
+_BIN32: Final = pa.scalar(b"\xc6", pa.binary())
+_NIL: Final = pa.scalar(b"\xc0", pa.binary())
+_NO_HEADERS: Final = pa.scalar(b"\x90", pa.binary())
+_NOTHING: Final = pa.scalar(b"", pa.binary())
+_BIG_ENDIAN_CODES: Final = {4: "i", 8: "q"}
+
+
+def _big_endian(values: pa.Array, width: int) -> pa.Array:
+    """Integers (int32 for width 4, int64 for 8; no nulls) as ``width`` big-endian bytes each,
+    a binary array."""
+    raw = array.array(_BIG_ENDIAN_CODES[width])
+    assert raw.itemsize == width
+    start = values.offset * width
+    raw.frombytes(memoryview(values.buffers()[1])[start : start + len(values) * width])
+    if sys.byteorder == "little":
+        raw.byteswap()
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), len(values), [None, pa.py_buffer(raw)]
+    )
+    return fixed.cast(pa.binary())
+
+
+def _encoded_field(column: pa.Array | None) -> pa.Array | pa.Scalar:
+    """A key or value column as msgpack: bin32 with its length, nil where null."""
+    if column is None or column.null_count == len(column):
+        return _NIL
+    column = _as_binary(column)
+    lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int32())
+    joined = pc.binary_join_element_wise(_BIN32, _big_endian(lengths, 4), column, _NOTHING)
+    return pc.fill_null(joined, _NIL) if column.null_count else joined
+
+
+def _encoded_records(key: pa.Array | None, value: pa.Array | None, millis: pa.Array) -> pa.Array:
+    """Each row's record, msgpack-encoded (see above), as a binary array."""
+    return pc.binary_join_element_wise(
+        _RECORD_HEAD,
+        _big_endian(millis, 8),
+        _encoded_field(key),
+        _encoded_field(value),
+        _NO_HEADERS,
+        _NOTHING,
+    )
+
+
+def _array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` elements."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+class _Open:
+    """One partition's open batch: its records' encoded bytes, in pieces."""
+
+    __slots__ = ("count", "newest", "pieces", "size")
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | memoryview] = []
+        self.count = 0
+        self.size = 0
+        self.newest = -(2**63)
+
+
+class _Batches:
+    """Per-partition open batches of one task, closed when full and at the end, and produced
+    :data:`IN_FLIGHT` at a time (see :meth:`drain`)."""
+
+    def __init__(
+        self, client: BlockingClient, options: WriteOptions, pool: Executor | None = None
+    ) -> None:
         self.client = client
         self.options = options
+        self.pool = pool
+        self.flying: Future[list[int]] | None = None
         self.ident, self.pack, _ = COMPRESSION[options.compression]
-        self.open: dict[TopicPartition, tuple[list[_Record], list[int]]] = {}
+        self.open: dict[TopicPartition, _Open] = {}
+        self.ready: list[ProduceRequest] = []
         self.counts: dict[str, int] = {}
         self.sticky: dict[str, int] = {}
         self.records = 0
@@ -185,6 +274,7 @@ class _Batches:
     def partitions(self, topic: str) -> int:
         count = self.counts.get(topic)
         if count is None:
+            self.wait()  # the client answers one caller at a time
             count = self.counts[topic] = self.client.partition_counts([topic])[topic]
         return count
 
@@ -193,141 +283,204 @@ class _Batches:
             return partition
         if key is not None:
             return partition_for_key(key, self.partitions(topic))
+        return self._sticky(topic)
+
+    def _sticky(self, topic: str) -> int:
         sticky = self.sticky.get(topic)
         if sticky is None:
             sticky = self.sticky[topic] = self.seed % self.partitions(topic)
         return sticky
 
-    def add(self, tp: TopicPartition, record: _Record, size: int) -> None:
-        """Add one record of ``size`` bytes to ``tp``'s open batch; send it once full."""
+    def add(self, tp: TopicPartition, record: _Record) -> None:
+        """Add one record to ``tp``'s open batch; close the batch once full."""
+        encoded = _encoder.encode(record)
         batch = self.open.get(tp)
         if batch is None:
-            batch = self.open[tp] = ([], [0])
-        batch[0].append(record)
-        batch[1][0] += size
-        if batch[1][0] >= self.options.batch_size:
+            batch = self.open[tp] = _Open()
+        batch.pieces.append(encoded)
+        batch.count += 1
+        batch.size += len(encoded)
+        batch.newest = max(batch.newest, record[0])
+        if batch.size >= self.options.batch_size:
             self.send(tp)
 
-    def extend(self, tp: TopicPartition, records: list[_Record], sizes: list[int]) -> None:
-        """Add ``records`` to ``tp``'s open batch in order, sending each batch once full
-        (one running sum per record; the records move in slices)."""
-        batch = self.open.get(tp)
-        total = 0 if batch is None else batch[1][0]
+    def extend(
+        self, tp: TopicPartition, encoded: pa.Array, millis: pa.Array, *, fill: bool = False
+    ) -> None:
+        """Add the records ``encoded`` (a binary array, one element per record; ``millis``
+        their timestamps) to ``tp``'s open batch in order, closing each batch once full:
+        the cuts come from the array's offsets, bisected. With ``fill``, the records move
+        on to the topic's next partition each time a batch closes (records without a
+        key, as the producer does), and ``tp`` is where they start."""
+        rows = len(encoded)
+        offsets = encoded.buffers()[1]
+        ends = array.array("i")
+        ends.frombytes(memoryview(offsets)[encoded.offset * 4 : (encoded.offset + rows + 1) * 4])
+        data = memoryview(encoded.buffers()[2])
         limit = self.options.batch_size
         start = 0
-        for index, size in enumerate(sizes):
-            total += size
-            if total >= limit:
-                self._put(tp, records[start : index + 1], total)
-                self.send(tp)
-                start, total = index + 1, 0
-        if start < len(records):
-            self._put(tp, records[start:], total)
-
-    def _put(self, tp: TopicPartition, records: list[_Record], total: int) -> None:
-        batch = self.open.get(tp)
-        if batch is None:
-            self.open[tp] = (records, [total])
-        else:
-            batch[0].extend(records)
-            batch[1][0] = total
-
-    def stick(self, topic: str, records: list[_Record], sizes: list[int]) -> None:
-        """Add keyless records to ``topic``: they fill the batch of one partition, then
-        move on to the next, as the producer does."""
-        start = 0
-        while start < len(records):
-            tp = TopicPartition(topic, self.choose(topic, None, None))
+        while start < rows:
             batch = self.open.get(tp)
-            total = 0 if batch is None else batch[1][0]
-            end = start
-            while end < len(records) and total < self.options.batch_size:
-                total += sizes[end]
-                end += 1
-            self._put(tp, records[start:end], total)
-            if total >= self.options.batch_size:
-                self.send(tp)  # the next records go to the next partition
+            if batch is None:
+                batch = self.open[tp] = _Open()
+            # The first record that brings the open batch to the limit closes it.
+            cut = min(bisect_left(ends, ends[start] - batch.size + limit, start + 1), rows)
+            batch.pieces.append(data[ends[start] : ends[cut]])
+            batch.count += cut - start
+            batch.size += ends[cut] - ends[start]
+            newest = pc.max(millis.slice(start, cut - start)).as_py()
+            batch.newest = max(batch.newest, newest)
+            start = cut
+            if batch.size >= limit:
+                self.send(tp)
+                if fill:
+                    tp = TopicPartition(tp.topic, self._sticky(tp.topic))
+
+    def _by_key(self, topic: str, batch: pa.RecordBatch, keys: pa.Array, millis: pa.Array) -> None:
+        """Rows that all have a key, to the partitions their keys pick: the hash is computed
+        once per distinct key, the rows sorted by partition in Arrow (a stable sort: each
+        partition keeps the rows' order), so each partition's records are one slice."""
+        count = self.partitions(topic)
+        crc32 = zlib.crc32
+        distinct = pc.dictionary_encode(keys)
+        picks = pa.array([crc32(k) % count for k in distinct.dictionary.to_pylist()], pa.int32())
+        chosen = picks.take(distinct.indices)
+        order = pc.sort_indices(chosen)
+        runs = pc.run_end_encode(chosen.take(order))
+        value = _column(batch, "value")
+        millis = millis.take(order)
+        encoded = _encoded_records(
+            keys.take(order), None if value is None else value.take(order), millis
+        )
+        start = 0
+        for partition, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            self.extend(
+                TopicPartition(topic, partition),
+                encoded.slice(start, end - start),
+                millis.slice(start, end - start),
+            )
             start = end
 
     def add_arrow(self, batch: pa.RecordBatch, now_ms: int) -> None:
         """Add the rows of one Arrow batch (columns as :func:`check_columns` allows).
 
-        The usual shapes (one topic, no partition column, every row keyed or
-        none) go by partition in bulk; any other row by row.
+        The usual shapes (one topic, no partition or headers column, every row
+        keyed or none) are encoded by Arrow and go by partition in bulk; any
+        other row by row.
         """
         rows = batch.num_rows
         if not rows:
             return
+        if rows > 1 and batch.nbytes > ENCODE_BYTES:  # Arrow's binary offsets are 32-bit
+            half = rows // 2
+            self.add_arrow(batch.slice(0, half), now_ms)
+            self.add_arrow(batch.slice(half), now_ms)
+            return
         key_column = _column(batch, "key")
-        value_column = _column(batch, "value")
-        headers_column = _column(batch, "headers")
-        keys = _bytes_list(key_column, rows)
-        values = _bytes_list(value_column, rows)
-        headers = _headers_list(headers_column, rows)
-        stamps = _timestamps_ms(_column(batch, "timestamp"), rows, now_ms)
-        records = list(zip(stamps, keys, values, headers, strict=True))
-        sizes = _sizes(key_column, value_column, rows)
-        if headers_column is not None:
-            sizes = [
-                n + sum(len(k) + len(v) for k, v in h) for n, h in zip(sizes, headers, strict=True)
-            ]
+        millis = _millis(_column(batch, "timestamp"), rows, now_ms)
+        topic = self.options.topic
+        bulk = topic is not None and all(
+            _column(batch, name) is None for name in ("topic", "partition", "headers")
+        )
+        if bulk and (key_column is None or key_column.null_count == rows):
+            assert topic is not None
+            encoded = _encoded_records(None, _column(batch, "value"), millis)
+            self.extend(TopicPartition(topic, self._sticky(topic)), encoded, millis, fill=True)
+            return
+        if bulk and key_column is not None and key_column.null_count == 0:
+            assert topic is not None
+            self._by_key(topic, batch, _as_binary(key_column), millis)
+            return
+        self._row_by_row(batch, millis)
+
+    def _row_by_row(self, batch: pa.RecordBatch, millis: pa.Array) -> None:
+        rows = batch.num_rows
+        keys = _bytes_list(_column(batch, "key"), rows)
+        values = _bytes_list(_column(batch, "value"), rows)
+        headers = _headers_list(_column(batch, "headers"), rows)
+        records = list(zip(millis.to_pylist(), keys, values, headers, strict=True))
         topic_column = _column(batch, "topic")
         partition_column = _column(batch, "partition")
         topic = self.options.topic
-        if topic_column is None and partition_column is None and topic is not None:
-            if key_column is None or key_column.null_count == rows:
-                self.stick(topic, records, sizes)
-                return
-            if key_column.null_count == 0:
-                count = self.partitions(topic)
-                crc32 = zlib.crc32
-                chosen = [crc32(k) % count for k in keys]  # type: ignore[arg-type]
-                by_partition: dict[int, tuple[list[_Record], list[int]]] = {}
-                for partition, record, size in zip(chosen, records, sizes, strict=True):
-                    bucket = by_partition.get(partition)
-                    if bucket is None:
-                        bucket = by_partition[partition] = ([], [])
-                    bucket[0].append(record)
-                    bucket[1].append(size)
-                for partition in sorted(by_partition):
-                    bucket = by_partition[partition]
-                    self.extend(TopicPartition(topic, partition), bucket[0], bucket[1])
-                return
         topics = [topic] * rows if topic_column is None else topic_column.to_pylist()
         partitions = [None] * rows if partition_column is None else partition_column.to_pylist()
-        for row_topic, partition, key, record, size in zip(
-            topics, partitions, keys, records, sizes, strict=True
+        for row_topic, partition, key, record in zip(
+            topics, partitions, keys, records, strict=True
         ):
             if not row_topic:
                 raise OptionError("a row has no topic: give the topic option or fill the column")
-            self.add(
-                TopicPartition(row_topic, self.choose(row_topic, key, partition)), record, size
-            )
+            self.add(TopicPartition(row_topic, self.choose(row_topic, key, partition)), record)
 
     def send(self, tp: TopicPartition) -> None:
-        records, _ = self.open.pop(tp)
-        payload = bytes((self.ident,)) + self.pack(_encoder.encode(records))
-        newest = max(map(itemgetter(0), records))
-        self.client.produce(tp, payload, len(records), newest)
-        self.records += len(records)
+        """Close ``tp``'s open batch: encode it and queue it for :meth:`drain`, which runs
+        once :data:`IN_FLIGHT` batches wait."""
+        batch = self.open.pop(tp)
+        payload = bytes((self.ident,)) + self.pack(
+            b"".join([_array_header(batch.count), *batch.pieces])
+        )
+        self.ready.append(
+            ProduceRequest(tp.topic, tp.partition, payload, batch.count, batch.newest)
+        )
+        self.records += batch.count
         self.sent += 1
         if tp.topic in self.sticky:  # records without a key move on to the next partition
             self.sticky[tp.topic] = (tp.partition + 1) % self.partitions(tp.topic)
+        if len(self.ready) >= IN_FLIGHT:
+            self.drain()
+
+    def drain(self) -> None:
+        """Produce the queued batches, in rounds of at most one per partition (a round's
+        requests in flight together; a partition's batches in the order they were closed).
+
+        With a ``pool`` (one thread), the last round is left in flight while the
+        task encodes its next rows: a round is sent only once the one before it
+        is answered, so a partition never has two batches in flight.
+        """
+        while self.ready:
+            round_: list[ProduceRequest] = []
+            later: list[ProduceRequest] = []
+            taken: set[tuple[str, int]] = set()
+            for request in self.ready:
+                where = (request.topic, request.partition)
+                (later if where in taken else round_).append(request)
+                taken.add(where)
+            self.ready = later
+            self.wait()
+            if self.pool is None:
+                self.client.produce_many(round_)
+            else:
+                self.flying = self.pool.submit(self.client.produce_many, round_)
+
+    def wait(self) -> None:
+        """Wait for the round in flight, if any (raising its error)."""
+        flying, self.flying = self.flying, None
+        if flying is not None:
+            flying.result()
 
     def flush(self) -> None:
+        """Close every open batch and produce everything queued."""
         for tp in sorted(self.open):
             self.send(tp)
+        self.drain()
+        self.wait()
 
 
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
-    """Produce the rows of ``batches`` (one task's) with a client of its own; what was
-    written."""
-    with BlockingClient(options.bootstrap, timeout=options.timeout) as client:
-        out = _Batches(client, options)
-        now_ms = int(time.time() * 1000)
-        for batch in batches:
-            out.add_arrow(batch, now_ms)
-        out.flush()
+    """Produce the rows of ``batches`` (one task's) with a client of its own, each round of
+    requests sent from a thread while the next rows are encoded; what was written."""
+    with (
+        BlockingClient(options.bootstrap, timeout=options.timeout) as client,
+        ThreadPoolExecutor(1, thread_name_prefix="trio_coord produce") as pool,
+    ):
+        out = _Batches(client, options, pool)
+        try:
+            now_ms = int(time.time() * 1000)
+            for batch in batches:
+                out.add_arrow(batch, now_ms)
+            out.flush()
+        finally:
+            if out.flying is not None:  # failing: let the round end before the client closes
+                wait([out.flying])
         return WriteResult(out.records, out.sent)
 
 
