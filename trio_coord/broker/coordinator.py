@@ -510,6 +510,12 @@ class Coordinators:
         service = self.services.get(self.slot_of(group_id))
         return None if service is None else service.runner(group_id)
 
+    def check_owner(self, group_id: str, member_id: str, principal: str) -> None:
+        """AuthorizationError unless ``principal`` joined as ``member_id`` (see GroupRunner)."""
+        runner = self.runner(group_id)
+        if runner is not None and member_id:
+            runner.check_owner(member_id, principal)
+
     def committed_offset(self, group_id: str, tp: TopicPartition) -> int | None:
         """The durable committed offset of ``group_id`` on ``tp`` (None if none here)."""
         service = self.services.get(self.slot_of(group_id))

@@ -45,6 +45,7 @@ from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
 from ..protocol.errors import CoordinatorNotAvailableError, ErrorCode, RequestTimedOutError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
+from ..security.acl import ANONYMOUS
 from ..protocol.messages import (
     BrokerInfo,
     Goodbye,
@@ -52,6 +53,8 @@ from ..protocol.messages import (
     MetadataResponse,
     TopicInfo,
 )
+from ..security.server import ServerSecurity
+from ..security.server import check_settings as check_security_settings
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
@@ -164,6 +167,22 @@ class BrokerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics at ``http://HOST:PORT/metrics`` (0: a free port; None: no
     metrics endpoint). See docs/operations.md, "Metrics"."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) of both listeners; with ``tls_key`` they speak TLS only."""
+    tls_key: str | None = None
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: str | None = None
+    """Require client certificates signed by this CA (PEM); the principal is then the
+    certificate's CN, and authorization is on (deny by default). See docs/security.md."""
+    sasl_mechanisms: tuple[str, ...] = ()
+    """SASL mechanisms offered (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN); any: every connection
+    must log in before anything else, and authorization is on (deny by default)."""
+    super_users: tuple[str, ...] = ()
+    """Principals (``alice`` or ``User:alice``) that bypass ACLs."""
+    allow_plain_without_tls: bool = False
+    """Offer PLAIN (passwords in the clear) on a listener without TLS."""
+    auth_timeout: float = 10.0
+    """A new connection must finish its TLS handshake and its login within this long."""
     tune_gc: bool = False
     """Keep long-lived state out of the garbage collector's walks (``gc.freeze`` after
     loading and every 30 s, a full collection hourly): for a process that runs a broker
@@ -229,6 +248,15 @@ class BrokerConfig:
                     f"{name} ({getattr(self, name)}) must be at least max_frame_size "
                     f"({self.max_frame_size}), so that any one request can be received"
                 )
+        check_security_settings(
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_client_ca=self.tls_client_ca,
+            sasl_mechanisms=self.sasl_mechanisms,
+            allow_plain_without_tls=self.allow_plain_without_tls,
+        )
+        if not self.auth_timeout > 0:
+            raise ValueError("auth_timeout must be positive (seconds)")
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
         if self.coordinator_slots < 1:
@@ -270,6 +298,17 @@ class Broker:
         self.store = store
         self.logs = logs
         self.gc_keeper = CollectorKeeper() if config.tune_gc else None
+        self.security = ServerSecurity(
+            store,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+            tls_client_ca=config.tls_client_ca,
+            sasl_mechanisms=config.sasl_mechanisms,
+            super_users=config.super_users,
+            auth_timeout=config.auth_timeout,
+        )
+        """TLS, logins and the authorizer of both listeners (docs/security.md)."""
+        self._handshaking = 0
         """Keeps long-lived state out of the collector's walks (``config.tune_gc``)."""
         self.metrics: BrokerMetrics | None = None
         """Its Prometheus metrics (None without ``config.metrics_port``)."""
@@ -520,7 +559,7 @@ class Broker:
         """
         ip = _peer_ip(stream)
         config = self.config
-        if len(self._connections) >= self.max_connections:
+        if len(self._connections) + self._handshaking >= self.max_connections:
             why = f"{len(self._connections)} open (max_connections {self.max_connections})"
             await self._refuse(stream, why)
             return
@@ -529,18 +568,32 @@ class Broker:
             why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
             await self._refuse(stream, why)
             return
-        conn = Connection(
-            stream,
-            max_frame_size=config.max_frame_size,
-            max_in_flight=config.max_in_flight,
-            max_bytes=config.max_connection_bytes,
-            shared=self._shared_bytes,
-        )
-        conn.handler = BrokerHandler(self, conn)
-        self._connections.add(conn)
+        conn: Connection | None = None
         if ip is not None:
             self._per_ip[ip] += 1
         try:
+            principal = ANONYMOUS
+            if self.security.ssl_context is not None or self.security.sasl:
+                # (in this connection's task, under auth_timeout: the accept loop goes on)
+                self._handshaking += 1
+                try:
+                    secured = await self.security.accept_native(stream)
+                finally:
+                    self._handshaking -= 1
+                if secured is None:
+                    await trio.aclose_forcefully(stream)
+                    return
+                stream, principal = secured
+            conn = Connection(
+                stream,
+                max_frame_size=config.max_frame_size,
+                max_in_flight=config.max_in_flight,
+                max_bytes=config.max_connection_bytes,
+                shared=self._shared_bytes,
+            )
+            conn.principal = principal
+            conn.handler = BrokerHandler(self, conn)
+            self._connections.add(conn)
             await conn.serve()
         except Exception:
             # Connection.serve raises nothing for what a peer does; should a bug let an
@@ -548,7 +601,8 @@ class Broker:
             # nursery of every connection is the broker's services nursery.
             log.exception("connection %s failed and was closed", conn.name)
         finally:
-            self._connections.discard(conn)
+            if conn is not None:
+                self._connections.discard(conn)
             if ip is not None:
                 self._per_ip[ip] -= 1
                 if not self._per_ip[ip]:
@@ -616,6 +670,8 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
                 await nursery.start(self._reap_connections)
+                if self.security.needs_cache:
+                    await nursery.start(self.security.cache.run)
                 if self.gc_keeper is not None:
                     nursery.start_soon(self.gc_keeper.run)
                 if self.config.metrics_port is not None:
@@ -801,6 +857,7 @@ def _topic_name(info: TopicInfo) -> str:
 
 
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
+    stream = getattr(stream, "transport_stream", stream)
     sock = getattr(stream, "socket", None)
     if sock is None:
         return None

@@ -24,6 +24,8 @@ from typing import Any, Final, Protocol, TypeVar
 
 import trio
 
+from ..security.acl import ANONYMOUS, Authorizer
+from ..security.server import ServerSecurity
 from .codec import RequestHead, known_versions
 from .service import KafkaLimits, KafkaService
 
@@ -35,6 +37,7 @@ HANDLER_MODULES: Final = (
     "trio_coord.kafka.fetch",
     "trio_coord.kafka.admin",
     "trio_coord.kafka.groups",
+    "trio_coord.kafka.sasl",
 )
 """The modules whose ``APIS`` the front end serves."""
 
@@ -71,6 +74,15 @@ class RequestContext:
     turn: trio.Event | None = None
     conn: ClientConnection | None = None
     """The connection (None in tests that call a handler directly)."""
+    principal: str = ANONYMOUS
+    """Who the client proved to be (``User:ANONYMOUS`` without authentication)."""
+
+    def allowed(self, operation: str, resource_type: str, name: str) -> bool:
+        """May this request's principal do ``operation`` on the resource (docs/security.md)?"""
+        authorizer = self.front.authorizer
+        return authorizer is None or authorizer.allowed(
+            self.principal, operation, resource_type, name
+        )
 
     @property
     def version(self) -> int:
@@ -155,6 +167,13 @@ class FrontEnd:
         self.limits = limits
         self.table = load_table(modules)
         self._states: dict[type[Any], Any] = {}
+        security = getattr(service, "security", None)
+        self.security: ServerSecurity | None = security
+        """The broker's TLS, logins and authorizer (None: a test double without them)."""
+        self.authorizer: Authorizer | None = (
+            security.authorizer if security is not None and security.authorizer.enabled else None
+        )
+        """None when authorization is off (nothing to check)."""
 
     def state(self, kind: Callable[[FrontEnd], _S]) -> _S:
         """The one instance of ``kind`` (a module's per-broker state) for this front end."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ import trio
 
 from .._aio import unwrap_lone_exception
 from ..protocol.budget import ByteBudget
+from ..security.acl import ANONYMOUS
 from .codec import (
     API_VERSIONS,
     KafkaCode,
@@ -59,6 +61,8 @@ _DEBUG = functools.partial(log.isEnabledFor, logging.DEBUG)
 _SIZE = struct.Struct(">i")
 _RECEIVE_CHUNK = 256 * 1024
 _REFUSAL_LOG_INTERVAL = 10.0
+_BEFORE_LOGIN = frozenset({API_VERSIONS, 17, 36})
+"""ApiVersions, SaslHandshake, SaslAuthenticate: all a client may send before its login."""
 
 
 class MalformedRequest(Exception):
@@ -141,13 +145,29 @@ class KafkaListener:
             return
         self.connections += 1
         peer = _peer_name(stream)
+        security = self.front.security
         try:
-            await _Connection(self, stream, peer).serve()
+            principal = ANONYMOUS
+            if security is not None and security.ssl_context is not None:
+                # (in this connection's task, under auth_timeout: the accept loop goes on)
+                with trio.move_on_after(security.auth_timeout):
+                    stream, principal = await security.tls_handshake(stream)
+            conn = _Connection(self, stream, peer)
+            conn.principal = principal
+            conn.principal_known = security is None or not security.sasl
+            if security is not None and security.ssl_context is not None and not isinstance(
+                stream, trio.SSLStream
+            ):
+                log.info("Kafka connection from %s: no TLS handshake within the deadline", peer)
+                return
+            await conn.serve()
         except MalformedRequest as exc:
             self.malformed += 1
             log.warning("closing Kafka connection from %s: %s", peer, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away
+            pass  # the client went away (or its TLS handshake failed)
+        except ssl.SSLError as exc:
+            log.info("TLS with Kafka client %s failed: %s", peer, exc)
         except Exception:
             log.exception("Kafka connection from %s failed and was closed", peer)
         finally:
@@ -176,6 +196,18 @@ class _Connection:
         self.closed = False
         """True once the client closed (or the connection failed): its group members are gone."""
         self._on_close: list[Callable[[], None]] | None = None
+        self.principal = ANONYMOUS
+        """Who the client is: its login's user, its certificate's CN, or anonymous."""
+        self.principal_known = True
+        """False until a broker that requires SASL has seen this client log in."""
+        self.sasl_server: Any = None
+        """The login in progress (``trio_coord.kafka.sasl``)."""
+        self.login_failed = False
+        """A login was refused: its answer is written, then the connection closes."""
+
+    def logged_in(self, principal: str) -> None:
+        """The SASL login succeeded: requests are served as ``principal`` from now on."""
+        self.principal, self.principal_known, self.sasl_server = principal, True, None
 
     @property
     def peer(self) -> str:
@@ -212,8 +244,17 @@ class _Connection:
         finally:
             self._ended()
 
+    async def _login_deadline(self, scope: trio.CancelScope, timeout: float) -> None:
+        await trio.sleep(timeout)
+        if not self.principal_known:
+            log.info("closing Kafka connection from %s: no login within %gs", self._peer, timeout)
+            scope.cancel()
+
     async def _serve_all(self) -> None:
         async with trio.open_nursery() as nursery:
+            security = self._front.security
+            if not self.principal_known and security is not None:
+                nursery.start_soon(self._login_deadline, nursery.cancel_scope, security.auth_timeout)
             nursery.start_soon(self._write_loop, nursery.cancel_scope)
             try:
                 await self._read_loop(nursery)
@@ -295,6 +336,12 @@ class _Connection:
             raise MalformedRequest(str(exc)) from None
         if _DEBUG():
             log.debug("%s: API %d v%d", self._peer, head.api_key, head.api_version)
+        if self.login_failed:
+            raise MalformedRequest("a request after a refused login")
+        if not self.principal_known and head.api_key not in _BEFORE_LOGIN:
+            raise MalformedRequest(
+                f"API key {head.api_key} before the SASL login this broker requires"
+            )
         api = self._front.table.get(head.api_key)
         served = api is not None and api.min_version <= head.api_version <= api.max_version
         schema = request_schema(head.api_key, head.api_version)
@@ -328,7 +375,9 @@ class _Connection:
             charge += await self._take(extra)
         slot = _Slot(charge)
         finish = await self._queue(slot)
-        ctx = RequestContext(self._front, head, header.client_id, self._peer, conn=self)
+        ctx = RequestContext(
+            self._front, head, header.client_id, self._peer, conn=self, principal=self.principal
+        )
         if api.ordered:
             ctx.after, ctx.turn = self._turn, trio.Event()
             self._turn = ctx.turn
@@ -385,6 +434,7 @@ class _Connection:
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
+    stream = getattr(stream, "transport_stream", stream)  # (under TLS: the socket's)
     sock = getattr(stream, "socket", None)
     if sock is None:
         return "(stream)"
