@@ -240,9 +240,11 @@ class ClusterMember:
         slots: int,
         session_timeout: float,
         claim_grace: float = 1.0,
+        zk_auth: str | None = None,
     ) -> None:
         self._broker = broker
         self._url = url
+        self._zk_auth = zk_auth
         self.slots = slots
         self._session_timeout = session_timeout
         self._claim_grace = claim_grace
@@ -299,7 +301,11 @@ class ClusterMember:
         while True:
             try:
                 return await stack.enter_async_context(
-                    open_zookeeper_store(self._url, session_timeout=self._session_timeout)
+                    open_zookeeper_store(
+                        self._url,
+                        session_timeout=self._session_timeout,
+                        auth=self._zk_auth,
+                    )
                 )
             except StoreConnectionError as exc:
                 log.warning("broker %d: %s; retrying", self.broker_id, exc)

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..protocol.connection import Connection, RequestHandler
 from ..core.validation import PATTERN_PREFIX
+from ..protocol.connection import Connection, RequestHandler
 from ..protocol.errors import (
     AuthorizationError,
     BrokerShuttingDownError,

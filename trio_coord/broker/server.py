@@ -45,7 +45,6 @@ from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection
 from ..protocol.errors import CoordinatorNotAvailableError, ErrorCode, RequestTimedOutError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
-from ..security.acl import ANONYMOUS
 from ..protocol.messages import (
     BrokerInfo,
     Goodbye,
@@ -53,6 +52,7 @@ from ..protocol.messages import (
     MetadataResponse,
     TopicInfo,
 )
+from ..security.acl import ANONYMOUS
 from ..security.server import ServerSecurity
 from ..security.server import check_settings as check_security_settings
 from ..store import open_embedded_store, open_zookeeper_store
@@ -182,6 +182,9 @@ class BrokerConfig:
     allow_plain_without_tls: bool = False
     """Offer PLAIN (passwords in the clear) on a listener without TLS."""
     auth_timeout: float = 10.0
+    zk_auth: str | None = field(default=None, repr=False)
+    """Cluster only: ZooKeeper digest credentials (``user:password``); the nodes the brokers
+    create are then readable and writable by that user only (``--zk-auth``)."""
     """A new connection must finish its TLS handshake and its login within this long."""
     tune_gc: bool = False
     """Keep long-lived state out of the garbage collector's walks (``gc.freeze`` after
@@ -331,6 +334,7 @@ class Broker:
                 slots=config.coordinator_slots,
                 session_timeout=config.zk_session_timeout,
                 claim_grace=config.claim_grace,
+                zk_auth=config.zk_auth,
             )
         self.topics: TopicManager = TopicManager(
             self.writer,
@@ -599,7 +603,9 @@ class Broker:
             # Connection.serve raises nothing for what a peer does; should a bug let an
             # exception through anyway, it costs this connection only: the handler
             # nursery of every connection is the broker's services nursery.
-            log.exception("connection %s failed and was closed", conn.name)
+            log.exception(
+                "connection %s failed and was closed", conn.name if conn else _peer_ip(stream)
+            )
         finally:
             if conn is not None:
                 self._connections.discard(conn)
@@ -879,7 +885,9 @@ async def _open_store(
             yield embedded, None
     else:
         require_zk_url(store)  # (a path is no store: the embedded one is the default)
-        async with open_zookeeper_store(store, session_timeout=config.zk_session_timeout) as zk:
+        async with open_zookeeper_store(
+            store, session_timeout=config.zk_session_timeout, auth=config.zk_auth
+        ) as zk:
             yield zk, store
 
 

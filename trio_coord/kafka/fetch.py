@@ -127,6 +127,8 @@ def _read(
     failed = False
     for topic, p in wanted:
         try:
+            if not ctx.allowed("read", "topic", topic):
+                raise KafkaError(KafkaCode.topic_authorization_failed, f"no READ on {topic}")
             check_partition(service, topic, p.partition)
             log = service.logs.get(topic, p.partition)
             if log is None:
@@ -218,6 +220,8 @@ def _list_offsets_now(ctx: RequestContext, body: Any) -> Any:
         parts = []
         for p in t.partitions:
             try:
+                if not ctx.allowed("describe", "topic", t.name):
+                    raise KafkaError(KafkaCode.topic_authorization_failed, "no DESCRIBE")
                 check_partition(service, t.name, p.partition_index)
                 offset, timestamp = _offset_for(
                     service.logs.get(t.name, p.partition_index), p.timestamp

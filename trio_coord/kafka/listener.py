@@ -155,8 +155,10 @@ class KafkaListener:
             conn = _Connection(self, stream, peer)
             conn.principal = principal
             conn.principal_known = security is None or not security.sasl
-            if security is not None and security.ssl_context is not None and not isinstance(
-                stream, trio.SSLStream
+            if (
+                security is not None
+                and security.ssl_context is not None
+                and not isinstance(stream, trio.SSLStream)
             ):
                 log.info("Kafka connection from %s: no TLS handshake within the deadline", peer)
                 return
@@ -244,17 +246,19 @@ class _Connection:
         finally:
             self._ended()
 
-    async def _login_deadline(self, scope: trio.CancelScope, timeout: float) -> None:
-        await trio.sleep(timeout)
+    async def _login_deadline(self, scope: trio.CancelScope, seconds: float) -> None:
+        await trio.sleep(seconds)
         if not self.principal_known:
-            log.info("closing Kafka connection from %s: no login within %gs", self._peer, timeout)
+            log.info("closing Kafka connection from %s: no login within %gs", self._peer, seconds)
             scope.cancel()
 
     async def _serve_all(self) -> None:
         async with trio.open_nursery() as nursery:
             security = self._front.security
             if not self.principal_known and security is not None:
-                nursery.start_soon(self._login_deadline, nursery.cancel_scope, security.auth_timeout)
+                nursery.start_soon(
+                    self._login_deadline, nursery.cancel_scope, security.auth_timeout
+                )
             nursery.start_soon(self._write_loop, nursery.cancel_scope)
             try:
                 await self._read_loop(nursery)

@@ -90,6 +90,20 @@ def _metadata(ctx: RequestContext, names: list[str] | None) -> Any:
     known = service.topics.partitions
     for name in sorted(known) if names is None else names:
         count = known.get(name)
+        if not ctx.allowed("describe", "topic", name):
+            if names is None:
+                continue  # (all topics: only those the principal may describe, as Kafka does)
+            topics.append(
+                make(
+                    topic_cls,
+                    error_code=KafkaCode.topic_authorization_failed,
+                    name=name,
+                    topic_id=uuid.UUID(int=0),
+                    is_internal=False,
+                    partitions=(),
+                )
+            )
+            continue
         if count is None:
             topics.append(
                 make(

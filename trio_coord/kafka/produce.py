@@ -172,6 +172,11 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
                     KafkaCode.transactional_id_authorization_failed,
                     "transactions are not supported by this broker",
                 )
+            if not ctx.allowed("write", "topic", topic):
+                raise KafkaError(
+                    KafkaCode.topic_authorization_failed,
+                    f"{ctx.principal} may not WRITE topic {topic!r}",
+                )
             if acks not in (0, 1, -1):
                 raise KafkaError(KafkaCode.invalid_required_acks, f"acks {acks} is not 0, 1, -1")
             base, start = await _append(ctx, topic, part.index, part.records, deadline, once)

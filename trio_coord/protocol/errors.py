@@ -14,7 +14,6 @@ import enum
 
 __all__ = [
     "AuthorizationError",
-    "SaslAuthenticationError",
     "BrokerShuttingDownError",
     "ConnectionClosedError",
     "CoordError",
@@ -49,6 +48,7 @@ __all__ = [
     "RecordTooLargeError",
     "RequestTimedOutError",
     "ResourcesExhaustedError",
+    "SaslAuthenticationError",
     "StorageError",
     "TopicAlreadyExistsError",
     "UnknownMemberError",

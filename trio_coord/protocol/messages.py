@@ -27,12 +27,6 @@ from typing import NamedTuple
 import msgspec
 
 __all__ = [
-    "SecurityAdminResponse",
-    "SecurityAdminRequest",
-    "SaslHandshakeResponse",
-    "SaslHandshakeRequest",
-    "SaslAuthenticateResponse",
-    "SaslAuthenticateRequest",
     "EARLIEST",
     "LATEST",
     "NO_OFFSET",
@@ -92,6 +86,12 @@ __all__ = [
     "ResetOffsetsResponse",
     "Response",
     "ResponseBody",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
+    "SecurityAdminRequest",
+    "SecurityAdminResponse",
     "StartFetchersRequest",
     "StartFetchersResponse",
     "StopFetchersRequest",

@@ -60,9 +60,7 @@ class Acl(msgspec.Struct, frozen=True, kw_only=True):
         if not self.principal.startswith("User:") or len(self.principal) == 5:
             raise ValueError(f"principal {self.principal!r} is not User:NAME (or User:*)")
         if self.operation not in OPERATIONS:
-            raise ValueError(
-                f"operation {self.operation!r} is not one of {', '.join(OPERATIONS)}"
-            )
+            raise ValueError(f"operation {self.operation!r} is not one of {', '.join(OPERATIONS)}")
         if self.resource_type not in RESOURCE_TYPES:
             raise ValueError(f"resource type {self.resource_type!r} is not topic, group, cluster")
         if not self.name:
@@ -73,8 +71,10 @@ class Acl(msgspec.Struct, frozen=True, kw_only=True):
 
     def describe(self) -> str:
         """One line: ``User:alice may READ topic orders (prefixed)``."""
-        what = "the cluster" if self.resource_type == "cluster" else (
-            f"{self.resource_type} {self.name}"
+        what = (
+            "the cluster"
+            if self.resource_type == "cluster"
+            else (f"{self.resource_type} {self.name}")
         )
         return (
             f"{self.principal} may {self.operation.upper()} {what}"

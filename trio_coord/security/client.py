@@ -124,7 +124,9 @@ async def _login(stream: trio.abc.Stream, sasl: Sasl) -> None:
             await stream.send_all(codec.encode(Request(corr, body)))
             data = await reader.read_frame()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ConnectionClosedError(f"the broker closed the connection while logging in: {exc}") from None
+            raise ConnectionClosedError(
+                f"the broker closed the connection while logging in: {exc}"
+            ) from None
         if data is None:
             raise ConnectionClosedError(
                 "the broker closed the connection while logging in (does it use TLS? "

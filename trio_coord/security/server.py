@@ -116,9 +116,7 @@ class ServerSecurity:
         auth_timeout: float = 10.0,
     ) -> None:
         self.ssl_context = (
-            server_ssl_context(tls_cert, tls_key, tls_client_ca)
-            if tls_cert and tls_key
-            else None
+            server_ssl_context(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
         )
         self.client_certs = bool(tls_client_ca)
         self.mechanisms = tuple(sasl_mechanisms)

@@ -60,12 +60,14 @@ class _User(msgspec.Struct, frozen=True):
     credentials: list[_Credential]
 
 
+def _wire(c: ScramCredential) -> _Credential:
+    return _Credential(c.mechanism, c.salt, c.iterations, c.stored_key, c.server_key)
+
+
 def check_user_name(name: str) -> str:
     """``name``, or ValueError saying what a user name may contain."""
     if not _USER_NAME.fullmatch(name):
-        raise ValueError(
-            f"user name {name!r} must be 1 to 200 letters, digits or . _ @ + -"
-        )
+        raise ValueError(f"user name {name!r} must be 1 to 200 letters, digits or . _ @ + -")
     return name
 
 
@@ -102,17 +104,8 @@ async def add_user(
                 f"{mech!r} is not a SCRAM mechanism: use {', '.join(SCRAM_MECHANISMS)} "
                 "(PLAIN logins are checked against the SCRAM-SHA-256 credential)"
             )
-    await _ensure(store)
     creds = [ScramCredential.make(m, password, iterations=iterations) for m in mechs]
-    data = msgspec.json.encode(_User(name, [_Credential(*msgspec.structs.astuple(c)) for c in creds]))
-    path = f"{USERS}/{name}"
-    if await store.exists(path) is None:
-        if len(await store.children(USERS)) >= MAX_USERS:
-            raise ValueError(f"the store holds {MAX_USERS} users already (the limit)")
-        await store.create(path, data)
-    else:
-        await store.set(path, data)
-    await _changed(store)
+    await set_credentials(store, name, creds)
 
 
 async def delete_user(store: MetadataStore, name: str) -> bool:
@@ -250,7 +243,9 @@ class SecurityCache:
                     task_status.started()
 
 
-async def set_credentials(store: MetadataStore, name: str, credentials: list[ScramCredential]) -> None:
+async def set_credentials(
+    store: MetadataStore, name: str, credentials: list[ScramCredential]
+) -> None:
     """Create ``name`` (or replace its credentials) with credentials derived elsewhere."""
     check_user_name(name)
     if not credentials:
@@ -259,9 +254,7 @@ async def set_credentials(store: MetadataStore, name: str, credentials: list[Scr
         if c.mechanism not in SCRAM_MECHANISMS or not 4096 <= c.iterations <= 1_000_000:
             raise ValueError(f"a credential for {c.mechanism!r} with {c.iterations} iterations")
     await _ensure(store)
-    data = msgspec.json.encode(
-        _User(name, [_Credential(*msgspec.structs.astuple(c)) for c in credentials])
-    )
+    data = msgspec.json.encode(_User(name, [_wire(c) for c in credentials]))
     path = f"{USERS}/{name}"
     if await store.exists(path) is None:
         if len(await store.children(USERS)) >= MAX_USERS:
@@ -274,7 +267,7 @@ async def set_credentials(store: MetadataStore, name: str, credentials: list[Scr
 
 def encode_credentials(credentials: list[ScramCredential]) -> bytes:
     """The JSON a client sends to have a broker store these credentials."""
-    return msgspec.json.encode([_Credential(*msgspec.structs.astuple(c)) for c in credentials])
+    return msgspec.json.encode([_wire(c) for c in credentials])
 
 
 async def security_admin(store: MetadataStore, request: SecurityAdminRequest) -> tuple[bytes, int]:
