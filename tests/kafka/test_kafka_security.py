@@ -57,8 +57,18 @@ class Secured:
         """Run ``trio-coord ARGS --bootstrap B --tls-ca CA --user USER`` (password in env)."""
         env = {**os.environ, "TRIO_COORD_PASSWORD": PASSWORDS[user]}
         done = subprocess.run(
-            [sys.executable, "-m", "trio_coord", *args]
-            + ["--bootstrap", self.broker.native, "--tls-ca", self.ca, "--user", user],
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                *args,
+                "--bootstrap",
+                self.broker.native,
+                "--tls-ca",
+                self.ca,
+                "--user",
+                user,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -98,7 +108,8 @@ def make_certificates(directory: Path) -> None:
             "server.csr", "-subj", "/CN=localhost")  # fmt: skip
     (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +120,17 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     make_certificates(directory)
     for user, password in PASSWORDS.items():  # offline, before the broker starts
         subprocess.run(
-            [sys.executable, "-m", "trio_coord", "users", "add", user, "--password-stdin"]
-            + ["--data-dir", str(directory / "data")],
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                "users",
+                "add",
+                user,
+                "--password-stdin",
+                "--data-dir",
+                str(directory / "data"),
+            ],
             input=password + "\n",
             check=True,
             capture_output=True,
@@ -339,7 +359,7 @@ def test_the_super_user_needs_no_acls(secured: Secured, name: str) -> None:
     admin.delete_topics([name])[name].result(15)
 
 
-# -- the native client and the CLI ------------------------------------------------------------------
+# -- the native client and the CLI ----------------------------------------------------------
 
 
 async def test_native_clients_with_tls_and_scram(secured: Secured, name: str) -> None:
