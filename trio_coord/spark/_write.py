@@ -322,7 +322,9 @@ class _Batches:
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
     """Produce the rows of ``batches`` (one task's) with a client of its own; what was
     written."""
-    with BlockingClient(options.bootstrap, timeout=options.timeout) as client:
+    with BlockingClient(
+        options.bootstrap, timeout=options.timeout, security=options.security
+    ) as client:
         out = _Batches(client, options)
         now_ms = int(time.time() * 1000)
         for batch in batches:

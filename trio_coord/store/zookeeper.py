@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 from kazoo import exceptions as kz
+from kazoo.security import OPEN_ACL_UNSAFE
 from trio_util import AsyncValue
 
 from .._aio import unwrap_lone_exception
@@ -380,8 +381,18 @@ class ZooKeeperStore(MetadataStore):
                 ancestors.append(node)
                 node = parent_path(node)
             for full in reversed(ancestors):
+                # The chroot's ancestors may be shared with other clusters (or tests): they
+                # stay open; the digest ACL (--zk-auth) closes the chroot and what is in it.
+                acl = OPEN_ACL_UNSAFE if full != self.chroot else None
                 with contextlib.suppress(NodeExistsError):
-                    await self._request("create chroot", full, self._client.create_async, full, b"")
+                    if (
+                        await self._request("check chroot", full, self._client.exists_async, full)
+                        is not None
+                    ):
+                        continue
+                    await self._request(
+                        "create chroot", full, self._client.create_async, full, b"", acl
+                    )
 
     async def aclose(self) -> None:
         """End the session: ZooKeeper removes its ephemeral nodes; further calls raise.

@@ -1,0 +1,229 @@
+"""Security pieces in process: SCRAM against RFC 7677, the authorizer, Spark's blocking
+client with TLS + SCRAM, and two brokers on a ZooKeeper with digest auth.
+
+The end-to-end tests with real Kafka clients, the CLI and a broker process
+are in ``tests/kafka/test_kafka_security.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_coord import open_admin, open_broker
+from trio_coord.protocol.errors import AuthorizationError, SaslAuthenticationError
+from trio_coord.security import Acl, Authorizer, Sasl, client_ssl_context
+from trio_coord.security import store as security_store
+from trio_coord.security.scram import (
+    AuthenticationError,
+    ScramClient,
+    ScramCredential,
+    ScramServer,
+)
+from trio_coord.spark._client import BlockingClient
+from trio_coord.spark._options import OptionError, read_options
+from trio_coord.store import open_zookeeper_store
+from trio_coord.store.base import StoreError
+
+# -- SCRAM --------------------------------------------------------------------------------------
+
+
+def test_scram_client_matches_rfc_7677_example() -> None:
+    """The SCRAM-SHA-256 exchange of RFC 7677, section 3, byte for byte."""
+    client = ScramClient("SCRAM-SHA-256", "user", "pencil")
+    client._nonce = "rOprNGfwEbeRWgbNEkqO"
+    client._first_bare = "n=user,r=rOprNGfwEbeRWgbNEkqO"
+    assert client.first() == b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+    server_first = (
+        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+    )
+    assert client.final(server_first) == (
+        b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+        b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+    )
+    client.verify(b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
+    with pytest.raises(AuthenticationError):
+        client.verify(b"v=" + base64.b64encode(b"x" * 32))
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_server_accepts_the_password_and_nothing_else(mechanism: str) -> None:
+    """A stored credential (no password kept) verifies the right password only; an unknown
+    user fails at the same step as a wrong password."""
+    stored = ScramCredential.make(mechanism, "s3cret", iterations=4096)
+    assert b"s3cret" not in repr(stored).encode()
+
+    def login(user: str, password: str) -> str | None:
+        server = ScramServer(mechanism, lambda u, m: stored if u == "alice" else None)
+        client = ScramClient(mechanism, user, password)
+        try:
+            final = server.step(client.final(server.step(client.first())))
+        except AuthenticationError:
+            return None
+        client.verify(final)
+        return server.user
+
+    assert login("alice", "s3cret") == "alice"
+    assert login("alice", "wrong") is None
+    assert login("mallory", "s3cret") is None
+
+
+def test_scram_server_refuses_malformed_messages() -> None:
+    """Garbage, a nonce that is not the server's, or a third message: AuthenticationError."""
+    stored = ScramCredential.make("SCRAM-SHA-256", "pw")
+    for first in (b"", b"\xff\xfe", b"x" * 5000, b"n,,r=only-nonce", b"p=tls,,n=a,r=b"):
+        with pytest.raises(AuthenticationError):
+            ScramServer("SCRAM-SHA-256", lambda u, m: stored).step(first)
+    server = ScramServer("SCRAM-SHA-256", lambda u, m: stored)
+    server.step(b"n,,n=alice,r=abc")
+    with pytest.raises(AuthenticationError, match="nonce"):
+        server.step(b"c=biws,r=abcNOTTHESERVERS,p=AAAA")
+    with pytest.raises(AuthenticationError):
+        server.step(b"anything")
+
+
+# -- the authorizer -------------------------------------------------------------------------------
+
+
+def test_authorizer_denies_by_default_and_grants_what_acls_say() -> None:
+    """Literal, wildcard and prefixed grants; DESCRIBE implied by READ; super users; off."""
+    auth = Authorizer(enabled=True, super_users=["root"])
+    assert not auth.allowed("User:alice", "read", "topic", "orders")
+    auth.replace(
+        [
+            Acl(principal="User:alice", operation="read", resource_type="topic", name="orders"),
+            Acl(
+                principal="User:*",
+                operation="write",
+                resource_type="topic",
+                name="logs-",
+                prefixed=True,
+            ),
+            Acl(principal="User:bob", operation="all", resource_type="group", name="*"),
+        ]
+    )
+    assert auth.allowed("User:alice", "read", "topic", "orders")
+    assert auth.allowed("User:alice", "describe", "topic", "orders")
+    assert not auth.allowed("User:alice", "write", "topic", "orders")
+    assert not auth.allowed("User:alice", "read", "topic", "orders2")
+    assert auth.allowed("User:carol", "write", "topic", "logs-app")
+    assert not auth.allowed("User:carol", "write", "topic", "log")
+    assert auth.allowed("User:bob", "delete", "group", "anything")
+    assert not auth.allowed("User:bob", "read", "topic", "orders")
+    assert auth.allowed("User:root", "delete", "cluster", "kafka-cluster")
+    assert Authorizer(enabled=False).allowed("User:ANONYMOUS", "delete", "topic", "x")
+    with pytest.raises(ValueError, match="operation"):
+        Acl(principal="User:a", operation="steal", resource_type="topic", name="t").check()
+
+
+# -- Spark's blocking client ------------------------------------------------------------------
+
+
+def make_certificates(directory: Path) -> Path:
+    """A CA and a server certificate for 127.0.0.1 (openssl); returns the directory."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
+    return directory
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One CA and server certificate for the module."""
+    return make_certificates(tmp_path_factory.mktemp("certs"))
+
+
+async def test_spark_client_with_tls_and_scram(certificates: Path) -> None:
+    """The data source's options carry TLS and the login: its blocking client reads metadata
+    as alice (who may describe the topic), and a wrong password is refused."""
+    async with open_broker(
+        None,
+        tls_cert=str(certificates / "server.pem"),
+        tls_key=str(certificates / "server.key"),
+        sasl_mechanisms=("SCRAM-SHA-256",),
+    ) as broker:
+        await security_store.add_user(broker.store, "alice", "pw", iterations=4096)
+        await broker.topics.create_topic("events", 3)
+        await security_store.add_acl(
+            broker.store,
+            Acl(principal="User:alice", operation="describe", resource_type="topic", name="events"),
+        )
+        await broker.security.cache.reload()
+        base = {
+            "bootstrap": broker.bootstrap,
+            "topic": "events",
+            "tlsCa": str(certificates / "ca.pem"),
+        }
+
+        def counts(password: str) -> dict[str, int]:
+            options = read_options({**base, "user": "alice", "password": password}, streaming=False)
+            with BlockingClient(options.bootstrap, timeout=5, security=options.security) as client:
+                return client.partition_counts(["events"])
+
+        assert await trio.to_thread.run_sync(counts, "pw") == {"events": 3}
+        with pytest.raises(SaslAuthenticationError):
+            await trio.to_thread.run_sync(counts, "wrong")
+    with pytest.raises(OptionError, match="password"):
+        read_options({"bootstrap": "127.0.0.1:1", "topic": "t", "user": "alice"}, streaming=False)
+
+
+# -- a cluster on a ZooKeeper with digest auth ----------------------------------------------------
+
+
+async def test_two_brokers_on_zookeeper_with_auth(tmp_path, zookeeper_server, zk_chroot) -> None:
+    """Brokers log in to ZooKeeper (--zk-auth); their nodes are closed to other ZooKeeper
+    clients; an ACL added through one broker is in force on the other at once (watch)."""
+    url = zookeeper_server.url(zk_chroot)
+    zk_auth = "brokers:zk-secret"
+    async with open_zookeeper_store(url, auth=zk_auth) as store:  # the first users, offline
+        await security_store.add_user(store, "admin", "admin-pw", iterations=4096)
+        await security_store.add_user(store, "alice", "alice-pw", iterations=4096)
+    settings = dict(
+        store=url,
+        zk_auth=zk_auth,
+        sasl_mechanisms=("SCRAM-SHA-256",),
+        super_users=("admin",),
+        coordinator_slots=2,
+        zk_session_timeout=2.0,
+        claim_grace=0.2,
+    )
+    async with (
+        open_broker(tmp_path / "b1", broker_id=1, **settings) as one,
+        open_broker(tmp_path / "b2", broker_id=2, **settings) as two,
+        open_admin(one.bootstrap, sasl=Sasl("admin", "admin-pw"), api_timeout=20) as admin,
+        open_admin(two.bootstrap, sasl=Sasl("alice", "alice-pw"), api_timeout=20) as alice,
+    ):
+        await admin.create_topic("shared", 2)
+        with pytest.raises(AuthorizationError, match="User:alice may not DESCRIBE topic"):
+            await alice.describe_topics(["shared"])
+        await admin.add_acl(
+            Acl(principal="User:alice", operation="read", resource_type="topic", name="shared")
+        )
+        with trio.fail_after(10):  # broker two learns it from its watch
+            while not two.security.authorizer.allowed("User:alice", "read", "topic", "shared"):
+                await trio.sleep(0.02)
+        assert [t.name for t in await alice.describe_topics(["shared"])] == ["shared"]
+    async with open_zookeeper_store(url) as outsider:  # no credentials
+        with pytest.raises(StoreError):
+            await outsider.get("/security/users/alice")
+        with pytest.raises(StoreError):
+            await outsider.create("/security/users/mallory", b"{}")
+
+
+def test_client_ssl_context_requires_the_ca(certificates: Path) -> None:
+    """A client context from the CA file verifies the broker's certificate (the default)."""
+    context = client_ssl_context(certificates / "ca.pem")
+    assert context.verify_mode.name == "CERT_REQUIRED" and context.check_hostname
