@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import logging
 import os
 import sys
