@@ -227,3 +227,35 @@ def test_client_ssl_context_requires_the_ca(certificates: Path) -> None:
     """A client context from the CA file verifies the broker's certificate (the default)."""
     context = client_ssl_context(certificates / "ca.pem")
     assert context.verify_mode.name == "CERT_REQUIRED" and context.check_hostname
+
+
+async def test_a_silent_client_cannot_hold_up_logins(certificates: Path) -> None:
+    """A client that connects and never starts TLS is closed after auth_timeout; others log
+    in meanwhile; a client that skips the login is told to log in."""
+    async with open_broker(
+        None,
+        tls_cert=str(certificates / "server.pem"),
+        tls_key=str(certificates / "server.key"),
+        sasl_mechanisms=("SCRAM-SHA-256",),
+        super_users=("admin",),
+        auth_timeout=1.0,
+        kafka_port=0,
+    ) as broker:
+        await security_store.add_user(broker.store, "admin", "pw", iterations=4096)
+        await broker.security.cache.reload()
+        assert broker.kafka_address is not None
+        silent = [
+            await trio.open_tcp_stream(*broker.address),
+            await trio.open_tcp_stream(*broker.kafka_address),
+        ]
+        ssl_context = client_ssl_context(certificates / "ca.pem")
+        async with open_admin(
+            broker.bootstrap, ssl_context=ssl_context, sasl=Sasl("admin", "pw"), api_timeout=5
+        ) as admin:
+            await admin.create_topic("t", 1)
+        with trio.fail_after(10):
+            for stream in silent:
+                assert await stream.receive_some() == b""  # closed by the broker
+        with pytest.raises(SaslAuthenticationError, match="requires SASL authentication"):
+            async with open_admin(broker.bootstrap, ssl_context=ssl_context, api_timeout=5) as a:
+                await a.list_topics()
