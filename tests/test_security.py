@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from trio_coord import open_admin, open_broker
-from trio_coord.protocol.errors import AuthorizationError, SaslAuthenticationError
-from trio_coord.security import Acl, Authorizer, Sasl, client_ssl_context
+from trio_coord import open_admin, open_broker, open_producer
+from trio_coord.client._bootstrap import Bootstrap
+from trio_coord.protocol.errors import (
+    AuthorizationError,
+    ResourcesExhaustedError,
+    SaslAuthenticationError,
+)
+from trio_coord.protocol.messages import MetadataRequest
+from trio_coord.security import Acl, Authorizer, ClientSecurity, Sasl, client_ssl_context
 from trio_coord.security import store as security_store
+from trio_coord.security.quota import MAX_THROTTLE, Quotas
 from trio_coord.security.scram import (
     AuthenticationError,
     ScramClient,
@@ -259,3 +266,51 @@ async def test_a_silent_client_cannot_hold_up_logins(certificates: Path) -> None
         with pytest.raises(SaslAuthenticationError, match="requires SASL authentication"):
             async with open_admin(broker.bootstrap, ssl_context=ssl_context, api_timeout=5) as a:
                 await a.list_topics()
+
+
+# -- quotas --------------------------------------------------------------------------------
+
+
+def test_quota_throttle_brings_the_rate_back_to_the_quota() -> None:
+    """Kafka's formula: (rate - quota) / quota x the measured span; nothing under the quota;
+    principals are measured apart; the delay is bounded."""
+    quotas = Quotas(produce_bytes_per_s=1000)
+    assert quotas.record("User:a", "produce", 500, now=100.0) == 0.0
+    assert quotas.record("User:a", "produce", 4500, now=100.5) == pytest.approx(4.0)
+    assert quotas.record("User:b", "produce", 900, now=100.5) == 0.0  # another principal
+    assert quotas.record("User:a", "fetch", 10**9, now=100.5) == 0.0  # no fetch quota
+    assert quotas.record("User:a", "produce", 10**12, now=101.0) == MAX_THROTTLE
+    assert quotas.record("User:c", "produce", 900, now=200.0) == 0.0
+    assert quotas.record("User:c", "produce", 900, now=230.0) == 0.0  # a new span after idling
+    with pytest.raises(ValueError):
+        Quotas(fetch_bytes_per_s=0)
+
+
+async def test_quotas_and_connection_limits_per_principal() -> None:
+    """Over its produce quota a producer's answers are delayed (throttled), not refused; a
+    principal's connections beyond max_connections_per_principal are refused."""
+    async with open_broker(
+        None,
+        sasl_mechanisms=("SCRAM-SHA-256",),
+        super_users=("admin",),
+        quota_produce_bytes=20_000,
+        max_connections_per_principal=2,
+    ) as broker:
+        await security_store.add_user(broker.store, "admin", "pw", iterations=4096)
+        await broker.security.cache.reload()
+        sasl = Sasl("admin", "pw")
+        async with open_admin(broker.bootstrap, sasl=sasl, api_timeout=5) as admin:
+            await admin.create_topic("q", 1)
+            async with open_producer(broker.bootstrap, sasl=sasl, linger=0) as producer:
+                for _ in range(6):
+                    await producer.send("q", b"x" * 10_000)
+                assert broker.security.quotas.throttled >= 1
+                # admin and producer hold two connections of User:admin: a third is refused
+                boot = Bootstrap(broker.bootstrap, security=ClientSecurity(sasl=sasl))
+                with pytest.raises(ResourcesExhaustedError, match="max_connections_per_principal"):
+                    async with boot.open(broker.address) as conn:
+                        with trio.fail_after(10):
+                            await conn.wait_closed()  # (said goodbye, naming the limit)
+                        await conn.request(MetadataRequest([]))
+            ends = await admin.list_offsets([("q", 0)])
+            assert ends[("q", 0)].offset == 6

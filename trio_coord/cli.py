@@ -209,6 +209,9 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         super_users=_names(args.super_users),
         allow_plain_without_tls=args.allow_plain_without_tls,
         zk_auth=args.zk_auth,
+        quota_produce_bytes=args.quota_produce_bytes,
+        quota_fetch_bytes=args.quota_fetch_bytes,
+        max_connections_per_principal=args.max_connections_per_principal,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -1266,6 +1269,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--super-users",
         metavar="NAMES",
         help="users (comma-separated) that bypass ACLs",
+    )
+    p.add_argument(
+        "--quota-produce-bytes",
+        type=float,
+        metavar="BYTES/S",
+        help="bytes per second one principal may produce; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--quota-fetch-bytes",
+        type=float,
+        metavar="BYTES/S",
+        help="bytes per second one principal may fetch; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--max-connections-per-principal",
+        type=int,
+        metavar="N",
+        help="connections at once of one user (or of all anonymous clients); more are "
+        "refused (default: no limit)",
     )
     p.add_argument(
         "--zk-auth",

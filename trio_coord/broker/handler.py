@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import msgspec
+import trio
 
 from ..core.validation import PATTERN_PREFIX
 from ..protocol.connection import Connection, RequestHandler
@@ -41,6 +42,7 @@ from ..protocol.messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchRequest,
+    FetchResponse,
     GroupDescription,
     GroupSummary,
     HeartbeatRequest,
@@ -69,6 +71,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..security.acl import CLUSTER, Authorizer
+from ..security.quota import Quotas
 from ..security.store import security_admin
 from .coordinator import Coordinators
 from .paging import encoded_size, page, page_members
@@ -167,6 +170,9 @@ class BrokerHandler(RequestHandler):
             authorizer if authorizer is not None and authorizer.enabled else None
         )
         """None: authorization is off (no login required): nothing to check."""
+        quotas = None if security is None else security.quotas
+        self._quotas: Quotas | None = quotas if quotas is not None and quotas.enabled else None
+        """None: no quota is set (nothing to count)."""
         # (The routing tables are the class's: a connection costs no dict of bound methods.)
 
     def cost(self, body: RequestBody) -> int:
@@ -363,7 +369,17 @@ class BrokerHandler(RequestHandler):
 
     async def _produce(self, body: ProduceRequest) -> ResponseBody:
         await self._broker.read_topics(self._unknown([body.topic]))
-        return await self._partitions.produce(body)
+        answer = await self._partitions.produce(body)
+        if self._quotas is not None:
+            await self._throttle("produce", len(body.records))
+        return answer
+
+    async def _throttle(self, kind: str, amount: int) -> None:
+        """Delay the answer while the principal is over its ``kind`` byte-rate quota."""
+        assert self._quotas is not None
+        delay = self._quotas.record(self._conn.principal, kind, amount, trio.current_time())
+        if delay > 0:
+            await trio.sleep(delay)
 
     async def _create_topic(self, body: CreateTopicRequest) -> ResponseBody:
         return CreateTopicResponse(await self._topics.create_topic(body.name, body.partitions))
@@ -394,7 +410,11 @@ class BrokerHandler(RequestHandler):
         return DeleteOffsetsResponse()
 
     async def _fetch(self, body: FetchRequest) -> ResponseBody:
-        return await self._partitions.fetch(body, self._broker.max_frame_size)
+        answer = await self._partitions.fetch(body, self._broker.max_frame_size)
+        if self._quotas is not None and isinstance(answer, FetchResponse):
+            size = sum(len(b.records) for p in answer.partitions for b in p.batches)
+            await self._throttle("fetch", size)
+        return answer
 
     async def _security_admin(self, body: SecurityAdminRequest) -> ResponseBody:
         if self._security is None:

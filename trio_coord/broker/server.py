@@ -53,6 +53,7 @@ from ..protocol.messages import (
     TopicInfo,
 )
 from ..security.acl import ANONYMOUS
+from ..security.quota import Quotas
 from ..security.server import ServerSecurity
 from ..security.server import check_settings as check_security_settings
 from ..store import open_embedded_store, open_zookeeper_store
@@ -182,6 +183,13 @@ class BrokerConfig:
     allow_plain_without_tls: bool = False
     """Offer PLAIN (passwords in the clear) on a listener without TLS."""
     auth_timeout: float = 10.0
+    max_connections_per_principal: int | None = None
+    """Connections at once of one principal (a user, or anonymous); more are refused."""
+    quota_produce_bytes: float | None = None
+    """Bytes per second one principal may produce; answers beyond it are delayed (a
+    throttle, as Kafka's quotas). None: no quota."""
+    quota_fetch_bytes: float | None = None
+    """Bytes per second one principal may fetch; answers beyond it are delayed."""
     zk_auth: str | None = field(default=None, repr=False)
     """Cluster only: ZooKeeper digest credentials (``user:password``); the nodes the brokers
     create are then readable and writable by that user only (``--zk-auth``)."""
@@ -260,6 +268,10 @@ class BrokerConfig:
         )
         if not self.auth_timeout > 0:
             raise ValueError("auth_timeout must be positive (seconds)")
+        for name in ("quota_produce_bytes", "quota_fetch_bytes", "max_connections_per_principal"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive (or None: no limit)")
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
         if self.coordinator_slots < 1:
@@ -309,8 +321,13 @@ class Broker:
             sasl_mechanisms=config.sasl_mechanisms,
             super_users=config.super_users,
             auth_timeout=config.auth_timeout,
+            quotas=Quotas(
+                produce_bytes_per_s=config.quota_produce_bytes,
+                fetch_bytes_per_s=config.quota_fetch_bytes,
+            ),
+            max_connections_per_principal=config.max_connections_per_principal,
         )
-        """TLS, logins and the authorizer of both listeners (docs/security.md)."""
+        """TLS, logins, the authorizer and quotas of both listeners (docs/security.md)."""
         self._handshaking = 0
         """Keeps long-lived state out of the collector's walks (``config.tune_gc``)."""
         self.metrics: BrokerMetrics | None = None
@@ -573,6 +590,7 @@ class Broker:
             await self._refuse(stream, why)
             return
         conn: Connection | None = None
+        counted: str | None = None
         if ip is not None:
             self._per_ip[ip] += 1
         try:
@@ -588,6 +606,13 @@ class Broker:
                     await trio.aclose_forcefully(stream)
                     return
                 stream, principal = secured
+            if not self.security.admit(principal):
+                most = self.security.max_connections_per_principal
+                await self._refuse(
+                    stream, f"{principal} has {most} open (max_connections_per_principal)"
+                )
+                return
+            counted = principal
             conn = Connection(
                 stream,
                 max_frame_size=config.max_frame_size,
@@ -607,6 +632,8 @@ class Broker:
                 "connection %s failed and was closed", conn.name if conn else _peer_ip(stream)
             )
         finally:
+            if counted is not None:
+                self.security.release(counted)
             if conn is not None:
                 self._connections.discard(conn)
             if ip is not None:

@@ -17,6 +17,7 @@ family of APIs is adding a module to :data:`HANDLER_MODULES`.
 
 from __future__ import annotations
 
+import datetime
 import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ HANDLER_MODULES: Final = (
 """The modules whose ``APIS`` the front end serves."""
 
 _S = TypeVar("_S")
+_NO_DELAY: Final = datetime.timedelta(0)
 
 
 class ClientConnection(Protocol):
@@ -76,6 +78,18 @@ class RequestContext:
     """The connection (None in tests that call a handler directly)."""
     principal: str = ANONYMOUS
     """Who the client proved to be (``User:ANONYMOUS`` without authentication)."""
+
+    async def throttle(self, kind: str, amount: int) -> datetime.timedelta:
+        """Delay while the principal is over its ``kind`` byte-rate quota; the delay (for the
+        answer's ``throttle_time``)."""
+        security = self.front.security
+        if security is None or not security.quotas.enabled:
+            return _NO_DELAY
+        delay = security.quotas.record(self.principal, kind, amount, trio.current_time())
+        if delay <= 0:
+            return _NO_DELAY
+        await trio.sleep(delay)
+        return datetime.timedelta(seconds=delay)
 
     def allowed(self, operation: str, resource_type: str, name: str) -> bool:
         """May this request's principal do ``operation`` on the resource (docs/security.md)?"""

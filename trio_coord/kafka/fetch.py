@@ -105,9 +105,10 @@ async def _fetch(ctx: RequestContext, body: Any) -> Any:
     by_topic: dict[str, list[Any]] = {}
     for (topic, _), part in zip(wanted, parts, strict=True):
         by_topic.setdefault(topic, []).append(part)
+    throttle = await ctx.throttle("fetch", size)
     return make(
         schema,
-        throttle_time=_NO_THROTTLE,
+        throttle_time=throttle,
         error_code=KafkaCode.none,
         session_id=0,
         responses=tuple(

@@ -155,6 +155,12 @@ class KafkaListener:
             conn = _Connection(self, stream, peer)
             conn.principal = principal
             conn.principal_known = security is None or not security.sasl
+            if conn.principal_known and security is not None:
+                # (anonymous or a certificate's principal: counted now; a login's once it
+                # succeeds, in trio_coord.kafka.sasl)
+                if not security.admit(principal):
+                    return
+                conn.on_close(lambda: security.release(principal))
             if (
                 security is not None
                 and security.ssl_context is not None

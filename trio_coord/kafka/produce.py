@@ -194,6 +194,7 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
         async with trio.open_nursery() as nursery:
             for i, (topic, part) in enumerate(jobs):
                 nursery.start_soon(one, i, topic, part)
+    throttle = await ctx.throttle("produce", sum(len(part.records or b"") for _, part in jobs))
     if acks == 0:
         return None
     by_topic: dict[str, list[Any]] = {}
@@ -216,7 +217,7 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
             make(topic_cls, name=name, partition_responses=tuple(parts))
             for name, parts in by_topic.items()
         ),
-        throttle_time=_NO_THROTTLE,
+        throttle_time=throttle,
     )
 
 

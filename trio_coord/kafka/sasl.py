@@ -75,7 +75,20 @@ def _authenticate(ctx: RequestContext, body: Any) -> Any:
             **fields,
         )
     if server.done:
-        conn.logged_in(f"User:{server.user}")
+        principal = f"User:{server.user}"
+        security = ctx.front.security
+        if security is not None and not security.admit(principal):
+            conn.login_failed = True
+            return make(
+                schema,
+                error_code=KafkaCode.sasl_authentication_failed,
+                error_message=f"too many connections of {principal} "
+                f"(max_connections_per_principal {security.max_connections_per_principal})",
+                auth_bytes=b"",
+                **fields,
+            )
+        conn.logged_in(principal)
+        conn.on_close(lambda: security.release(principal) if security is not None else None)
     return make(schema, error_code=KafkaCode.none, error_message=None, auth_bytes=answer, **fields)
 
 

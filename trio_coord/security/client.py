@@ -25,7 +25,7 @@ from ..protocol.errors import (
     SaslAuthenticationError,
     error_for,
 )
-from ..protocol.framing import FrameCodec, FrameReader
+from ..protocol.framing import FrameCodec
 from ..protocol.messages import (
     Request,
     Response,
@@ -34,7 +34,7 @@ from ..protocol.messages import (
     SaslHandshakeRequest,
 )
 from .scram import MECHANISMS, AuthenticationError, ScramClient, plain_message
-from .server import AUTH_FRAME_SIZE
+from .server import AUTH_FRAME_SIZE, read_login_frame
 
 __all__ = ["PASSWORD_ENV", "ClientSecurity", "Sasl", "client_ssl_context", "secure_stream"]
 
@@ -114,7 +114,6 @@ async def secure_stream(
 
 async def _login(stream: trio.abc.Stream, sasl: Sasl) -> None:
     codec = FrameCodec(AUTH_FRAME_SIZE)
-    reader = FrameReader(stream, AUTH_FRAME_SIZE)
     corr = 0
 
     async def ask(body: SaslHandshakeRequest | SaslAuthenticateRequest) -> object:
@@ -122,7 +121,7 @@ async def _login(stream: trio.abc.Stream, sasl: Sasl) -> None:
         corr += 1
         try:
             await stream.send_all(codec.encode(Request(corr, body)))
-            data = await reader.read_frame()
+            data = await read_login_frame(stream)  # (exactly: a goodbye may follow)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ConnectionClosedError(
                 f"the broker closed the connection while logging in: {exc}"

@@ -18,13 +18,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Iterable
 from typing import Final
 
 import trio
 
-from ..protocol.errors import CoordError, ErrorCode, SaslAuthenticationError
-from ..protocol.framing import FrameCodec, FrameReader
+from ..protocol.errors import (
+    CoordError,
+    ErrorCode,
+    FrameTooLargeError,
+    SaslAuthenticationError,
+)
+from ..protocol.framing import HEADER_SIZE, FrameCodec
 from ..protocol.messages import (
     Request,
     Response,
@@ -35,6 +41,7 @@ from ..protocol.messages import (
 )
 from ..store.base import MetadataStore
 from .acl import ANONYMOUS, Authorizer
+from .quota import Quotas
 from .scram import MECHANISMS, AuthenticationError, PlainServer, ScramServer
 from .store import SecurityCache
 
@@ -91,6 +98,39 @@ def check_settings(
         )
 
 
+async def read_login_frame(stream: trio.abc.Stream) -> bytes | None:
+    """One frame's body, read exactly: nothing after it is taken from the stream.
+
+    The login runs before the connection's own reader exists; a buffered
+    read here could swallow the first frame that follows the login (a
+    request, or a broker's goodbye), so every read asks for no more than
+    the frame still needs. None: the peer closed between frames.
+    """
+    header = await _read_exactly(stream, HEADER_SIZE, allow_eof=True)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "big")
+    if size > AUTH_FRAME_SIZE:
+        raise FrameTooLargeError(
+            f"a frame of {size} bytes during the login (at most {AUTH_FRAME_SIZE})"
+        )
+    body = await _read_exactly(stream, size, allow_eof=False)
+    assert body is not None
+    return body
+
+
+async def _read_exactly(stream: trio.abc.Stream, size: int, *, allow_eof: bool) -> bytes | None:
+    data = bytearray()
+    while len(data) < size:
+        chunk = await stream.receive_some(size - len(data))
+        if not chunk:
+            if allow_eof and not data:
+                return None
+            raise trio.BrokenResourceError("the connection ended inside a frame")
+        data += chunk
+    return bytes(data)
+
+
 def _cn(peer: dict[str, object] | None) -> str | None:
     if not peer:
         return None
@@ -114,6 +154,8 @@ class ServerSecurity:
         sasl_mechanisms: Iterable[str] = (),
         super_users: Iterable[str] = (),
         auth_timeout: float = 10.0,
+        quotas: Quotas | None = None,
+        max_connections_per_principal: int | None = None,
     ) -> None:
         self.ssl_context = (
             server_ssl_context(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
@@ -127,6 +169,29 @@ class ServerSecurity:
         self.cache = SecurityCache(store, self.authorizer)
         self.failed_logins = 0
         """Logins refused since the start (for metrics and tests)."""
+        self.quotas = quotas or Quotas()
+        """Produce and fetch byte rates per principal (docs/security.md, "Quotas")."""
+        self.max_connections_per_principal = max_connections_per_principal
+        self._per_principal: Counter[str] = Counter()
+
+    def admit(self, principal: str) -> bool:
+        """Count a connection of ``principal``; False (not counted) beyond its limit."""
+        limit = self.max_connections_per_principal
+        if limit is not None and self._per_principal[principal] >= limit:
+            log.warning(
+                "refusing a connection of %s: %d open (max_connections_per_principal)",
+                principal,
+                limit,
+            )
+            return False
+        self._per_principal[principal] += 1
+        return True
+
+    def release(self, principal: str) -> None:
+        """A connection :meth:`admit` counted has ended."""
+        self._per_principal[principal] -= 1
+        if self._per_principal[principal] <= 0:
+            del self._per_principal[principal]
 
     @property
     def sasl(self) -> bool:
@@ -182,10 +247,9 @@ class ServerSecurity:
 
     async def _native_sasl(self, stream: trio.abc.Stream) -> str | None:
         codec = FrameCodec(AUTH_FRAME_SIZE)
-        reader = FrameReader(stream, AUTH_FRAME_SIZE)
         server: ScramServer | PlainServer | None = None
         for _ in range(MAX_SASL_STEPS + 1):
-            body = await reader.read_frame()
+            body = await read_login_frame(stream)
             if body is None:
                 return None
             frame = codec.decode(body)
