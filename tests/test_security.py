@@ -190,19 +190,25 @@ async def test_spark_client_with_tls_and_scram(certificates: Path) -> None:
 # -- a cluster on a ZooKeeper with digest auth ----------------------------------------------------
 
 
-async def test_two_brokers_on_zookeeper_with_auth(tmp_path, zookeeper_server, zk_chroot) -> None:
-    """Brokers log in to ZooKeeper (--zk-auth); their nodes are closed to other ZooKeeper
-    clients; an ACL added through one broker is in force on the other at once (watch)."""
+async def test_two_brokers_on_zookeeper_with_auth(
+    tmp_path, zookeeper_server, zk_chroot, certificates
+) -> None:
+    """Brokers with TLS and SCRAM log in to ZooKeeper (--zk-auth); their nodes are closed to
+    other ZooKeeper clients; an ACL added through one broker is in force on the other at once
+    (watch)."""
     url = zookeeper_server.url(zk_chroot)
     zk_auth = "brokers:zk-secret"
     async with open_zookeeper_store(url, auth=zk_auth) as store:  # the first users, offline
         await security_store.add_user(store, "admin", "admin-pw", iterations=4096)
         await security_store.add_user(store, "alice", "alice-pw", iterations=4096)
+    tls = {"ssl_context": client_ssl_context(certificates / "ca.pem"), "api_timeout": 20}
     settings = dict(
         store=url,
         zk_auth=zk_auth,
         sasl_mechanisms=("SCRAM-SHA-256",),
         super_users=("admin",),
+        tls_cert=str(certificates / "server.pem"),
+        tls_key=str(certificates / "server.key"),
         coordinator_slots=2,
         zk_session_timeout=2.0,
         claim_grace=0.2,
@@ -210,8 +216,8 @@ async def test_two_brokers_on_zookeeper_with_auth(tmp_path, zookeeper_server, zk
     async with (
         open_broker(tmp_path / "b1", broker_id=1, **settings) as one,
         open_broker(tmp_path / "b2", broker_id=2, **settings) as two,
-        open_admin(one.bootstrap, sasl=Sasl("admin", "admin-pw"), api_timeout=20) as admin,
-        open_admin(two.bootstrap, sasl=Sasl("alice", "alice-pw"), api_timeout=20) as alice,
+        open_admin(one.bootstrap, sasl=Sasl("admin", "admin-pw"), **tls) as admin,
+        open_admin(two.bootstrap, sasl=Sasl("alice", "alice-pw"), **tls) as alice,
     ):
         await admin.create_topic("shared", 2)
         with pytest.raises(AuthorizationError, match="User:alice may not DESCRIBE topic"):
@@ -314,3 +320,17 @@ async def test_quotas_and_connection_limits_per_principal() -> None:
                         await conn.request(MetadataRequest([]))
             ends = await admin.list_offsets([("q", 0)])
             assert ends[("q", 0)].offset == 6
+
+
+async def test_a_tls_broker_is_seen_alive_by_its_peers_probe(certificates: Path) -> None:
+    """The duplicate-id probe of a cluster speaks TLS to a TLS listener: alive; a closed port
+    is not."""
+    from trio_coord.broker.cluster import _answers_tls
+    from trio_coord.protocol.messages import BrokerInfo
+
+    async with open_broker(
+        None, tls_cert=str(certificates / "server.pem"), tls_key=str(certificates / "server.key")
+    ) as broker:
+        host, port = broker.address
+        assert await _answers_tls(BrokerInfo(1, host, port))
+    assert not await _answers_tls(BrokerInfo(1, host, port))
