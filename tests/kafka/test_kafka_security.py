@@ -190,6 +190,27 @@ async def test_a_wrong_password_fails_authentication(secured: Secured) -> None:
     assert "Authentication failed" in errors[0].str()  # (the broker's SaslAuthenticate answer)
 
 
+async def test_plain_logins_over_tls(secured: Secured, name: str) -> None:
+    """PLAIN (offered with TLS) logs in on both listeners; a wrong password is refused."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    secured.cli("topics", "create", name, "--partitions", "1")
+    plain = {**secured.confluent("admin"), "sasl.mechanisms": "PLAIN"}
+    assert name in AdminClient(plain).list_topics(timeout=15).topics
+    with pytest.raises(KafkaException):
+        AdminClient({**plain, "sasl.password": "wrong"}).list_topics(timeout=3)
+    ssl_context = client_ssl_context(secured.ca)
+    sasl = Sasl("admin", PASSWORDS["admin"], "PLAIN")
+    async with open_admin(secured.broker.native, ssl_context=ssl_context, sasl=sasl) as admin:
+        assert name in [t.name for t in await admin.list_topics()]
+    with pytest.raises(SaslAuthenticationError):
+        async with open_admin(
+            secured.broker.native, ssl_context=ssl_context, sasl=Sasl("admin", "no", "PLAIN")
+        ) as admin:
+            await admin.list_topics()
+
+
 # -- Kafka clients --------------------------------------------------------------------------------
 
 

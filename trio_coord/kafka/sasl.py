@@ -7,14 +7,16 @@ carrying the SASL messages (:mod:`trio_coord.security.scram`). Until the
 login succeeds the listener serves nothing else (and closes a connection
 that tries, as Kafka does); a failed login is answered with
 SASL_AUTHENTICATION_FAILED and its message, and the connection is closed
-after that answer. Both APIs are synchronous fast paths, so they are handled
-in the order they arrive.
+after that answer. Both APIs are synchronous fast paths (so handled in the order
+they arrive), but for a PLAIN check, which derives keys in a worker thread.
 """
 
 from __future__ import annotations
 
 import datetime
 from typing import Any, Final
+
+import trio
 
 from ..protocol.errors import CoordError
 from ..security.scram import AuthenticationError
@@ -45,7 +47,17 @@ def _handshake(ctx: RequestContext, body: Any) -> Any:
     return make(schema, error_code=code, mechanisms=offered)
 
 
-def _authenticate(ctx: RequestContext, body: Any) -> Any:
+def _authenticate_now(ctx: RequestContext, body: Any) -> Any | None:
+    server = getattr(ctx.conn, "sasl_server", None)
+    if server is not None and server.costly:
+        return None  # (PLAIN: hash rounds, in a worker thread: the async handler)
+    return _authenticate(ctx, body)
+
+
+def _authenticate(
+    ctx: RequestContext, body: Any, stepped: bytes | AuthenticationError | None = None
+) -> Any:
+    """Take one SASL message (``stepped``: the step's result or failure, already computed)."""
     schema = response_schema(36, ctx.version)
     conn: Any = ctx.conn
     server = getattr(conn, "sasl_server", None)
@@ -61,7 +73,9 @@ def _authenticate(ctx: RequestContext, body: Any) -> Any:
             **fields,
         )
     try:
-        answer = server.step(bytes(body.auth_bytes))
+        if isinstance(stepped, AuthenticationError):
+            raise stepped
+        answer = server.step(bytes(body.auth_bytes)) if stepped is None else stepped
     except AuthenticationError as exc:
         conn.login_failed = True
         security = ctx.front.security
@@ -97,10 +111,18 @@ async def _handshake_async(ctx: RequestContext, body: Any) -> Any:
 
 
 async def _authenticate_async(ctx: RequestContext, body: Any) -> Any:
-    return _authenticate(ctx, body)
+    server = getattr(ctx.conn, "sasl_server", None)
+    if server is None or not server.costly:
+        return _authenticate(ctx, body)
+    stepped: bytes | AuthenticationError
+    try:
+        stepped = await trio.to_thread.run_sync(server.step, bytes(body.auth_bytes))
+    except AuthenticationError as exc:
+        stepped = exc
+    return _authenticate(ctx, body, stepped)
 
 
 APIS = [
     Api(17, 1, 1, _handshake_async, now=_handshake),
-    Api(36, 0, 2, _authenticate_async, now=_authenticate),
+    Api(36, 0, 2, _authenticate_async, now=_authenticate_now),
 ]

@@ -40,8 +40,8 @@ MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 DEFAULT_ITERATIONS: Final = 8192
 MIN_ITERATIONS: Final = 4096
 """Kafka's minimum (and RFC 7677's recommendation) for SCRAM-SHA-256."""
-MAX_ITERATIONS: Final = 1_000_000
-"""A stored credential with more would let one login cost seconds of CPU."""
+MAX_ITERATIONS: Final = 16384
+"""Kafka's maximum: a PLAIN login derives the keys again, and must stay cheap."""
 MAX_MESSAGE: Final = 4096
 """The longest SASL message accepted (a user name and nonces fit many times over)."""
 
@@ -147,6 +147,9 @@ class ScramServer:
     (an unknown user fails the same way as a wrong password, only later).
     """
 
+    costly = False
+    """Each step is a few HMACs: cheap enough for the event loop."""
+
     def __init__(self, mechanism: str, lookup: Lookup) -> None:
         self.mechanism = mechanism
         self._hash = SCRAM_MECHANISMS[mechanism]
@@ -232,9 +235,15 @@ class ScramServer:
 
 
 class PlainServer:
-    """The server's side of PLAIN (RFC 4616): one message, ``authzid NUL user NUL password``."""
+    """The server's side of PLAIN (RFC 4616): one message, ``authzid NUL user NUL password``.
+
+    Checking it derives the SCRAM keys from the password (thousands of hash
+    rounds): ``costly`` tells callers to run :meth:`step` in a worker thread,
+    so that logins never hold up the event loop.
+    """
 
     mechanism = "PLAIN"
+    costly = True
 
     def __init__(self, lookup: Lookup) -> None:
         self._lookup = lookup

@@ -269,7 +269,11 @@ class ServerSecurity:
                     if not isinstance(request, SaslAuthenticateRequest):
                         raise SaslAuthenticationError("expected SaslAuthenticate")
                     try:
-                        answer = SaslAuthenticateResponse(server.step(request.data))
+                        if server.costly:  # (PLAIN: hash rounds, off the event loop)
+                            out = await trio.to_thread.run_sync(server.step, request.data)
+                        else:
+                            out = server.step(request.data)
+                        answer = SaslAuthenticateResponse(out)
                     except AuthenticationError as exc:
                         self.failed_logins += 1
                         raise SaslAuthenticationError(str(exc)) from None

@@ -24,7 +24,7 @@ import trio
 from ..protocol.messages import SecurityAdminRequest
 from ..store.base import MetadataStore, NodeExistsError, NoNodeError
 from .acl import Acl, Authorizer
-from .scram import SCRAM_MECHANISMS, ScramCredential
+from .scram import MAX_ITERATIONS, MIN_ITERATIONS, SCRAM_MECHANISMS, ScramCredential
 
 __all__ = [
     "SecurityCache",
@@ -251,7 +251,9 @@ async def set_credentials(
     if not credentials:
         raise ValueError("a user needs at least one credential")
     for c in credentials:
-        if c.mechanism not in SCRAM_MECHANISMS or not 4096 <= c.iterations <= 1_000_000:
+        if c.mechanism not in SCRAM_MECHANISMS or not (
+            MIN_ITERATIONS <= c.iterations <= MAX_ITERATIONS
+        ):
             raise ValueError(f"a credential for {c.mechanism!r} with {c.iterations} iterations")
     await _ensure(store)
     data = msgspec.json.encode(_User(name, [_wire(c) for c in credentials]))
