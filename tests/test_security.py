@@ -11,6 +11,7 @@ import base64
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
@@ -21,7 +22,7 @@ from trio_coord.protocol.errors import (
     ResourcesExhaustedError,
     SaslAuthenticationError,
 )
-from trio_coord.protocol.messages import MetadataRequest
+from trio_coord.protocol.messages import JoinGroupRequest, JoinGroupResponse, MetadataRequest
 from trio_coord.security import Acl, Authorizer, ClientSecurity, Sasl, client_ssl_context
 from trio_coord.security import store as security_store
 from trio_coord.security.quota import MAX_THROTTLE, Quotas
@@ -334,3 +335,42 @@ async def test_a_tls_broker_is_seen_alive_by_its_peers_probe(certificates: Path)
         host, port = broker.address
         assert await _answers_tls(BrokerInfo(1, host, port))
     assert not await _answers_tls(BrokerInfo(1, host, port))
+
+
+async def test_groups_per_principal_are_bounded() -> None:
+    """With max_groups_per_principal 1, a principal in one group cannot join a second; joining
+    its own group again, or another principal joining, is fine."""
+    async with open_broker(
+        None,
+        sasl_mechanisms=("SCRAM-SHA-256",),
+        super_users=("admin", "other"),
+        max_groups_per_principal=1,
+        min_session_timeout=0.1,
+    ) as broker:
+        for user in ("admin", "other"):
+            await security_store.add_user(broker.store, user, "pw", iterations=4096)
+        await broker.security.cache.reload()
+
+        async def join(user: str, group: str, hold: trio.Event | None = None) -> None:
+            boot = Bootstrap(broker.bootstrap, security=ClientSecurity(sasl=Sasl(user, "pw")))
+            async with boot.open(broker.address) as conn:
+                request = JoinGroupRequest(group, "", ["t"], 10_000, 10_000, ["range"])
+                first = await conn.request(request)  # (a new member is given its id first)
+                assert isinstance(first, JoinGroupResponse)
+                await conn.request(msgspec.structs.replace(request, member_id=first.member_id))
+                if hold is not None:
+                    await hold.wait()  # (a member while its connection lives)
+
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(join, "admin", "g1", done)
+            with trio.fail_after(10):
+                while (runner := broker.coordinator.runner("g1")) is None or not (
+                    runner.has_owner("User:admin")
+                ):
+                    await trio.sleep(0.01)
+            with pytest.raises(ResourcesExhaustedError, match="max_groups_per_principal 1"):
+                await join("admin", "g2")
+            await join("other", "g2")
+            await join("admin", "g1")  # (its own group again)
+            done.set()

@@ -212,6 +212,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         quota_produce_bytes=args.quota_produce_bytes,
         quota_fetch_bytes=args.quota_fetch_bytes,
         max_connections_per_principal=args.max_connections_per_principal,
+        max_groups_per_principal=args.max_groups_per_principal,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -1290,6 +1291,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="connections at once of one user (or of all anonymous clients); more are "
         "refused (default: no limit)",
+    )
+    p.add_argument(
+        "--max-groups-per-principal",
+        type=int,
+        metavar="N",
+        help="groups one user (or all anonymous clients) may have members in on this broker; "
+        "a join beyond is refused (default: no limit)",
     )
     p.add_argument(
         "--zk-auth",

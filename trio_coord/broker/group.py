@@ -500,6 +500,10 @@ class GroupRunner:
             self._emit("empty")
         self.request_rebalance(f"member {member_id} {reason}")
 
+    def has_owner(self, principal: str) -> bool:
+        """True if a member of this group was joined by ``principal``."""
+        return principal in self._owners.values()
+
     def check_owner(self, member_id: str, principal: str) -> None:
         """Raise AuthorizationError unless ``principal`` joined as ``member_id`` (or nobody did).
 

@@ -190,6 +190,9 @@ class BrokerConfig:
     throttle, as Kafka's quotas). None: no quota."""
     quota_fetch_bytes: float | None = None
     """Bytes per second one principal may fetch; answers beyond it are delayed."""
+    max_groups_per_principal: int | None = None
+    """Groups one principal may have members in on this broker; a join beyond is refused
+    (RESOURCES_EXHAUSTED). None: no limit."""
     zk_auth: str | None = field(default=None, repr=False)
     """Cluster only: ZooKeeper digest credentials (``user:password``); the nodes the brokers
     create are then readable and writable by that user only (``--zk-auth``)."""
@@ -268,7 +271,12 @@ class BrokerConfig:
         )
         if not self.auth_timeout > 0:
             raise ValueError("auth_timeout must be positive (seconds)")
-        for name in ("quota_produce_bytes", "quota_fetch_bytes", "max_connections_per_principal"):
+        for name in (
+            "quota_produce_bytes",
+            "quota_fetch_bytes",
+            "max_connections_per_principal",
+            "max_groups_per_principal",
+        ):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive (or None: no limit)")
@@ -371,6 +379,7 @@ class Broker:
             elected=self.member is not None,
         )
         """The coordinator services of the slots this broker holds, behind one router."""
+        self.coordinator.max_groups_per_principal = config.max_groups_per_principal
         if self.member is None:
             self.coordinator.services[0] = self.new_coordinator_service(self.writer)
         self.address: tuple[str, int] = (config.host, config.port)
