@@ -374,3 +374,15 @@ async def test_groups_per_principal_are_bounded() -> None:
             await join("other", "g2")
             await join("admin", "g1")  # (its own group again)
             done.set()
+
+
+def test_print_config_shows_security_settings_but_not_credentials(capsys) -> None:
+    """Every security flag is a setting (--config, TRIO_COORD_*); --zk-auth is not printed."""
+    from trio_coord.cli import main
+
+    argv = ["broker", "--sasl-mechanisms", "SCRAM-SHA-256", "--zk-auth", "brokers:s3cret"]
+    assert main([*argv, "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert 'sasl-mechanisms = "SCRAM-SHA-256"  # flag' in out
+    assert "max-connections-per-principal = (unset)" in out
+    assert "s3cret" not in out and 'zk-auth = "(hidden)"' in out
