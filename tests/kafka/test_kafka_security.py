@@ -39,7 +39,7 @@ from trio_coord.protocol.errors import (
     SaslAuthenticationError,
 )
 from trio_coord.protocol.messages import HeartbeatRequest, JoinGroupRequest, MetadataRequest
-from trio_coord.security import Sasl, client_ssl_context
+from trio_coord.security import Acl, Sasl, client_ssl_context
 
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 _names = itertools.count()
@@ -79,6 +79,29 @@ class Secured:
             return done.stdout
         assert done.returncode != 0, done.stdout
         return done.stderr
+
+    async def setup(self, topic: str | None, partitions: int, *grants: tuple[str, ...]) -> None:
+        """As the super user, through the native admin client: create ``topic`` (if given)
+        and grant each ``(user, operation, "topic"|"group", name)``."""
+        async with open_admin(
+            self.broker.native,
+            ssl_context=client_ssl_context(self.ca),
+            sasl=Sasl("admin", PASSWORDS["admin"]),
+        ) as admin:
+            if topic is not None:
+                await admin.create_topic(topic, partitions)
+            for user, operation, kind, resource in grants:
+                acl = Acl(
+                    principal=f"User:{user}",
+                    operation=operation,
+                    resource_type=kind,
+                    name=resource,
+                )
+                await admin.add_acl(acl)
+
+    def prepare(self, topic: str | None, partitions: int, *grants: tuple[str, ...]) -> None:
+        """:meth:`setup`, from a test that is not async (the Kafka clients block)."""
+        trio.run(self.setup, topic, partitions, *grants)
 
     def grant(self, user: str, operation: str, *resource: str) -> None:
         """``trio-coord acls add`` through the broker, as the super user."""
@@ -167,7 +190,7 @@ async def test_plaintext_clients_cannot_use_the_tls_listeners(secured: Secured) 
 
     plain = AdminClient({"bootstrap.servers": secured.broker.kafka})
     with pytest.raises(Exception):  # noqa: B017 (librdkafka: a transport failure, any kind)
-        plain.list_topics(timeout=2)
+        plain.list_topics(timeout=1)
 
 
 async def test_a_wrong_password_fails_authentication(secured: Secured) -> None:
@@ -195,11 +218,11 @@ async def test_plain_logins_over_tls(secured: Secured, name: str) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    secured.cli("topics", "create", name, "--partitions", "1")
+    await secured.setup(name, 1)
     plain = {**secured.confluent("admin"), "sasl.mechanisms": "PLAIN"}
     assert name in AdminClient(plain).list_topics(timeout=15).topics
     with pytest.raises(KafkaException):
-        AdminClient({**plain, "sasl.password": "wrong"}).list_topics(timeout=3)
+        AdminClient({**plain, "sasl.password": "wrong"}).list_topics(timeout=1)
     ssl_context = client_ssl_context(secured.ca)
     sasl = Sasl("admin", PASSWORDS["admin"], "PLAIN")
     async with open_admin(secured.broker.native, ssl_context=ssl_context, sasl=sasl) as admin:
@@ -219,7 +242,7 @@ def test_confluent_kafka_needs_write_and_read_acls(secured: Secured, name: str) 
     (group); bob, without ACLs, is refused both with authorization errors."""
     from confluent_kafka import Consumer, KafkaError, Producer
 
-    secured.cli("topics", "create", name, "--partitions", "2")
+    secured.prepare(name, 2)
     bob = Producer({**secured.confluent("bob"), "message.timeout.ms": 5000})
     errors: list[object] = []
     bob.produce(name, b"nope", on_delivery=lambda err, msg: errors.append(err))
@@ -227,9 +250,13 @@ def test_confluent_kafka_needs_write_and_read_acls(secured: Secured, name: str) 
     assert errors and errors[0] is not None
     assert errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
-    secured.grant("alice", "write", "--topic", name)
-    secured.grant("alice", "read", "--topic", name)
-    secured.grant("alice", "read", "--group", name)
+    secured.prepare(
+        None,
+        0,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
     producer = Producer(secured.confluent("alice"))
     for i in range(20):
         producer.produce(name, b"v%d" % i, partition=i % 2)
@@ -249,7 +276,7 @@ def test_confluent_kafka_needs_write_and_read_acls(secured: Secured, name: str) 
     assert sorted(got) == sorted(b"v%d" % i for i in range(20))
 
     # bob may read the topic, but not use the group: the join is refused.
-    secured.grant("bob", "read", "--topic", name)
+    secured.prepare(None, 0, ("bob", "read", "topic", name))
     refused = Consumer({**secured.confluent("bob"), "group.id": name})
     refused.subscribe([name])
     seen = None
@@ -268,10 +295,13 @@ def test_aiokafka_with_acls_and_without(secured: Secured, name: str) -> None:
     from aiokafka.errors import TopicAuthorizationFailedError
     from aiokafka.helpers import create_ssl_context
 
-    secured.cli("topics", "create", name, "--partitions", "1")
-    secured.grant("alice", "write", "--topic", name)
-    secured.grant("alice", "read", "--topic", name)
-    secured.grant("alice", "read", "--group", name)
+    secured.prepare(
+        name,
+        1,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
 
     def options(user: str) -> dict[str, object]:
         return {
@@ -323,10 +353,13 @@ def test_kafka_python_with_acls_and_without(secured: Secured, name: str) -> None
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.errors import TopicAuthorizationFailedError
 
-    secured.cli("topics", "create", name, "--partitions", "1")
-    secured.grant("alice", "write", "--topic", name)
-    secured.grant("alice", "read", "--topic", name)
-    secured.grant("alice", "read", "--group", name)
+    secured.prepare(
+        name,
+        1,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
 
     def options(user: str) -> dict[str, object]:
         return {
@@ -385,9 +418,13 @@ def test_the_super_user_needs_no_acls(secured: Secured, name: str) -> None:
 
 async def test_native_clients_with_tls_and_scram(secured: Secured, name: str) -> None:
     """The native producer and consumer work as alice once granted; SCRAM-SHA-512 too."""
-    secured.cli("topics", "create", name, "--partitions", "2")
-    for operation, resource in (("write", "--topic"), ("read", "--topic"), ("read", "--group")):
-        secured.grant("alice", operation, resource, name)
+    await secured.setup(
+        name,
+        2,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
     ssl_context = client_ssl_context(secured.ca)
     async with open_producer(
         secured.broker.native, ssl_context=ssl_context, sasl=Sasl("alice", PASSWORDS["alice"])
@@ -417,7 +454,7 @@ async def test_native_refusal_names_principal_operation_and_resource(
 ) -> None:
     """bob may not create a topic: the error says who, what and which, and how to allow it;
     a topic he may not describe is not listed to him."""
-    secured.cli("topics", "create", name, "--partitions", "1")
+    await secured.setup(name, 1)
     ssl_context = client_ssl_context(secured.ca)
     async with open_admin(
         secured.broker.native, ssl_context=ssl_context, sasl=Sasl("bob", PASSWORDS["bob"])
@@ -434,11 +471,14 @@ def test_cli_reset_offsets_without_read_on_the_group_is_refused(
 ) -> None:
     """``groups reset-offsets`` as bob (who may DESCRIBE the topic and the group, not READ
     the group) fails naming the ACL missing; as alice, with READ on the group, it works."""
-    secured.cli("topics", "create", name, "--partitions", "1")
-    secured.grant("bob", "describe", "--topic", name)
-    secured.grant("bob", "describe", "--group", name)
-    secured.grant("alice", "describe", "--topic", name)
-    secured.grant("alice", "read", "--group", name)
+    secured.prepare(
+        name,
+        1,
+        ("bob", "describe", "topic", name),
+        ("bob", "describe", "group", name),
+        ("alice", "describe", "topic", name),
+        ("alice", "read", "group", name),
+    )
     reset = ("groups", "reset-offsets", name, "--topic", name, "--to-earliest", "--execute")
     error = secured.cli(*reset, user="bob", check=False)
     assert "User:bob may not READ group" in error and name in error
@@ -464,10 +504,11 @@ async def test_a_member_id_belongs_to_the_principal_that_joined(
     secured: Secured, name: str
 ) -> None:
     """bob, allowed in the group, can neither heartbeat as alice's member nor join with its id."""
-    secured.cli("topics", "create", name, "--partitions", "1")
-    for user in ("alice", "bob"):
-        secured.grant(user, "read", "--topic", name)
-        secured.grant(user, "read", "--group", name)
+    await secured.setup(
+        name,
+        1,
+        *[(user, "read", kind, name) for user in ("alice", "bob") for kind in ("topic", "group")],
+    )
     ssl_context = client_ssl_context(secured.ca)
     async with open_consumer(
         secured.broker.native,
