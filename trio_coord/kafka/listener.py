@@ -150,8 +150,13 @@ class KafkaListener:
             principal = ANONYMOUS
             if security is not None and security.ssl_context is not None:
                 # (in this connection's task, under auth_timeout: the accept loop goes on)
+                secured = None
                 with trio.move_on_after(security.auth_timeout):
-                    stream, principal = await security.tls_handshake(stream)
+                    secured = await security.tls_handshake(stream)
+                if secured is None:
+                    log.info("Kafka connection from %s: no TLS handshake in time", peer)
+                    return
+                stream, principal = secured
             conn = _Connection(self, stream, peer)
             conn.principal = principal
             conn.principal_known = security is None or not security.sasl
@@ -161,13 +166,6 @@ class KafkaListener:
                 if not security.admit(principal):
                     return
                 conn.on_close(lambda: security.release(principal))
-            if (
-                security is not None
-                and security.ssl_context is not None
-                and not isinstance(stream, trio.SSLStream)
-            ):
-                log.info("Kafka connection from %s: no TLS handshake within the deadline", peer)
-                return
             await conn.serve()
         except MalformedRequest as exc:
             self.malformed += 1

@@ -33,6 +33,7 @@ from ..protocol.messages import (
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
 )
+from ._tls import TLSSocketStream, wrap_tls
 from .scram import MECHANISMS, AuthenticationError, ScramClient, plain_message
 from .server import AUTH_FRAME_SIZE, read_login_frame
 
@@ -92,11 +93,17 @@ async def secure_stream(
 ) -> trio.abc.Stream:
     """TLS (if asked) and the SASL login (if asked) on a fresh stream to ``host``."""
     if security.ssl_context is not None:
-        wrapped = trio.SSLStream(stream, security.ssl_context, server_hostname=host)
+        wrapped: TLSSocketStream | trio.SSLStream[trio.abc.Stream]
+        if isinstance(stream, trio.SocketStream):
+            wrapped = wrap_tls(
+                stream, security.ssl_context, server_side=False, server_hostname=host
+            )
+        else:
+            wrapped = trio.SSLStream(stream, security.ssl_context, server_hostname=host)
         try:
             await wrapped.do_handshake()
         except (trio.BrokenResourceError, ssl.SSLError) as exc:
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(wrapped)
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise ConnectionClosedError(
                 f"TLS with {host} failed ({cause}); check --tls-ca (the CA that signed the "

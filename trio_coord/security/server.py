@@ -40,6 +40,7 @@ from ..protocol.messages import (
     SaslHandshakeResponse,
 )
 from ..store.base import MetadataStore
+from ._tls import TLSSocketStream, wrap_tls
 from .acl import ANONYMOUS, Authorizer
 from .quota import Quotas
 from .scram import MECHANISMS, AuthenticationError, PlainServer, ScramServer
@@ -218,8 +219,16 @@ class ServerSecurity:
         """Wrap ``stream`` in TLS (if on) and do the handshake; the principal of its cert."""
         if self.ssl_context is None:
             return stream, ANONYMOUS
-        wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
-        await wrapped.do_handshake()
+        wrapped: TLSSocketStream | trio.SSLStream[trio.abc.Stream]
+        if isinstance(stream, trio.SocketStream):
+            wrapped = wrap_tls(stream, self.ssl_context, server_side=True)
+        else:  # (another kind of stream: Trio's TLS over it)
+            wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
+        try:
+            await wrapped.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(wrapped)
+            raise
         cn = _cn(wrapped.getpeercert()) if self.client_certs else None
         return wrapped, f"User:{cn}" if cn else ANONYMOUS
 
@@ -293,7 +302,7 @@ class ServerSecurity:
 
 
 def _peer(stream: trio.abc.Stream) -> str:
-    inner = getattr(stream, "transport_stream", stream)
+    inner = getattr(stream, "transport_stream", stream)  # (trio.SSLStream's socket stream)
     sock = getattr(inner, "socket", None)
     if sock is None:
         return "a client"
