@@ -631,7 +631,7 @@ def render(result: dict[str, Any]) -> str:
             r = run[phase] if phase else None
             rows.append(
                 [
-                    run["mode"] if phase else "",
+                    (run["mode"] + (" +tls/sasl" if run.get("secure") else "")) if phase else "",
                     f"{run['value_bytes']} B" if phase else "",
                     phase,
                     _num(r["records_per_s"], ",.0f") if r else "",
