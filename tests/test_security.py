@@ -439,3 +439,36 @@ async def test_tls_socket_stream_carries_large_frames_both_ways_at_once(certific
         with pytest.raises(trio.ClosedResourceError):
             await client.send_all(b"x")
         nursery.cancel_scope.cancel()
+
+
+async def test_request_rate_quota_delays_answers_on_both_listeners() -> None:
+    """Over quota_requests, answers (a heartbeat's too) come late but come; Kafka answers say
+    how late in throttle_time."""
+    async with open_broker(None, quota_requests=20, kafka_port=0) as broker:
+        async with open_admin(broker.bootstrap, api_timeout=30) as admin:
+            await admin.create_topic("r", 1)
+            for _ in range(40):
+                assert [t.name for t in await admin.list_topics()] == ["r"]
+        native = broker.security.quotas.throttled
+        assert native >= 1
+        assert broker.kafka_address is not None
+        kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
+
+        def kafka_metadata() -> list[int]:
+            from confluent_kafka.admin import AdminClient
+
+            throttles: list[int] = []
+            client = AdminClient(
+                {
+                    "bootstrap.servers": kafka,
+                    "throttle_cb": lambda event: throttles.append(event.throttle_time),
+                }
+            )
+            for _ in range(40):
+                assert "r" in client.list_topics(timeout=30).topics
+            client.poll(0.5)  # (throttle events are served by poll)
+            return throttles
+
+        throttles = await trio.to_thread.run_sync(kafka_metadata)
+        assert broker.security.quotas.throttled > native
+        assert any(t > 0 for t in throttles)

@@ -213,6 +213,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         quota_fetch_bytes=args.quota_fetch_bytes,
         max_connections_per_principal=args.max_connections_per_principal,
         max_groups_per_principal=args.max_groups_per_principal,
+        quota_requests=args.quota_requests,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -1283,6 +1284,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="BYTES/S",
         help="bytes per second one principal may fetch; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--quota-requests",
+        type=float,
+        metavar="N/S",
+        help="requests per second one principal may send; answers beyond are delayed "
         "(default: no quota)",
     )
     p.add_argument(

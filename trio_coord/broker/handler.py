@@ -173,6 +173,8 @@ class BrokerHandler(RequestHandler):
         quotas = None if security is None else security.quotas
         self._quotas: Quotas | None = quotas if quotas is not None and quotas.enabled else None
         """None: no quota is set (nothing to count)."""
+        self._owed: dict[int, float] = {}
+        """Request (by id) → the delay its answer owes (over the request-rate quota)."""
         # (The routing tables are the class's: a connection costs no dict of bound methods.)
 
     def cost(self, body: RequestBody) -> int:
@@ -185,6 +187,12 @@ class BrokerHandler(RequestHandler):
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
         """Answer the cheap, synchronous requests inline."""
+        if self._quotas is not None and self._quotas.requests:
+            now = trio.current_time()
+            delay = self._quotas.record(self._conn.principal, "request", 1, now)
+            if delay > 0:
+                self._owed[id(body)] = delay  # (answered in a task, late: see handle)
+                return None
         answer = _NOW.get(type(body))
         if answer is None:
             return None
@@ -193,9 +201,19 @@ class BrokerHandler(RequestHandler):
         return answer(self, body)
 
     async def handle(self, body: RequestBody) -> ResponseBody:
-        """Answer a request that may wait (joins, writes)."""
+        """Answer a request that may wait (joins, writes), or one over the request quota."""
+        owed = self._owed.pop(id(body), 0.0) if self._owed else 0.0
+        if owed:
+            await trio.sleep(owed)
         answer = _LATER.get(type(body))
         if answer is None:
+            inline = _NOW.get(type(body)) if owed else None
+            if inline is not None:  # (a heartbeat over the quota: answered late)
+                if self._authorizer is not None:
+                    self._authorize(body)
+                found = inline(self, body)
+                if found is not None:
+                    return found
             raise UnsupportedMessageError(f"a broker does not accept {type(body).__name__}")
         if self._broker.shutting_down:
             raise BrokerShuttingDownError("the broker is shutting down; use another broker")

@@ -190,6 +190,9 @@ class BrokerConfig:
     throttle, as Kafka's quotas). None: no quota."""
     quota_fetch_bytes: float | None = None
     """Bytes per second one principal may fetch; answers beyond it are delayed."""
+    quota_requests: float | None = None
+    """Requests per second one principal may send; answers beyond it are delayed (heartbeats
+    too: keep it well above what the principal's consumers need). None: no quota."""
     max_groups_per_principal: int | None = None
     """Groups one principal may have members in on this broker; a join beyond is refused
     (RESOURCES_EXHAUSTED). None: no limit."""
@@ -274,6 +277,7 @@ class BrokerConfig:
         for name in (
             "quota_produce_bytes",
             "quota_fetch_bytes",
+            "quota_requests",
             "max_connections_per_principal",
             "max_groups_per_principal",
         ):
@@ -332,6 +336,7 @@ class Broker:
             quotas=Quotas(
                 produce_bytes_per_s=config.quota_produce_bytes,
                 fetch_bytes_per_s=config.quota_fetch_bytes,
+                requests_per_s=config.quota_requests,
             ),
             max_connections_per_principal=config.max_connections_per_principal,
         )

@@ -25,6 +25,8 @@ connection with one log line and costs nothing else.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
 import logging
 import math
@@ -389,6 +391,14 @@ class _Connection:
         if api.ordered:
             ctx.after, ctx.turn = self._turn, trio.Event()
             self._turn = ctx.turn
+        delay = 0.0
+        security = self._front.security
+        if security is not None and security.quotas.requests and self.principal_known:
+            now = trio.current_time()
+            delay = security.quotas.record(self.principal, "request", 1, now)
+            if delay > 0:  # over the request-rate quota: answered late, in a task
+                nursery.start_soon(self._handle, api, ctx, body, finish, delay)
+                return
         if api.now is not None:
             try:
                 response = api.now(ctx, body)
@@ -405,9 +415,16 @@ class _Connection:
         await self._send.send(slot)
         return slot.set
 
-    async def _handle(self, api: Api, ctx: RequestContext, body: Any, finish: Any) -> None:
+    async def _handle(
+        self, api: Api, ctx: RequestContext, body: Any, finish: Any, delay: float = 0.0
+    ) -> None:
         try:
+            if delay > 0:
+                await trio.sleep(delay)
             response = await api.handler(ctx, body)
+            if delay > 0 and response is not None and hasattr(response, "throttle_time"):
+                throttle = max(response.throttle_time, datetime.timedelta(seconds=delay))
+                response = dataclasses.replace(response, throttle_time=throttle)
         except Exception as exc:
             response = self._failed(ctx, api, exc)
         finally:

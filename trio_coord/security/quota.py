@@ -1,7 +1,8 @@
-"""Per-principal quotas: produce and fetch byte rates, as in Kafka's quota design.
+"""Per-principal quotas: produce and fetch byte rates and request rates, as in Kafka's design.
 
 Its one job is the throttle decision. :class:`Quotas` measures, per
-principal, the bytes it produced and fetched over a sliding set of one-second
+principal, the bytes it produced and fetched and the requests it sent (a
+count, where Kafka's request quota measures handler time) over a sliding set of one-second
 windows (Kafka's ``quota.window.num`` x ``quota.window.size.seconds``: 11 x
 1 s); when a request takes a principal over its rate, the answer to it is
 delayed by the time that brings the measured rate back to the quota
@@ -55,15 +56,23 @@ class _Rate:
 
 
 class Quotas:
-    """Byte-rate quotas per principal (None: no quota of that kind)."""
+    """Byte-rate and request-rate quotas per principal (None: no quota of that kind)."""
 
     def __init__(
-        self, *, produce_bytes_per_s: float | None = None, fetch_bytes_per_s: float | None = None
+        self,
+        *,
+        produce_bytes_per_s: float | None = None,
+        fetch_bytes_per_s: float | None = None,
+        requests_per_s: float | None = None,
     ) -> None:
-        for name, value in (("produce", produce_bytes_per_s), ("fetch", fetch_bytes_per_s)):
+        self.limits = {
+            "produce": produce_bytes_per_s,
+            "fetch": fetch_bytes_per_s,
+            "request": requests_per_s,
+        }
+        for name, value in self.limits.items():
             if value is not None and not value > 0:
-                raise ValueError(f"the {name} quota must be a positive number of bytes/s")
-        self.limits = {"produce": produce_bytes_per_s, "fetch": fetch_bytes_per_s}
+                raise ValueError(f"the {name} quota must be a positive rate (per second)")
         self._rates: dict[tuple[str, str], _Rate] = {}
         self.throttled = 0
         """Answers delayed so far (for metrics and tests)."""
@@ -73,8 +82,14 @@ class Quotas:
         """True if any quota is set."""
         return any(v is not None for v in self.limits.values())
 
+    @property
+    def requests(self) -> bool:
+        """True if requests are counted (a request-rate quota is set)."""
+        return self.limits["request"] is not None
+
     def record(self, principal: str, kind: str, amount: int, now: float) -> float:
-        """Count ``amount`` bytes of ``kind`` for ``principal``; seconds to delay the answer."""
+        """Count ``amount`` (bytes, or 1 request) of ``kind`` ("produce", "fetch",
+        "request") for ``principal``; the seconds to delay the answer."""
         quota = self.limits.get(kind)
         if quota is None or amount <= 0:
             return 0.0
