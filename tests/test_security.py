@@ -19,6 +19,8 @@ from trio_coord import open_admin, open_broker, open_producer
 from trio_coord.client._bootstrap import Bootstrap
 from trio_coord.protocol.errors import (
     AuthorizationError,
+    ConnectionClosedError,
+    RequestTimedOutError,
     ResourcesExhaustedError,
     SaslAuthenticationError,
 )
@@ -472,3 +474,47 @@ async def test_request_rate_quota_delays_answers_on_both_listeners() -> None:
         throttles = await trio.to_thread.run_sync(kafka_metadata)
         assert broker.security.quotas.throttled > native
         assert any(t > 0 for t in throttles)
+
+
+async def test_client_certificates_name_the_principal(certificates: Path, tmp_path: Path) -> None:
+    """With --tls-client-ca a client needs a certificate signed by that CA; its CN is the
+    principal, which ACLs then govern (deny by default)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    ca = certificates / "ca.pem"
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "carol.key", "-out",
+            "carol.csr", "-subj", "/CN=carol")  # fmt: skip
+    openssl("x509", "-req", "-in", "carol.csr", "-CA", str(ca), "-CAkey",
+            str(certificates / "ca.key"), "-CAcreateserial", "-out", "carol.pem",
+            "-days", "2")  # fmt: skip
+    async with open_broker(
+        None,
+        tls_cert=str(certificates / "server.pem"),
+        tls_key=str(certificates / "server.key"),
+        tls_client_ca=str(ca),
+    ) as broker:
+        await broker.topics.create_topic("certs", 1)
+        carol = client_ssl_context(
+            ca, certfile=tmp_path / "carol.pem", keyfile=tmp_path / "carol.key"
+        )
+        async with open_admin(broker.bootstrap, ssl_context=carol, api_timeout=5) as admin:
+            assert await admin.list_topics() == []  # (no ACL: nothing to describe)
+            with pytest.raises(AuthorizationError, match="User:carol may not CREATE"):
+                await admin.create_topic("mine", 1)
+            await security_store.add_acl(
+                broker.store,
+                Acl(principal="User:carol", operation="read", resource_type="topic", name="certs"),
+            )
+            with trio.fail_after(10):  # (the broker's watch reloads the ACLs)
+                while not broker.security.authorizer.allowed(
+                    "User:carol", "read", "topic", "certs"
+                ):
+                    await trio.sleep(0.01)
+            assert [t.name for t in await admin.list_topics()] == ["certs"]
+        with pytest.raises((ConnectionClosedError, RequestTimedOutError)):  # no certificate
+            async with open_admin(
+                broker.bootstrap, ssl_context=client_ssl_context(ca), api_timeout=2
+            ) as admin:
+                await admin.list_topics()
