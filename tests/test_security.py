@@ -8,6 +8,7 @@ are in ``tests/kafka/test_kafka_security.py``.
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 from pathlib import Path
 
@@ -518,3 +519,32 @@ async def test_client_certificates_name_the_principal(certificates: Path, tmp_pa
                 broker.bootstrap, ssl_context=client_ssl_context(ca), api_timeout=2
             ) as admin:
                 await admin.list_topics()
+
+
+async def test_refused_tls_logins_leave_no_open_sockets(certificates: Path) -> None:
+    """Twenty wrong passwords over TLS: the broker closes every socket it took for TLS."""
+    async with open_broker(
+        None,
+        tls_cert=str(certificates / "server.pem"),
+        tls_key=str(certificates / "server.key"),
+        sasl_mechanisms=("SCRAM-SHA-256",),
+    ) as broker:
+        await security_store.add_user(broker.store, "alice", "pw", iterations=4096)
+        await broker.security.cache.reload()
+        ssl_context = client_ssl_context(certificates / "ca.pem")
+
+        async def refused() -> None:
+            with pytest.raises(SaslAuthenticationError):
+                async with open_admin(
+                    broker.bootstrap, ssl_context=ssl_context, sasl=Sasl("alice", "no")
+                ) as admin:
+                    await admin.list_topics()
+
+        await refused()  # (warm: whatever is opened once and kept)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            await refused()
+        with trio.fail_after(10):
+            while len(os.listdir("/proc/self/fd")) > before + 2:
+                await trio.sleep(0.05)
+        assert broker.security.failed_logins == 21

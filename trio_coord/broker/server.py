@@ -625,6 +625,7 @@ class Broker:
                 await self._refuse(
                     stream, f"{principal} has {most} open (max_connections_per_principal)"
                 )
+                await trio.aclose_forcefully(stream)  # (a TLS stream: the listener cannot)
                 return
             counted = principal
             conn = Connection(

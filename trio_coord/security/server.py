@@ -238,20 +238,23 @@ class ServerSecurity:
         Returns the stream to serve and its principal, or None if the client
         failed (it was told why when possible; the caller closes the stream).
         """
-        with trio.move_on_after(self.auth_timeout):
+        secured = stream
+        with trio.move_on_after(self.auth_timeout) as deadline:
             try:
-                stream, principal = await self.tls_handshake(stream)
+                secured, principal = await self.tls_handshake(stream)
                 if not self.sasl:
-                    return stream, principal
-                user = await self._native_sasl(stream)
-                return (stream, f"User:{user}") if user is not None else None
+                    return secured, principal
+                user = await self._native_sasl(secured)
+                if user is not None:
+                    return secured, f"User:{user}"
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
                 log.info("TLS with %s failed: %s", _peer(stream), exc)
-                return None
             except CoordError as exc:  # (a frame too large, undecodable)
                 log.info("refused a connection from %s: %s", _peer(stream), exc)
-                return None
-        log.info("closing %s: not authenticated within %gs", _peer(stream), self.auth_timeout)
+        if deadline.cancelled_caught:
+            log.info("closing %s: not authenticated within %gs", _peer(stream), self.auth_timeout)
+        if secured is not stream:  # (TLS took the socket: close it here, the caller cannot)
+            await trio.aclose_forcefully(secured)
         return None
 
     async def _native_sasl(self, stream: trio.abc.Stream) -> str | None:
