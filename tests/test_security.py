@@ -25,7 +25,12 @@ from trio_coord.protocol.errors import (
     ResourcesExhaustedError,
     SaslAuthenticationError,
 )
-from trio_coord.protocol.messages import JoinGroupRequest, JoinGroupResponse, MetadataRequest
+from trio_coord.protocol.messages import (
+    DescribeGroupRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    MetadataRequest,
+)
 from trio_coord.security import Acl, Authorizer, ClientSecurity, Sasl, client_ssl_context
 from trio_coord.security import store as security_store
 from trio_coord.security.quota import MAX_THROTTLE, Quotas
@@ -548,3 +553,81 @@ async def test_refused_tls_logins_leave_no_open_sockets(certificates: Path) -> N
             while len(os.listdir("/proc/self/fd")) > before + 2:
                 await trio.sleep(0.05)
         assert broker.security.failed_logins == 21
+
+
+async def test_requests_without_acl_checks_are_for_super_users_only(monkeypatch) -> None:
+    """Deny by default, structurally: a native request or Kafka API whose ACL checks are not
+    written (here: taken away) is refused to anyone but a super user."""
+    import dataclasses
+    import io
+    import struct
+
+    from kio.schema.list_groups.v4.request import ListGroupsRequest as KafkaListGroups
+    from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest as KafkaAuth
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest as KafkaHandshake
+    from kio.serial import entity_reader, entity_writer
+
+    from trio_coord.broker import handler
+    from trio_coord.kafka.codec import response_schema
+
+    monkeypatch.delitem(handler._ACL, DescribeGroupRequest)
+    async with open_broker(
+        None,
+        kafka_port=0,
+        sasl_mechanisms=("SCRAM-SHA-256", "PLAIN"),
+        allow_plain_without_tls=True,
+        super_users=("admin",),
+    ) as broker:
+        for user in ("admin", "bob"):
+            await security_store.add_user(broker.store, user, "pw", iterations=4096)
+        await security_store.add_acl(
+            broker.store,
+            Acl(principal="User:bob", operation="all", resource_type="group", name="*"),
+        )
+        await broker.security.cache.reload()
+        await broker.coordinator.create_group("g")
+        for user, refused in (("bob", True), ("admin", False)):
+            async with open_admin(broker.bootstrap, sasl=Sasl(user, "pw"), api_timeout=5) as a:
+                if refused:
+                    with pytest.raises(AuthorizationError, match="User:bob may not ALTER"):
+                        await a.describe_group("g")
+                else:
+                    assert (await a.describe_group("g")).group_id == "g"
+
+        assert broker.kafka is not None and broker.kafka_address is not None
+        table = broker.kafka.front.table.apis
+        monkeypatch.setitem(table, 16, dataclasses.replace(table[16], authorizes=False))
+
+        async def kafka_list_groups(user: str) -> int:
+            stream = await trio.open_tcp_stream(*broker.kafka_address)
+            corr = 0
+
+            async def ask(key: int, version: int, body: object) -> object:
+                nonlocal corr
+                corr += 1
+                out = io.BytesIO()
+                header = type(body).__header_schema__  # type: ignore[attr-defined]
+                head = header(request_api_key=key, request_api_version=version,
+                              correlation_id=corr, client_id="t")  # fmt: skip
+                entity_writer(header)(out, head)
+                entity_writer(type(body))(out, body)
+                data = out.getvalue()
+                await stream.send_all(struct.pack(">i", len(data)) + data)
+                frame = b""
+                while len(frame) < 4 or len(frame) < 4 + struct.unpack(">i", frame[:4])[0]:
+                    chunk = await stream.receive_some()
+                    assert chunk, "the broker closed the connection"
+                    frame += chunk
+                schema = response_schema(key, version)
+                _, used = entity_reader(schema.__header_schema__)(frame[4:], 0)
+                return entity_reader(schema)(frame[4:], used)[0]
+
+            await ask(17, 1, KafkaHandshake(mechanism="PLAIN"))
+            auth = await ask(36, 2, KafkaAuth(auth_bytes=f"\0{user}\0pw".encode()))
+            assert auth.error_code == 0  # type: ignore[attr-defined]
+            listed = await ask(16, 4, KafkaListGroups(states_filter=()))
+            await stream.aclose()
+            return int(listed.error_code)  # type: ignore[attr-defined]
+
+        assert await kafka_list_groups("bob") == 31  # CLUSTER_AUTHORIZATION_FAILED
+        assert await kafka_list_groups("admin") == 0

@@ -228,6 +228,10 @@ class BrokerHandler(RequestHandler):
         check = _ACL.get(type(body))
         if check is not None:
             check(self, body)
+        elif type(body) not in _FILTERED:
+            # A request with no check written (a message added later): deny by default,
+            # but to super users (ALTER on the cluster).
+            self._require("alter", "cluster", CLUSTER)
 
     def _allowed(self, operation: str, resource_type: str, name: str) -> bool:
         authorizer = self._authorizer
@@ -495,6 +499,10 @@ _ACL: dict[type, Callable[[BrokerHandler, Any], None]] = {
     SecurityAdminRequest: BrokerHandler._acl_security,
 }
 """What each request needs, once authentication is on (docs/security.md lists it)."""
+
+_FILTERED: frozenset[type] = frozenset({ListGroupsRequest})
+"""Requests that need no ACL of their own: their answers list only what the principal may
+see. Any request in neither table is refused to all but super users."""
 
 
 def denied(principal: str, operation: str, resource_type: str, name: str) -> str:

@@ -254,8 +254,8 @@ def _describe_configs_now(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(19, 2, 7, _create_topics),
-    Api(20, 1, 6, _delete_topics),
-    Api(37, 0, 3, _create_partitions),
-    Api(32, 1, 4, _describe_configs, now=_describe_configs_now),
+    Api(19, 2, 7, _create_topics, authorizes=True),
+    Api(20, 1, 6, _delete_topics, authorizes=True),
+    Api(37, 0, 3, _create_partitions, authorizes=True),
+    Api(32, 1, 4, _describe_configs, now=_describe_configs_now, authorizes=True),
 ]

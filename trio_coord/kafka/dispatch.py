@@ -133,6 +133,10 @@ class Api:
     ordered: bool = False
     """Requests of this API on one connection take turns (``RequestContext.wait_turn``):
     Produce, whose batches must reach each partition in the order they were sent."""
+    authorizes: bool = False
+    """Its handler checks ACLs itself (docs/security.md). With authorization on, an API
+    that does not say so is refused (CLUSTER_AUTHORIZATION_FAILED) to all but super users:
+    a new API is denied by default until its checks are written."""
 
 
 @dataclass(slots=True)

@@ -275,6 +275,6 @@ def _list_offsets_fast(ctx: RequestContext, body: Any) -> Any | None:
 
 
 APIS: Final = [
-    Api(1, 4, 12, _fetch, cost=_fetch_cost),
-    Api(2, 1, 6, _list_offsets, now=_list_offsets_fast),
+    Api(1, 4, 12, _fetch, cost=_fetch_cost, authorizes=True),
+    Api(2, 1, 6, _list_offsets, now=_list_offsets_fast, authorizes=True),
 ]

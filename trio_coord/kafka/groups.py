@@ -1175,14 +1175,14 @@ async def _offset_delete(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(11, 0, 9, _join_group),
-    Api(14, 0, 5, _sync_group),
-    Api(12, 0, 4, _heartbeat, now=_heartbeat_now),
-    Api(13, 0, 5, _leave_group),
-    Api(8, 2, 9, _offset_commit),
-    Api(9, 1, 9, _offset_fetch, now=_offset_fetch_now),
-    Api(16, 0, 5, _list_groups, now=_list_groups_now),
-    Api(15, 0, 5, _describe_groups, now=_describe_groups_now),
-    Api(42, 0, 2, _delete_groups),
-    Api(47, 0, 0, _offset_delete),
+    Api(11, 0, 9, _join_group, authorizes=True),
+    Api(14, 0, 5, _sync_group, authorizes=True),
+    Api(12, 0, 4, _heartbeat, now=_heartbeat_now, authorizes=True),
+    Api(13, 0, 5, _leave_group, authorizes=True),
+    Api(8, 2, 9, _offset_commit, authorizes=True),
+    Api(9, 1, 9, _offset_fetch, now=_offset_fetch_now, authorizes=True),
+    Api(16, 0, 5, _list_groups, now=_list_groups_now, authorizes=True),
+    Api(15, 0, 5, _describe_groups, now=_describe_groups_now, authorizes=True),
+    Api(42, 0, 2, _delete_groups, authorizes=True),
+    Api(47, 0, 0, _offset_delete, authorizes=True),
 ]

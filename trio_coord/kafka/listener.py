@@ -375,6 +375,20 @@ class _Connection:
             (await self._queue(_Slot(charge)))(encode_response(head.correlation_id, answer))
             return
         assert api is not None
+        authorizer = self._front.authorizer
+        if (
+            not api.authorizes
+            and authorizer is not None
+            and not authorizer.is_super(self.principal)
+        ):
+            log.info(
+                "refused API %d to %s: it checks no ACLs (super users only)", api.key, self._peer
+            )
+            answer = error_response(
+                head.api_key, head.api_version, KafkaCode.cluster_authorization_failed
+            )
+            (await self._queue(_Slot(charge)))(encode_response(head.correlation_id, answer))
+            return
         extra = api.cost(self._front, body) if api.cost is not None else 0
         # The frame's charge and the answer's, together at most a whole budget (a request
         # never waits for bytes it holds itself).

@@ -213,7 +213,7 @@ async def _find_coordinator_async(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(18, 0, 4, _api_versions_async, now=_api_versions),
-    Api(3, 0, 12, _metadata_async, now=_metadata_now),
-    Api(10, 0, 6, _find_coordinator_async, now=_find_coordinator),
+    Api(18, 0, 4, _api_versions_async, now=_api_versions, authorizes=True),
+    Api(3, 0, 12, _metadata_async, now=_metadata_now, authorizes=True),
+    Api(10, 0, 6, _find_coordinator_async, now=_find_coordinator, authorizes=True),
 ]

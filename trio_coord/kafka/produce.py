@@ -338,6 +338,16 @@ async def _init_producer_id(ctx: RequestContext, body: Any) -> Any:
             producer_id=-1,
             producer_epoch=-1,
         )
+    authorizer = ctx.front.authorizer
+    if authorizer is not None and not authorizer.allowed_any(ctx.principal, "write", "topic"):
+        # (Kafka: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic)
+        return make(
+            schema,
+            throttle_time=_NO_THROTTLE,
+            error_code=KafkaCode.cluster_authorization_failed,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
     pid = getattr(body, "producer_id", -1)
     epoch = getattr(body, "producer_epoch", -1)
     if pid >= 0 and 0 <= epoch < _MAX_EPOCH:
@@ -354,6 +364,6 @@ async def _init_producer_id(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(0, 3, 11, _produce, ordered=True),
-    Api(22, 0, 5, _init_producer_id),
+    Api(0, 3, 11, _produce, ordered=True, authorizes=True),
+    Api(22, 0, 5, _init_producer_id, authorizes=True),
 ]

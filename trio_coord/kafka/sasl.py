@@ -123,6 +123,6 @@ async def _authenticate_async(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS = [
-    Api(17, 1, 1, _handshake_async, now=_handshake),
-    Api(36, 0, 2, _authenticate_async, now=_authenticate_now),
+    Api(17, 1, 1, _handshake_async, now=_handshake, authorizes=True),
+    Api(36, 0, 2, _authenticate_async, now=_authenticate_now, authorizes=True),
 ]
