@@ -550,3 +550,62 @@ def spark_bench_main(
     else:
         print(render(result))
     return 0
+
+
+# -- TLS and SASL for the --tls/--sasl runs ------------------------------------------------
+
+BENCH_USER = "bench"
+BENCH_PASSWORD = "bench-password"
+
+
+def make_certificates(directory: str | os.PathLike[str]) -> str:
+    """A CA and a server certificate for 127.0.0.1 in ``directory`` (openssl); returns it."""
+    import subprocess
+
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=bench CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
+    return str(where)
+
+
+def broker_security(certs: str | None, tls: bool, sasl: bool) -> dict[str, Any]:
+    """``open_broker`` settings for a secured run (TLS from ``certs``; SCRAM-SHA-256)."""
+    settings: dict[str, Any] = {}
+    if tls and certs:
+        settings["tls_cert"] = f"{certs}/server.pem"
+        settings["tls_key"] = f"{certs}/server.key"
+    if sasl:
+        settings["sasl_mechanisms"] = ("SCRAM-SHA-256",)
+        settings["super_users"] = (BENCH_USER,)
+    return settings
+
+
+async def add_bench_user(broker: Any) -> None:
+    """Create the bench's super user in a running broker's store (SASL runs)."""
+    from trio_coord.security import store as security_store
+
+    await security_store.add_user(broker.store, BENCH_USER, BENCH_PASSWORD, iterations=4096)
+    await broker.security.cache.reload()
+
+
+def client_security(certs: str | None, tls: bool, sasl: bool) -> dict[str, Any]:
+    """``ssl_context=`` and ``sasl=`` of a client for a secured run."""
+    from trio_coord.security import Sasl, client_ssl_context
+
+    options: dict[str, Any] = {}
+    if tls and certs:
+        options["ssl_context"] = client_ssl_context(f"{certs}/ca.pem")
+    if sasl:
+        options["sasl"] = Sasl(BENCH_USER, BENCH_PASSWORD)
+    return options

@@ -48,8 +48,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -60,7 +60,7 @@ import trio
 from trio_coord.broker._gc import CollectorKeeper
 from trio_coord.broker.server import open_broker
 from trio_coord.client.admin import open_admin
-from trio_coord.protocol.connection import Connection, RequestHandler, open_connection
+from trio_coord.protocol.connection import Connection, RequestHandler, open_connection, serving
 from trio_coord.protocol.errors import ConnectionClosedError, CoordError, ErrorCode
 from trio_coord.protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -81,16 +81,21 @@ from trio_coord.protocol.messages import (
     StopFetchersRequest,
     StopFetchersResponse,
 )
+from trio_coord.security.client import ClientSecurity, secure_stream
 
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
     BenchError,
+    add_bench_user,
+    broker_security,
     chosen_params,
+    client_security,
     cpu_count,
     format_table,
     latency_summary,
+    make_certificates,
     process_cpu_seconds,
     process_rss_bytes,
     python_module,
@@ -136,6 +141,10 @@ class Params:
     """Open loop: members added per step (0: a fifth of ``members``)."""
     p99_limit_ms: float = 50.0
     """Open loop: the ramp stops at the first step whose p99 passes this."""
+    tls: bool = False
+    """Also measure a broker whose listener speaks TLS (``--tls``): the ``secure`` row."""
+    sasl: bool = False
+    """Also measure a broker whose connections log in with SCRAM-SHA-256 (``--sasl``)."""
 
     def steps(self) -> list[int]:
         """Open loop: the group size after each step of the ramp."""
@@ -175,9 +184,11 @@ async def _until_stdin_closes() -> None:
         pass
 
 
-async def serve_broker(data_dir: str, members: int = 0) -> None:
+async def serve_broker(
+    data_dir: str, members: int = 0, certs: str | None = None, tls: bool = False, sasl: bool = False
+) -> None:
     """Run a broker on ``data_dir`` for ``members`` members, print ``port N``, and run until
-    stdin closes."""
+    stdin closes (with TLS from ``certs`` and/or SCRAM logins for the ``secure`` row)."""
     await trio.Path(data_dir).mkdir(parents=True, exist_ok=True)
     limits = dict(
         max_group_size=1_000_000,
@@ -186,8 +197,11 @@ async def serve_broker(data_dir: str, members: int = 0) -> None:
         # (None: what fits ulimit -n, at most 10,000; beyond, ask for what the run needs)
         max_connections=members + 100 if members + 100 > 10_000 else None,
         tune_gc=True,  # as `trio-coord broker` runs
+        **broker_security(certs, tls, sasl),
     )
-    async with open_broker(data_dir, HOST, 0, **limits) as broker:  # type: ignore[arg-type]
+    async with open_broker(data_dir, HOST, 0, **limits) as broker:
+        if sasl:
+            await add_bench_user(broker)
         say("port", broker.address[1])
         await _until_stdin_closes()
 
@@ -337,10 +351,10 @@ async def _join_group(
 
 async def _member(load: _Load, index: int) -> None:
     spec = load.spec
-    broker = spec["mode"] == "broker"
+    broker = spec["mode"] in ("broker", "secure")
     client_id = f"bench-{index:05d}"
     handler = _MemberHandler(load)
-    async with open_connection(spec["host"], spec["port"], handler) as conn:
+    async with _open(spec, handler) as conn:
         if broker:
             member_id = await _join_group(conn, spec, client_id, handler)
         else:  # the same shape of id the broker hands out, so the frames are the same size
@@ -359,6 +373,22 @@ async def _member(load: _Load, index: int) -> None:
         await _heartbeat_loop(load, conn.request, member_id, handler)
         load.member_finished()
         await load.release.wait()
+
+
+@asynccontextmanager
+async def _open(spec: dict[str, Any], handler: RequestHandler) -> AsyncIterator[Connection]:
+    """A member's connection: plain, or with the TLS and login of the ``secure`` row."""
+    security = client_security(spec.get("certs"), spec.get("tls", False), spec.get("sasl", False))
+    if not security:
+        async with open_connection(spec["host"], spec["port"], handler) as conn:
+            yield conn
+        return
+    tcp = await trio.open_tcp_stream(spec["host"], spec["port"])
+    stream = await secure_stream(
+        tcp, spec["host"], ClientSecurity(security.get("ssl_context"), security.get("sasl"))
+    )
+    async with serving(Connection(stream, handler)) as conn:
+        yield conn
 
 
 async def _heartbeat_loop(
@@ -564,14 +594,15 @@ async def run_open_load(spec: dict[str, Any]) -> None:
 class _StableWatch:
     """Polls DescribeGroup until the bench group is STABLE with every member, for a while."""
 
-    def __init__(self, bootstrap: str, members: int) -> None:
+    def __init__(self, bootstrap: str, members: int, security: dict[str, Any]) -> None:
         self.bootstrap = bootstrap
         self.members = members
+        self.security = security
         self.seen = "nothing yet"
 
     async def wait(self) -> int:
         """Return the group's generation once it stayed STABLE with all members."""
-        async with open_admin(self.bootstrap) as admin:
+        async with open_admin(self.bootstrap, **self.security) as admin:
             since: tuple[int, float] | None = None  # (generation, first seen stable)
             while True:
                 group = await admin.describe_group(GROUP)
@@ -590,9 +621,15 @@ class _StableWatch:
                 await trio.sleep(_STABLE_POLL)
 
 
-def _load_spec(target: str, params: Params, port: int, first: int, count: int) -> dict[str, Any]:
+def _load_spec(
+    target: str, params: Params, port: int, first: int, count: int, certs: str | None = None
+) -> dict[str, Any]:
     """What one load process is told (as JSON on its command line); see :func:`run_load`."""
+    secure = target == "secure"
     return {
+        "certs": certs,
+        "tls": secure and params.tls,
+        "sasl": secure and params.sasl,
         "mode": target,
         "host": HOST,
         "port": port,
@@ -606,14 +643,22 @@ def _load_spec(target: str, params: Params, port: int, first: int, count: int) -
 
 async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]:
     """Run one target (``broker`` or ``echo``) with its own server and load processes."""
-    if target == "broker":
+    certs = None
+    security: dict[str, Any] = {}
+    if target in ("broker", "secure"):
         server_argv = python_module(
             _MODULE,
             "--serve-broker",
-            str(workdir / "broker-data"),
+            str(workdir / f"{target}-data"),
             "--members",
             str(params.members),
         )
+        if target == "secure":
+            certs = make_certificates(workdir / "certs")
+            server_argv += ["--certs", certs]
+            server_argv += ["--tls"] if params.tls else []
+            server_argv += ["--sasl"] if params.sasl else []
+            security = client_security(certs, params.tls, params.sasl)
     else:
         server_argv = python_module(_MODULE, "--serve-echo")
     ready_timeout = 30.0 + 0.05 * params.members
@@ -622,14 +667,14 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
         with server.within(30.0, "print its port"):
             port = int(await server.expect("port "))
         bootstrap = f"{HOST}:{port}"
-        if target == "broker":
-            async with open_admin(bootstrap) as admin:
+        if target != "echo":
+            async with open_admin(bootstrap, **security) as admin:
                 await admin.create_topic(TOPIC, params.members)
         rss_before, joins_began = process_rss_bytes(server.pid), trio.current_time()
         async with AsyncExitStack() as stack:
             loads = []
             for i, (first, count) in enumerate(params.split()):
-                spec = _load_spec(target, params, port, first, count)
+                spec = _load_spec(target, params, port, first, count, certs)
                 spec["out"] = str(workdir / f"{target}-load-{i}.latencies")
                 argv = python_module(_MODULE, "--load", json.dumps(spec))
                 loads.append(
@@ -645,8 +690,8 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
                 except BenchError as exc:  # the server's side of the story helps most
                     tail = server.stderr_tail().strip() or "(nothing)"
                     raise BenchError(f"{exc}\n{target} server's stderr:\n{tail}") from None
-            if target == "broker":
-                watch = _StableWatch(bootstrap, params.members)
+            if target != "echo":
+                watch = _StableWatch(bootstrap, params.members, security)
                 with trio.move_on_after(ready_timeout):
                     generation = await watch.wait()
                 if generation is None:
@@ -703,9 +748,19 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
     """Measure the broker, then the echo baseline; return the JSON-ready result."""
     load_before = _load_average()
     with tempfile.TemporaryDirectory(prefix="trio-coord-bench-") as tmp:
-        results = {target: await _measure(target, params, Path(tmp)) for target in TARGETS}
+        results = {target: await _measure(target, params, Path(tmp)) for target in _targets(params)}
     broker, echo = results["broker"], results["echo"]
+    secure = results.get("secure")
+    extra: dict[str, Any] = {}
+    if secure is not None:
+        extra["secure"] = secure
+        extra["secure_vs_plain"] = {
+            "throughput": ratio(secure["heartbeats_per_s"], broker["heartbeats_per_s"]),
+            "p50": ratio(secure["p50_ms"], broker["p50_ms"]),
+            "p99": ratio(secure["p99_ms"], broker["p99_ms"]),
+        }
     return {
+        **extra,
         "bench": "heartbeat",
         "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_before},
         "broker": broker,
@@ -880,6 +935,11 @@ def render_open(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _targets(params: Params) -> tuple[str, ...]:
+    """The rows measured: the broker, the echo baseline, and the secured broker if asked."""
+    return (*TARGETS, "secure") if params.tls or params.sasl else TARGETS
+
+
 def _load_average() -> float | None:
     """The machine's 1-minute load average before the run (others' work skews the figures)."""
     try:
@@ -908,7 +968,7 @@ def render(result: dict[str, Any]) -> str:
         "",
     ]
     rows = []
-    for target in TARGETS:
+    for target in (t for t in (*TARGETS, "secure") if t in result):
         r = result[target]
         rows.append(
             [
@@ -933,6 +993,19 @@ def render(result: dict[str, Any]) -> str:
             f"{q['server_cpu_per_heartbeat']:.2f}x",
         ]
     )
+    secure = result.get("secure_vs_plain")
+    if secure is not None:
+        what = "+".join(n for n in ("tls", "sasl") if p.get(n))
+        rows.append(
+            [
+                f"secure({what})/broker",
+                f"{secure['throughput']:.2f}x",
+                f"{secure['p50']:.2f}x",
+                f"{secure['p99']:.2f}x",
+                "",
+                "",
+            ]
+        )
     headers = [
         "target",
         "heartbeats/s",
@@ -1012,8 +1085,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         help=f"open loop: the p99 in ms that ends the ramp (default {defaults.p99_limit_ms:g})",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also measure a broker with TLS (the 'secure' row, and its ratio to plaintext)",
+    )
+    parser.add_argument(
+        "--sasl",
+        action="store_true",
+        help="also measure a broker whose members log in with SCRAM-SHA-256",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     internal = argparse.SUPPRESS
+    parser.add_argument("--certs", help=internal)
     parser.add_argument("--serve-broker", metavar="DIR", help=internal)
     parser.add_argument("--serve-echo", action="store_true", help=internal)
     parser.add_argument("--load", metavar="SPEC", help=internal)
@@ -1027,7 +1111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_broker or args.serve_echo or args.load or args.open_load:
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
         if args.serve_broker:
-            trio.run(serve_broker, args.serve_broker, args.members)
+            trio.run(serve_broker, args.serve_broker, args.members, args.certs, args.tls, args.sasl)
         elif args.serve_echo:
             trio.run(serve_echo)
         elif args.open_load:
@@ -1052,6 +1136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "p99_limit_ms",
         ),
         open_loop=args.open_loop,
+        tls=args.tls,
+        sasl=args.sasl,
     )
     if params.members < 1 or params.processes < 1 or params.duration <= 0 or params.warmup < 0:
         print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)

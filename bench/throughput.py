@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import logging
 import os
 import sys
@@ -73,10 +74,14 @@ from bench._common import (
     BenchError,
     Child,
     Progress,
+    add_bench_user,
+    broker_security,
     chosen_params,
+    client_security,
     cpu_count,
     format_table,
     load_average,
+    make_certificates,
     min_p50_max,
     process_cpu_seconds,
     python_module,
@@ -118,6 +123,10 @@ class Params:
     """The producer's ``batch_size`` (its default), which also sizes the baseline's writes."""
     quick: bool = False
     profile: str | None = None
+    tls: bool = False
+    """Also run every mode against a broker with TLS (``--tls``), and report the ratio."""
+    sasl: bool = False
+    """Also run every mode against a broker whose clients log in with SCRAM (``--sasl``)."""
 
     def batch_records(self, size: int) -> int:
         """Records of ``size`` bytes in a full producer batch: what one baseline write holds.
@@ -140,10 +149,21 @@ QUICK = Params(records=2000, partitions=2, repeat=2, quick=True)
 # -- the broker process --------------------------------------------------------------------
 
 
-async def serve_broker(data_dir: str, flush_interval: float) -> None:
-    """Run a broker on ``data_dir`` with this flush policy; print ``port N``; run until EOF."""
-    config = BrokerConfig(log=LogConfig(flush_interval=flush_interval))
+async def serve_broker(
+    data_dir: str,
+    flush_interval: float,
+    certs: str | None = None,
+    tls: bool = False,
+    sasl: bool = False,
+) -> None:
+    """Run a broker on ``data_dir`` with this flush policy (and TLS/SASL from ``certs``);
+    print ``port N``; run until EOF."""
+    config = BrokerConfig(
+        log=LogConfig(flush_interval=flush_interval), **broker_security(certs, tls, sasl)
+    )
     async with open_broker(data_dir, HOST, 0, config=config) as broker:
+        if sasl:
+            await add_bench_user(broker)
         say("port", broker.address[1])
         while await read_stdin_line():
             pass
@@ -280,6 +300,8 @@ class _Target:
     bootstrap: str
     data_dir: Path
     profiles: _Profiles
+    security: dict[str, Any] = field(default_factory=dict)
+    """``ssl_context=``/``sasl=`` of every client (the secured runs)."""
 
     def phase_limit(self, size: int) -> float:
         """Seconds a produce or consume phase may take before the bench gives up."""
@@ -294,12 +316,12 @@ class _Target:
         return BenchError(f"{what} did not finish within {limit:g} s; broker stderr:\n{tail}")
 
     async def create_topic(self, topic: str, partitions: int) -> None:
-        async with open_admin(self.bootstrap) as admin:
+        async with open_admin(self.bootstrap, **self.security) as admin:
             await admin.create_topic(topic, partitions)
 
     async def stored(self, topic: str) -> int:
         """Records the broker holds in ``topic`` (the sum of its partitions' log ends)."""
-        async with open_admin(self.bootstrap) as admin:
+        async with open_admin(self.bootstrap, **self.security) as admin:
             ends = await admin.list_offsets([(topic, p) for p in range(self.params.partitions)])
         return sum(listed.offset for listed in ends.values())
 
@@ -311,7 +333,9 @@ class _Target:
         """Enqueue ``records`` values to ``topic`` and flush; sample time, CPU and batches."""
         limit = self.phase_limit(len(value))
         with trio.move_on_after(limit) as scope:
-            async with open_producer(self.bootstrap, batch_size=self.params.batch_size) as producer:
+            async with open_producer(
+                self.bootstrap, batch_size=self.params.batch_size, **self.security
+            ) as producer:
                 await producer.send(_WARMUP_TOPIC, b"")  # connected before the clock starts
                 batches = producer.batches_sent
                 enqueue = producer.enqueue
@@ -347,7 +371,7 @@ class _Target:
             broker_cpu, client_cpu = self.broker_cpu(), time.process_time()
             start = time.perf_counter()
             async with open_consumer(
-                self.bootstrap, partitions=partitions, offset_reset="earliest"
+                self.bootstrap, partitions=partitions, offset_reset="earliest", **self.security
             ) as consumer:
                 while got < records:
                     got += len(await consumer.getmany(_GETMANY))
@@ -366,12 +390,15 @@ class _Target:
     async def warm_up(self, value: bytes) -> None:
         """Create the warm-up topic and send a few records through (unmeasured)."""
         await self.create_topic(_WARMUP_TOPIC, 1)
-        async with open_producer(self.bootstrap) as producer:
+        async with open_producer(self.bootstrap, **self.security) as producer:
             for _ in range(_WARMUP_RECORDS):
                 await producer.enqueue(_WARMUP_TOPIC, value)
             await producer.flush()
         async with open_consumer(
-            self.bootstrap, partitions=[(_WARMUP_TOPIC, 0)], offset_reset="earliest"
+            self.bootstrap,
+            partitions=[(_WARMUP_TOPIC, 0)],
+            offset_reset="earliest",
+            **self.security,
         ) as consumer:
             got = 0
             while got < _WARMUP_RECORDS:
@@ -407,11 +434,20 @@ def _settle() -> None:
 
 
 async def _measure_mode(
-    mode: str, params: Params, workdir: Path, progress: Progress, profiles: _Profiles
+    mode: str,
+    params: Params,
+    workdir: Path,
+    progress: Progress,
+    profiles: _Profiles,
+    secure: bool = False,
 ) -> dict[int, _Samples]:
-    """Start the mode's broker; run every size's repetitions, baseline and system alternating."""
-    progress.step(f"{mode}: starting the broker")
-    data_dir = workdir / f"broker-{mode}"
+    """Start the mode's broker; run every size's repetitions, baseline and system alternating.
+
+    ``secure``: the broker and clients use TLS and/or SCRAM (``--tls``, ``--sasl``).
+    """
+    name = f"{mode}-secure" if secure else mode
+    progress.step(f"{name}: starting the broker")
+    data_dir = workdir / f"broker-{name}"
     data_dir.mkdir()
     argv = python_module(
         _MODULE,
@@ -420,21 +456,27 @@ async def _measure_mode(
         "--flush-interval",
         repr(params.flush_interval_of(mode)),
     )
+    security: dict[str, Any] = {}
+    if secure:
+        certs = make_certificates(workdir / "certs")
+        argv += ["--certs", certs] + (["--tls"] if params.tls else [])
+        argv += ["--sasl"] if params.sasl else []
+        security = client_security(certs, params.tls, params.sasl)
     if params.profile:
-        argv += ["--profile-out", os.path.join(params.profile, f"broker-{mode}.prof")]
+        argv += ["--profile-out", os.path.join(params.profile, f"broker-{name}.prof")]
     results: dict[int, _Samples] = {}
-    async with spawn(argv, f"broker-{mode}", workdir, stop_grace=30.0) as server:
+    async with spawn(argv, f"broker-{name}", workdir, stop_grace=30.0) as server:
         with server.within(30.0, "print its port"):
             port = int(await server.expect("port "))
-        target = _Target(params, server, f"{HOST}:{port}", data_dir, profiles)
+        target = _Target(params, server, f"{HOST}:{port}", data_dir, profiles, security)
         await target.warm_up(b"w" * 100)
         for size in params.sizes:
             samples = results[size] = _Samples()
             value = os.urandom(size)
             for rep in range(params.repeat):
-                label = f"{mode}, {size} B, repetition {rep + 1}/{params.repeat}"
-                topic = f"bench-{mode}-{size}-{rep}"
-                path = workdir / f"baseline-{mode}-{size}-{rep}.dat"
+                label = f"{name}, {size} B, repetition {rep + 1}/{params.repeat}"
+                topic = f"bench-{name}-{size}-{rep}"
+                path = workdir / f"baseline-{name}-{size}-{rep}.dat"
                 for turn in (0, 1) if rep % 2 == 0 else (1, 0):  # alternate who goes first
                     # Start from a clean slate: no dirty pages of the last run (the broker's,
                     # in the interval mode) being written back under this one.
@@ -517,16 +559,39 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
     load = load_average()
     profiles = _Profiles(params.profile)
     steps = len(params.modes) * (1 + 2 * len(params.sizes) * params.repeat)
+    steps *= 2 if params.tls or params.sasl else 1
     runs = []
     with (
         Progress("throughput", steps) as progress,
         tempfile.TemporaryDirectory(prefix="trio-coord-throughput-") as tmp,
     ):
         for mode in params.modes:
-            measured = await _measure_mode(mode, params, Path(tmp), progress, profiles)
-            runs += [_summarize(mode, size, params, s) for size, s in measured.items()]
+            for secure in (False, True) if params.tls or params.sasl else (False,):
+                measured = await _measure_mode(mode, params, Path(tmp), progress, profiles, secure)
+                runs += [
+                    {**_summarize(mode, size, params, s), "secure": secure}
+                    for size, s in measured.items()
+                ]
     profiles.dump()
+    secure_vs_plain = [
+        {
+            "mode": plain["mode"],
+            "value_bytes": plain["value_bytes"],
+            "produce": ratio(
+                secured["produce"]["records_per_s"], plain["produce"]["records_per_s"]
+            ),
+            "consume": ratio(
+                secured["consume"]["records_per_s"], plain["consume"]["records_per_s"]
+            ),
+        }
+        for plain in runs
+        if not plain["secure"]
+        for secured in runs
+        if secured["secure"]
+        and (secured["mode"], secured["value_bytes"]) == (plain["mode"], plain["value_bytes"])
+    ]
     return {
+        "secure_vs_plain": secure_vs_plain,
         "bench": "throughput",
         "params": {
             **asdict(params),
@@ -566,7 +631,7 @@ def render(result: dict[str, Any]) -> str:
             r = run[phase] if phase else None
             rows.append(
                 [
-                    run["mode"] if phase else "",
+                    (run["mode"] + (" +tls/sasl" if run.get("secure") else "")) if phase else "",
                     f"{run['value_bytes']} B" if phase else "",
                     phase,
                     _num(r["records_per_s"], ",.0f") if r else "",
@@ -611,6 +676,12 @@ def render(result: dict[str, Any]) -> str:
             f"{run['mode']}, {run['value_bytes']} B: {run['producer_batches']:g} producer batches "
             f"(baseline writes {run['baseline_batch_records']} records each); "
             f"{run['disk_per_payload']:.2f} bytes on disk per payload byte"
+        )
+    for q in result.get("secure_vs_plain", []):
+        what = "+".join(n for n in ("tls", "sasl") if p.get(n))
+        lines.append(
+            f"{q['mode']}, {q['value_bytes']} B with {what}: produce {q['produce']:.2f}x, "
+            f"consume {q['consume']:.2f}x the records/s of plaintext (same run)"
         )
     if p.get("profile"):
         lines.append(f"profiles in {p['profile']} (figures taken under cProfile: do not quote)")
@@ -663,9 +734,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"CI smoke preset: {QUICK.records} records, {QUICK.partitions} partitions, "
         f"{QUICK.repeat} repetitions",
     )
+    parser.add_argument(
+        "--tls", action="store_true", help="also run each mode against a broker with TLS"
+    )
+    parser.add_argument(
+        "--sasl",
+        action="store_true",
+        help="also run each mode against a broker whose clients log in with SCRAM-SHA-256",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     internal = argparse.SUPPRESS
     parser.add_argument("--serve-broker", metavar="DIR", help=internal)
+    parser.add_argument("--certs", help=internal)
     parser.add_argument("--profile-out", metavar="FILE", help=internal)
     return parser.parse_args(argv)
 
@@ -675,15 +755,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.serve_broker:
-        run = (serve_broker, args.serve_broker, args.flush_interval or 0.0)
+        run = functools.partial(
+            serve_broker,
+            args.serve_broker,
+            args.flush_interval or 0.0,
+            args.certs,
+            args.tls,
+            args.sasl,
+        )
         if args.profile_out:
             profile = cProfile.Profile()
             try:
-                profile.runcall(trio.run, *run)
+                profile.runcall(trio.run, run)
             finally:
                 profile.dump_stats(args.profile_out)
         else:
-            trio.run(*run)
+            trio.run(run)
         return 0
     more: dict[str, Any] = {}
     if args.size:
@@ -694,6 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args,
         QUICK if args.quick else Params(),
         ("records", "partitions", "repeat", "flush_interval", "profile"),
+        tls=args.tls,
+        sasl=args.sasl,
         **more,
     )
     if params.records < 1 or params.partitions < 1 or params.repeat < 1:

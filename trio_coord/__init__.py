@@ -28,6 +28,9 @@ from .protocol import TopicPartition as TopicPartition
 from .protocol.errors import *  # noqa: F403  (one exception class per error code)
 from .protocol.errors import __all__ as _errors_all
 from .protocol.records import ConsumerRecord as ConsumerRecord
+from .security import Acl as Acl
+from .security import Sasl as Sasl
+from .security import client_ssl_context as client_ssl_context
 
 __version__ = "0.1.0"
 
@@ -47,7 +50,10 @@ __all__ = [
     "Producer",
     "RecordMetadata",
     "TopicPartition",
+    "Acl",
+    "Sasl",
     "__version__",
+    "client_ssl_context",
     "open_admin",
     "open_broker",
     "open_consumer",

@@ -23,6 +23,8 @@ __all__ = ["ENV_PREFIX", "SettingsError", "apply_settings", "effective_settings"
 
 ENV_PREFIX = "TRIO_COORD_"
 _NOT_SETTINGS = {"help", "config", "print_config", "json", "log_level"}
+_SECRETS = {"zk_auth"}
+"""Settings whose value ``--print-config`` does not show (credentials)."""
 
 
 class SettingsError(ValueError):
@@ -120,5 +122,8 @@ def effective_settings(
             source = "flag"
         else:
             source = origin.get(dest, "default")
-        rows.append((flag.lstrip("-"), getattr(args, dest), source))
+        value = getattr(args, dest)
+        if dest in _SECRETS and value is not None:
+            value = "(hidden)"
+        rows.append((flag.lstrip("-"), value, source))
     return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime
 import json
 import logging
@@ -21,9 +22,10 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TextIO, TypeVar
 
+import msgspec
 import trio
 
 from . import __version__
@@ -35,8 +37,12 @@ from .log import LogConfig, LogError
 from .protocol.errors import CoordError
 from .protocol.messages import GroupDescription, TopicInfo, TopicPartition
 from .protocol.records import COMPRESSION, ConsumerRecord
-from .store import open_zookeeper_store
-from .store.base import StoreConnectionError, StoreError
+from .security import store as security_store
+from .security.acl import CLUSTER, OPERATIONS, Acl, principal_of
+from .security.client import PASSWORD_ENV, Sasl, client_ssl_context
+from .security.scram import MECHANISMS
+from .store import open_embedded_store, open_zookeeper_store
+from .store.base import MetadataStore, StoreConnectionError, StoreError
 from .store.zookeeper import require_zk_url
 
 __all__ = ["main"]
@@ -132,9 +138,40 @@ def group_to_json(desc: GroupDescription, lag: Sequence[PartitionLag] = ()) -> d
 # -- commands ------------------------------------------------------------------------------
 
 
-def _timeouts(args: argparse.Namespace) -> dict[str, float]:
-    """``--timeout`` as the deadlines of an admin client: each wait at most that long."""
-    return {"api_timeout": args.timeout, "request_timeout": min(30.0, args.timeout)}
+def _timeouts(args: argparse.Namespace) -> dict[str, Any]:
+    """``--timeout`` as the deadlines of an admin client (each wait at most that long), and
+    ``--tls-ca``/``--user`` as its TLS and login."""
+    return {
+        "api_timeout": args.timeout,
+        "request_timeout": min(30.0, args.timeout),
+        **_security(args),
+    }
+
+
+def _security(args: argparse.Namespace) -> dict[str, Any]:
+    """``ssl_context=`` and ``sasl=`` of a client, from ``--tls-ca``, ``--user`` and the
+    password (``$TRIO_COORD_PASSWORD`` or ``--password-file``)."""
+    options: dict[str, Any] = {}
+    if getattr(args, "tls_ca", None):
+        options["ssl_context"] = client_ssl_context(
+            args.tls_ca, certfile=args.tls_cert, keyfile=args.tls_key
+        )
+    user = getattr(args, "user", None)
+    if user:
+        if args.password_file:
+            try:
+                with open(args.password_file, encoding="utf-8") as file:
+                    password = file.read().rstrip("\r\n")
+            except OSError as exc:
+                raise UsageError(f"cannot read --password-file: {exc}") from None
+        else:
+            password = os.environ.get(PASSWORD_ENV, "")
+        if not password:
+            raise UsageError(
+                f"--user {user} needs a password: set ${PASSWORD_ENV} or give --password-file"
+            )
+        options["sasl"] = Sasl(user, password, args.sasl_mechanism)
+    return options
 
 
 async def _ask_admin(args: argparse.Namespace, call: Callable[[Admin], Awaitable[_T]]) -> _T:
@@ -178,6 +215,18 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         kafka_max_request_bytes=args.max_request_bytes,
         kafka_consumer_session_timeout=args.kafka_consumer_session_timeout,
         kafka_consumer_heartbeat_interval=args.kafka_consumer_heartbeat_interval,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        sasl_mechanisms=_names(args.sasl_mechanisms),
+        super_users=_names(args.super_users),
+        allow_plain_without_tls=args.allow_plain_without_tls,
+        zk_auth=args.zk_auth,
+        quota_produce_bytes=args.quota_produce_bytes,
+        quota_fetch_bytes=args.quota_fetch_bytes,
+        max_connections_per_principal=args.max_connections_per_principal,
+        max_groups_per_principal=args.max_groups_per_principal,
+        quota_requests=args.quota_requests,
         log=LogConfig(
             segment_bytes=args.segment_bytes,
             flush_interval=args.flush_interval,
@@ -219,6 +268,131 @@ def kafka_topic_id(info: TopicInfo) -> str | None:
     if not info.topic_id:
         return None
     return base64.urlsafe_b64encode(bytes.fromhex(info.topic_id)).decode().rstrip("=")
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """``"a, b"`` → ``("a", "b")``."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
+# -- users and ACLs ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _offline_store(args: argparse.Namespace) -> AsyncIterator[MetadataStore | None]:
+    """The store named by ``--store``/``--data-dir`` (offline), or None: through a broker."""
+    if args.store:
+        async with open_zookeeper_store(args.store, auth=args.zk_auth) as store:
+            yield store
+    elif args.data_dir:
+        async with open_embedded_store(args.data_dir) as store:
+            yield store
+    else:
+        yield None
+
+
+def _read_new_password(args: argparse.Namespace) -> str:
+    if not args.password_stdin:
+        raise UsageError("give the new password on stdin with --password-stdin")
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise UsageError("the password read from stdin is empty")
+    return password
+
+
+async def cmd_users(args: argparse.Namespace) -> None:
+    """users add / list / delete, offline on a store or through a broker as a super user."""
+    password = _read_new_password(args) if args.action == "add" else ""
+    mechanisms = getattr(args, "mechanism", None) or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    async with _offline_store(args) as store:
+        if store is not None:
+            if args.action == "add":
+                await security_store.add_user(store, args.name, password, mechanisms)
+                result: Any = True
+            elif args.action == "delete":
+                result = await security_store.delete_user(store, args.name)
+            else:
+                result = await security_store.list_users(store)
+        else:
+            async with open_admin(args.bootstrap, **_timeouts(args)) as admin:
+                if args.action == "add":
+                    await admin.add_user(args.name, password, mechanisms)
+                    result = True
+                elif args.action == "delete":
+                    result = await admin.delete_user(args.name)
+                else:
+                    result = await admin.list_users()
+    if args.action == "list":
+        lines = [f"{name}  {', '.join(m)}" for name, m in sorted(result.items())]
+        _say(args, result, "\n".join(lines) or "(no users)")
+    elif args.action == "add":
+        _say(args, {"user": args.name, "mechanisms": mechanisms}, f"user {args.name} saved")
+    else:
+        if not result:
+            raise UsageError(f"there is no user {args.name!r}")
+        _say(args, {"user": args.name, "deleted": True}, f"user {args.name} deleted")
+
+
+def _acl_of(args: argparse.Namespace) -> Acl:
+    chosen = [x for x in (args.topic, args.group) if x is not None] + (
+        ["c"] if args.cluster else []
+    )
+    if len(chosen) != 1:
+        raise UsageError("give exactly one resource: --topic T, --group G or --cluster")
+    if args.topic is not None:
+        kind, name = "topic", args.topic
+    elif args.group is not None:
+        kind, name = "group", args.group
+    else:
+        kind, name = "cluster", CLUSTER
+    try:
+        return Acl(
+            principal=principal_of(args.principal),
+            operation=args.operation,
+            resource_type=kind,
+            name=name,
+            prefixed=args.prefixed,
+        ).check()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def cmd_acls(args: argparse.Namespace) -> None:
+    """acls add / list / remove, offline on a store or through a broker as a super user."""
+    acl = _acl_of(args) if args.action != "list" else None
+    async with _offline_store(args) as store:
+        if store is not None:
+            if args.action == "add":
+                assert acl is not None
+                result: Any = await security_store.add_acl(store, acl)
+            elif args.action == "remove":
+                assert acl is not None
+                result = await security_store.remove_acls(store, acl)
+            else:
+                result = await security_store.list_acls(store)
+        else:
+            async with open_admin(args.bootstrap, **_timeouts(args)) as admin:
+                if args.action == "add":
+                    assert acl is not None
+                    result = await admin.add_acl(acl)
+                elif args.action == "remove":
+                    assert acl is not None
+                    result = await admin.remove_acl(acl)
+                else:
+                    result = await admin.list_acls()
+    if args.action == "list":
+        _say(
+            args,
+            [msgspec.to_builtins(a) for a in result],
+            "\n".join(a.describe() for a in result) or "(no ACLs)",
+        )
+    elif args.action == "add":
+        assert acl is not None
+        _say(args, {"added": bool(result)}, acl.describe() + ("" if result else " (already)"))
+    else:
+        if not result:
+            raise UsageError("no ACL matched")
+        _say(args, {"removed": result}, f"{result} ACL(s) removed")
 
 
 def _topic_json(topics: Sequence[TopicInfo]) -> list[dict[str, Any]]:
@@ -650,6 +824,7 @@ async def cmd_produce(args: argparse.Namespace) -> None:
         max_block=args.timeout,
         request_timeout=min(30.0, args.timeout),
         close_timeout=args.timeout,
+        **_security(args),
     ) as producer:
         deliveries: list[Delivery] = []
         stdin = trio.wrap_file(sys.stdin)
@@ -738,6 +913,7 @@ async def cmd_consume(args: argparse.Namespace) -> None:
         on_lost=lambda ps: emit("lost", ps),
         api_timeout=args.timeout,
         request_timeout=min(30.0, args.timeout),
+        **_security(args),
     )
     async with consumer:
         emit("joined", pid=os.getpid())
@@ -813,6 +989,27 @@ def _add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> 
         "(default: $TRIO_COORD_BOOTSTRAP or %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=os.environ.get("TRIO_COORD_TLS_CA"),
+        help="connect with TLS, trusting the CA in this PEM file (default: $TRIO_COORD_TLS_CA)",
+    )
+    p.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM), with --tls-ca")
+    p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    p.add_argument(
+        "--user",
+        default=os.environ.get("TRIO_COORD_USER"),
+        help="log in as this user (SASL); the password comes from $TRIO_COORD_PASSWORD or "
+        "--password-file (default: $TRIO_COORD_USER)",
+    )
+    p.add_argument("--password-file", metavar="FILE", help="read --user's password from FILE")
+    p.add_argument(
+        "--sasl-mechanism",
+        default="SCRAM-SHA-256",
+        choices=MECHANISMS,
+        help="how --user logs in (default: %(default)s)",
+    )
     if timeout:
         p.add_argument(
             "--timeout",
@@ -821,6 +1018,24 @@ def _add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> 
             metavar="SECONDS",
             help="give up if no broker answers within this many seconds (default: %(default)s)",
         )
+
+
+def _add_store_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-dir",
+        help="work offline on this stopped broker's embedded store (instead of --bootstrap)",
+    )
+    p.add_argument(
+        "--store",
+        metavar="zk://HOST:PORT[,...]/CHROOT",
+        help="work offline on this ZooKeeper chroot (instead of --bootstrap)",
+    )
+    p.add_argument(
+        "--zk-auth",
+        metavar="USER:PASSWORD",
+        default=os.environ.get("TRIO_COORD_ZK_AUTH"),
+        help="ZooKeeper digest credentials of the brokers (default: $TRIO_COORD_ZK_AUTH)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -1147,6 +1362,74 @@ def build_parser() -> argparse.ArgumentParser:
         "group.consumer.heartbeat.interval.ms); they learn assignment changes at their next "
         "heartbeat (default: %(default)s)",
     )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate (chain): both listeners then speak TLS only (docs/security.md)",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this CA; their CN is the principal",
+    )
+    p.add_argument(
+        "--sasl-mechanisms",
+        metavar="LIST",
+        help="require every connection to log in with one of these (SCRAM-SHA-256,"
+        "SCRAM-SHA-512,PLAIN); authorization is then deny by default (trio-coord acls)",
+    )
+    p.add_argument(
+        "--super-users",
+        metavar="NAMES",
+        help="users (comma-separated) that bypass ACLs",
+    )
+    p.add_argument(
+        "--quota-produce-bytes",
+        type=float,
+        metavar="BYTES/S",
+        help="bytes per second one principal may produce; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--quota-fetch-bytes",
+        type=float,
+        metavar="BYTES/S",
+        help="bytes per second one principal may fetch; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--quota-requests",
+        type=float,
+        metavar="N/S",
+        help="requests per second one principal may send; answers beyond are delayed "
+        "(default: no quota)",
+    )
+    p.add_argument(
+        "--max-connections-per-principal",
+        type=int,
+        metavar="N",
+        help="connections at once of one user (or of all anonymous clients); more are "
+        "refused (default: no limit)",
+    )
+    p.add_argument(
+        "--max-groups-per-principal",
+        type=int,
+        metavar="N",
+        help="groups one user (or all anonymous clients) may have members in on this broker; "
+        "a join beyond is refused (default: no limit)",
+    )
+    p.add_argument(
+        "--zk-auth",
+        metavar="USER:PASSWORD",
+        help="cluster: log in to ZooKeeper with these digest credentials; the nodes the "
+        "brokers create are then readable and writable by that user only",
+    )
+    p.add_argument(
+        "--allow-plain-without-tls",
+        action="store_true",
+        help="offer PLAIN (passwords in the clear) without TLS, on a trusted network",
+    )
     p.add_argument("--json", action="store_true", help="announce the listening address as JSON")
     p.add_argument(
         "--config",
@@ -1161,6 +1444,59 @@ def build_parser() -> argparse.ArgumentParser:
         help="print every setting in force and where it came from, then exit",
     )
     p.set_defaults(func=cmd_broker, log_default="INFO")
+
+    users = sub.add_parser(
+        "users",
+        help="add, list and delete users (SCRAM credentials)",
+        description="Users that log in with SASL. Offline on a stopped broker's --data-dir or "
+        "on --store zk://... (to make the first super user), or through a broker as a "
+        "super user (--bootstrap, --user).",
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("add", "create a user, or give it a new password (read from stdin)"),
+        ("list", "list users and their mechanisms"),
+        ("delete", "delete a user"),
+    ):
+        p = users.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        if action != "list":
+            p.add_argument("name")
+        if action == "add":
+            p.add_argument(
+                "--password-stdin", action="store_true", help="read the password from stdin"
+            )
+            p.add_argument(
+                "--mechanism",
+                action="append",
+                choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+                help="store credentials for this mechanism (repeat; default: both)",
+            )
+        _add_store_options(p)
+        _add_client_options(p)
+        p.set_defaults(func=cmd_users)
+
+    acls = sub.add_parser(
+        "acls",
+        help="add, list and remove ACLs (who may do what)",
+        description="ACLs grant a principal an operation on a topic, a group or the cluster; "
+        "with authentication on, everything else is denied. Offline on --data-dir / --store, "
+        "or through a broker as a super user.",
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("add", "grant an operation"),
+        ("list", "list every ACL"),
+        ("remove", "revoke an operation (all: every operation on the resource)"),
+    ):
+        p = acls.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        if action != "list":
+            p.add_argument("--principal", required=True, help="User:NAME (or User:* for all)")
+            p.add_argument("--operation", required=True, choices=OPERATIONS)
+            p.add_argument("--topic", help="a topic (* for every topic)")
+            p.add_argument("--group", help="a group (* for every group)")
+            p.add_argument("--cluster", action="store_true", help="the cluster")
+            p.add_argument("--prefixed", action="store_true", help="the name is a prefix of names")
+        _add_store_options(p)
+        _add_client_options(p)
+        p.set_defaults(func=cmd_acls)
 
     topics = sub.add_parser(
         "topics", help="create, grow, delete, list and describe topics"

@@ -155,6 +155,9 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         [messages.MemberSubscription("m-1", ["orders"], [TopicPartition("orders", 3)], b"\x01")],
         {"orders": 12},
     ),
+    messages.SaslHandshakeRequest("SCRAM-SHA-256"),
+    messages.SaslAuthenticateRequest(b"n,,n=alice,r=abc"),
+    messages.SecurityAdminRequest("add-user", "alice", b'[{"m":1}]', b'{"a":1}'),
 ]
 
 RESPONSE_SAMPLES: list[messages.ResponseBody] = [
@@ -189,6 +192,9 @@ RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     messages.ComputeAssignmentResponse(
         [messages.MemberAssignment("m-1", [TopicPartition("orders", 3)])]
     ),
+    messages.SaslHandshakeResponse(["SCRAM-SHA-256", "PLAIN"]),
+    messages.SaslAuthenticateResponse(b"r=abcdef,s=c2FsdA==,i=4096"),
+    messages.SecurityAdminResponse(b'{"alice":["SCRAM-SHA-256"]}', 1),
 ]
 
 

@@ -48,6 +48,7 @@ import contextlib
 import functools
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -240,9 +241,11 @@ class ClusterMember:
         slots: int,
         session_timeout: float,
         claim_grace: float = 1.0,
+        zk_auth: str | None = None,
     ) -> None:
         self._broker = broker
         self._url = url
+        self._zk_auth = zk_auth
         self.slots = slots
         self._session_timeout = session_timeout
         self._claim_grace = claim_grace
@@ -299,7 +302,11 @@ class ClusterMember:
         while True:
             try:
                 return await stack.enter_async_context(
-                    open_zookeeper_store(self._url, session_timeout=self._session_timeout)
+                    open_zookeeper_store(
+                        self._url,
+                        session_timeout=self._session_timeout,
+                        auth=self._zk_auth,
+                    )
                 )
             except StoreConnectionError as exc:
                 log.warning("broker %d: %s; retrying", self.broker_id, exc)
@@ -419,6 +426,9 @@ class ClusterMember:
         """
         if (other.host, other.port) == tuple(self._broker.address):
             return False
+        security = getattr(self._broker, "security", None)
+        if security is not None and security.ssl_context is not None:
+            return await _answers_tls(other)
         with trio.move_on_after(PROBE_TIMEOUT):
             try:
                 async with open_connection(other.host, other.port) as conn:
@@ -847,3 +857,25 @@ async def read_status(store: MetadataStore) -> ClusterStatus:
 def placement(member: ClusterMember) -> Callable[[], list[int]]:
     """The ids of the live brokers, for the topic manager to place partitions on."""
     return lambda: sorted(member.brokers)
+
+
+async def _answers_tls(other: BrokerInfo) -> bool:
+    """Whether a TLS listener answers a handshake at ``other``'s address (any answer: a
+    broker that then wants a client certificate lives too; one SIGSTOPped says nothing)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with trio.move_on_after(PROBE_TIMEOUT):
+        try:
+            stream = await trio.open_tcp_stream(other.host, other.port)
+        except OSError:
+            return False  # nothing listens there
+        wrapped = trio.SSLStream(stream, context, server_hostname=other.host)
+        try:
+            await wrapped.do_handshake()
+        except trio.BrokenResourceError as exc:
+            return isinstance(exc.__cause__, ssl.SSLError)  # (an alert: a TLS server spoke)
+        finally:
+            await trio.aclose_forcefully(wrapped)
+        return True
+    return False

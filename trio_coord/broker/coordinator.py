@@ -36,6 +36,7 @@ from ..protocol.errors import (
     GroupNotFoundError,
     NonEmptyGroupError,
     NotCoordinatorError,
+    ResourcesExhaustedError,
 )
 from ..protocol.messages import (
     DeleteOffsetsRequest,
@@ -50,6 +51,7 @@ from ..protocol.messages import (
     ResetOffsetsRequest,
     TopicPartition,
 )
+from ..security.acl import ANONYMOUS
 from ..store.base import BadVersionError, StoreError
 from .events import EventCallback
 from .group import GroupRunner, Locate, LogOffsets, MemberLink
@@ -420,6 +422,8 @@ class Coordinators:
         self.loading: set[int] = set()
         self.suspended = False
         """A cluster broker cut off from ZooKeeper: it may have lost its slots already."""
+        self.max_groups_per_principal: int | None = None
+        """Groups one principal may have members in, on this broker (None: no limit)."""
 
     @contextlib.contextmanager
     def _writing(self, group_id: str) -> Iterator[None]:
@@ -477,6 +481,8 @@ class Coordinators:
 
     async def join(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse:
         """Admit a member (see :meth:`CoordinatorService.join`)."""
+        if self.max_groups_per_principal is not None:
+            self._check_group_limit(request.group, getattr(conn, "principal", ANONYMOUS))
         with self._writing(request.group):
             return await self.service(request.group).join(request, conn)
 
@@ -541,6 +547,34 @@ class Coordinators:
         """The runner of a group, if this broker coordinates it (for tests and tools)."""
         service = self.services.get(self.slot_of(group_id))
         return None if service is None else service.runner(group_id)
+
+    def _check_group_limit(self, group_id: str, principal: str) -> None:
+        """ResourcesExhaustedError if joining ``group_id`` takes ``principal`` over its limit.
+
+        O(members of this broker): joins only, and only with the limit set.
+        """
+        limit = self.max_groups_per_principal
+        assert limit is not None
+        runner = self.runner(group_id)
+        if runner is not None and runner.has_owner(principal):
+            return  # (a group it is in already)
+        count = sum(
+            1
+            for service in self.services.values()
+            for other in service.runners()
+            if other.has_owner(principal)
+        )
+        if count >= limit:
+            raise ResourcesExhaustedError(
+                f"{principal} has members in {count} groups on this broker "
+                f"(max_groups_per_principal {limit}); leave one, or raise the limit"
+            )
+
+    def check_owner(self, group_id: str, member_id: str, principal: str) -> None:
+        """AuthorizationError unless ``principal`` joined as ``member_id`` (see GroupRunner)."""
+        runner = self.runner(group_id)
+        if runner is not None and member_id:
+            runner.check_owner(member_id, principal)
 
     def committed_offset(self, group_id: str, tp: TopicPartition) -> int | None:
         """The durable committed offset of ``group_id`` on ``tp`` (None if none here)."""

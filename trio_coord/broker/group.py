@@ -38,6 +38,7 @@ from ..core.group import AssignmentInput, Group, GroupLimits, GroupState, Member
 from ..core.records import OffsetRecord, OffsetTombstone, Record
 from ..core.validation import PATTERN_PREFIX
 from ..protocol.errors import (
+    AuthorizationError,
     ConnectionClosedError,
     CoordError,
     CoordinatorNotAvailableError,
@@ -67,6 +68,7 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..security.acl import ANONYMOUS
 from ..store.base import StoreError
 from . import events as ev
 from .events import EventCallback
@@ -208,6 +210,8 @@ class GroupRunner:
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, MemberLink] = {}
+        self._owners: dict[str, str] = {}
+        """Member id → the principal that joined with it (only it may act as that member)."""
         self._liveness = Liveness(self._session_expired)
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
@@ -319,6 +323,10 @@ class GroupRunner:
             # rather than dead, and its partitions stay fenced until its lease ends.
             group.replace_process(trio.current_time(), static.member_id)
         new = member_id not in group.members and not group.knows_former_member(member_id)
+        principal = getattr(conn, "principal", ANONYMOUS)
+        if member_id in group.members:
+            self.check_owner(member_id, principal)
+        self._owners[member_id] = principal
         old_conn = self._conns.get(member_id)
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
@@ -474,6 +482,7 @@ class GroupRunner:
         now = trio.current_time()
         member = self.group.remove_member(now, member_id, stopped=stopped)
         self._liveness.forget(member_id)
+        self._owners.pop(member_id, None)
         conn = self._conns.pop(member_id, None)
         if conn is not None:
             self._bind(conn, member_id, None)
@@ -489,6 +498,24 @@ class GroupRunner:
         if not self.group.members:
             self._emit(ev.Empty)
         self.request_rebalance(f"member {member_id} {reason}")
+
+    def has_owner(self, principal: str) -> bool:
+        """True if a member of this group was joined by ``principal``."""
+        return principal in self._owners.values()
+
+    def check_owner(self, member_id: str, principal: str) -> None:
+        """Raise AuthorizationError unless ``principal`` joined as ``member_id`` (or nobody did).
+
+        A member id is a capability only for the principal that joined with
+        it: another one cannot take it over (JoinGroup with that id), keep it
+        alive (Heartbeat), commit, or make it leave.
+        """
+        owner = self._owners.get(member_id)
+        if owner is not None and owner != principal:
+            raise AuthorizationError(
+                f"{principal} may not act as member {member_id!r} of group {self.group_id}: "
+                f"it was joined by {owner}; join with an empty member id to get one of your own"
+            )
 
     def connection_lost(self, member_id: str) -> None:
         """The member's connection ended without a LeaveGroup.

@@ -15,10 +15,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import msgspec
+import trio
 
+from ..core.validation import PATTERN_PREFIX
 from ..protocol.connection import Connection, RequestHandler
 from ..protocol.errors import (
+    AuthorizationError,
     BrokerShuttingDownError,
+    InvalidRequestError,
     InvalidTopicError,
     UnsupportedMessageError,
 )
@@ -38,6 +42,7 @@ from ..protocol.messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     FetchRequest,
+    FetchResponse,
     GroupDescription,
     GroupSummary,
     HeartbeatRequest,
@@ -61,8 +66,13 @@ from ..protocol.messages import (
     ResetOffsetsRequest,
     ResetOffsetsResponse,
     ResponseBody,
+    SecurityAdminRequest,
+    SecurityAdminResponse,
     TopicPartition,
 )
+from ..security.acl import CLUSTER, Authorizer
+from ..security.quota import Quotas
+from ..security.store import security_admin
 from .coordinator import Coordinators
 from .paging import encoded_size, page, page_members
 from .partitions import PartitionService
@@ -153,6 +163,18 @@ class BrokerHandler(RequestHandler):
         self._topics = broker.topics
         self._partitions = broker.partitions
         self._conn = conn
+        security = getattr(broker, "security", None)
+        authorizer = None if security is None else security.authorizer
+        self._security = security
+        self._authorizer: Authorizer | None = (
+            authorizer if authorizer is not None and authorizer.enabled else None
+        )
+        """None: authorization is off (no login required): nothing to check."""
+        quotas = None if security is None else security.quotas
+        self._quotas: Quotas | None = quotas if quotas is not None and quotas.enabled else None
+        """None: no quota is set (nothing to count)."""
+        self._owed: dict[int, float] = {}
+        """Request (by id) → the delay its answer owes (over the request-rate quota)."""
         # (The routing tables are the class's: a connection costs no dict of bound methods.)
 
     def cost(self, body: RequestBody) -> int:
@@ -165,17 +187,105 @@ class BrokerHandler(RequestHandler):
 
     def handle_now(self, body: RequestBody) -> ResponseBody | None:
         """Answer the cheap, synchronous requests inline."""
+        if self._quotas is not None and self._quotas.requests:
+            now = trio.current_time()
+            delay = self._quotas.record(self._conn.principal, "request", 1, now)
+            if delay > 0:
+                self._owed[id(body)] = delay  # (answered in a task, late: see handle)
+                return None
         answer = _NOW.get(type(body))
-        return None if answer is None else answer(self, body)
+        if answer is None:
+            return None
+        if self._authorizer is not None:
+            self._authorize(body)
+        return answer(self, body)
 
     async def handle(self, body: RequestBody) -> ResponseBody:
-        """Answer a request that may wait (joins, writes)."""
+        """Answer a request that may wait (joins, writes), or one over the request quota."""
+        owed = self._owed.pop(id(body), 0.0) if self._owed else 0.0
+        if owed:
+            await trio.sleep(owed)
         answer = _LATER.get(type(body))
         if answer is None:
+            inline = _NOW.get(type(body)) if owed else None
+            if inline is not None:  # (a heartbeat over the quota: answered late)
+                if self._authorizer is not None:
+                    self._authorize(body)
+                found = inline(self, body)
+                if found is not None:
+                    return found
             raise UnsupportedMessageError(f"a broker does not accept {type(body).__name__}")
         if self._broker.shutting_down:
             raise BrokerShuttingDownError("the broker is shutting down; use another broker")
+        if self._authorizer is not None:
+            self._authorize(body)
         return await answer(self, body)
+
+    # -- authorization (only with authentication on) ---------------------------------
+
+    def _authorize(self, body: RequestBody) -> None:
+        """Raise AuthorizationError unless the connection's principal may send ``body``."""
+        check = _ACL.get(type(body))
+        if check is not None:
+            check(self, body)
+        elif type(body) not in _FILTERED:
+            # A request with no check written (a message added later): deny by default,
+            # but to super users (ALTER on the cluster).
+            self._require("alter", "cluster", CLUSTER)
+
+    def _allowed(self, operation: str, resource_type: str, name: str) -> bool:
+        authorizer = self._authorizer
+        return authorizer is None or authorizer.allowed(
+            self._conn.principal, operation, resource_type, name
+        )
+
+    def _require(self, operation: str, resource_type: str, name: str) -> None:
+        if not self._allowed(operation, resource_type, name):
+            raise AuthorizationError(denied(self._conn.principal, operation, resource_type, name))
+
+    def _member(self, group: str, member_id: str) -> None:
+        self._require("read", "group", group)
+        self._coordinator.check_owner(group, member_id, self._conn.principal)
+
+    def _acl_metadata(self, body: MetadataRequest) -> None:
+        for topic in body.topics or ():
+            self._require("describe", "topic", topic)
+        if body.group:
+            self._require("describe", "group", body.group)
+
+    def _acl_create_topic(self, body: CreateTopicRequest) -> None:
+        if not self._allowed("create", "cluster", CLUSTER):
+            self._require("create", "topic", body.name)
+
+    def _acl_join(self, body: JoinGroupRequest) -> None:
+        self._require("read", "group", body.group)
+        for topic in body.topics:
+            if not topic.startswith(PATTERN_PREFIX):
+                self._require("read", "topic", topic)
+        if body.member_id:
+            self._coordinator.check_owner(body.group, body.member_id, self._conn.principal)
+
+    def _acl_commit(self, body: OffsetCommitRequest) -> None:
+        self._member(body.group, body.member_id)
+        for topic in {o.topic for o in body.offsets}:
+            self._require("read", "topic", topic)
+
+    def _acl_reset(self, body: ResetOffsetsRequest) -> None:
+        self._require("read", "group", body.group)
+        for topic in {o.topic for o in body.offsets}:
+            self._require("describe", "topic", topic)
+
+    def _acl_fetch(self, body: FetchRequest) -> None:
+        for topic in {p.topic for p in body.partitions}:
+            self._require("read", "topic", topic)
+
+    def _acl_list_offsets(self, body: ListOffsetsRequest) -> None:
+        for topic in {p.topic for p in body.partitions}:
+            self._require("describe", "topic", topic)
+
+    def _acl_security(self, body: SecurityAdminRequest) -> None:
+        operation = "describe" if body.action.startswith("list") else "alter"
+        self._require(operation, "cluster", CLUSTER)
 
     def connection_lost(self) -> None:
         """Remove the members that lived on this connection."""
@@ -190,7 +300,16 @@ class BrokerHandler(RequestHandler):
     def _metadata(self, body: MetadataRequest) -> ResponseBody | None:
         if self._broker.clustered and self._unknown(body.topics or ()):
             return None  # a topic made on another broker may not have reached us yet
-        return self._broker.metadata(body)
+        return self._visible(self._broker.metadata(body))
+
+    def _visible(self, response: MetadataResponse) -> MetadataResponse:
+        """Metadata of all topics lists only those the principal may describe."""
+        if self._authorizer is None:
+            return response
+        topics = [t for t in response.topics if self._allowed("describe", "topic", t.name)]
+        if len(topics) == len(response.topics):
+            return response
+        return msgspec.structs.replace(response, topics=topics)
 
     def _list_offsets(self, body: ListOffsetsRequest) -> ResponseBody | None:
         if self._broker.clustered and self._unknown({tp.topic for tp in body.partitions}):
@@ -201,7 +320,11 @@ class BrokerHandler(RequestHandler):
         return [t for t in topics if t not in self._topics.partitions]
 
     def _list_groups(self, body: ListGroupsRequest) -> ResponseBody:
-        groups = (g for g in self._coordinator.list_groups() if g.group_id > body.after)
+        groups = (
+            g
+            for g in self._coordinator.list_groups()
+            if g.group_id > body.after and self._allowed("describe", "group", g.group_id)
+        )
         listed, following = page(groups, _group_id, self._broker.page_bytes)
         return ListGroupsResponse(listed, following or "")
 
@@ -259,7 +382,7 @@ class BrokerHandler(RequestHandler):
         UNKNOWN_TOPIC here meanwhile.
         """
         await self._broker.read_topics(self._unknown(body.topics or ()))
-        return self._broker.metadata(body)
+        return self._visible(self._broker.metadata(body))
 
     async def _list_offsets_after_reading_topics(self, body: ListOffsetsRequest) -> ResponseBody:
         """ListOffsets naming topics this broker does not know: read them from the store first."""
@@ -268,7 +391,17 @@ class BrokerHandler(RequestHandler):
 
     async def _produce(self, body: ProduceRequest) -> ResponseBody:
         await self._broker.read_topics(self._unknown([body.topic]))
-        return await self._partitions.produce(body)
+        answer = await self._partitions.produce(body)
+        if self._quotas is not None:
+            await self._throttle("produce", len(body.records))
+        return answer
+
+    async def _throttle(self, kind: str, amount: int) -> None:
+        """Delay the answer while the principal is over its ``kind`` byte-rate quota."""
+        assert self._quotas is not None
+        delay = self._quotas.record(self._conn.principal, kind, amount, trio.current_time())
+        if delay > 0:
+            await trio.sleep(delay)
 
     async def _create_topic(self, body: CreateTopicRequest) -> ResponseBody:
         return CreateTopicResponse(await self._topics.create_topic(body.name, body.partitions))
@@ -299,7 +432,21 @@ class BrokerHandler(RequestHandler):
         return DeleteOffsetsResponse()
 
     async def _fetch(self, body: FetchRequest) -> ResponseBody:
-        return await self._partitions.fetch(body, self._broker.max_frame_size)
+        answer = await self._partitions.fetch(body, self._broker.max_frame_size)
+        if self._quotas is not None and isinstance(answer, FetchResponse):
+            size = sum(len(b.records) for p in answer.partitions for b in p.batches)
+            await self._throttle("fetch", size)
+        return answer
+
+    async def _security_admin(self, body: SecurityAdminRequest) -> ResponseBody:
+        if self._security is None:
+            raise UnsupportedMessageError("this broker has no security settings")
+        try:
+            data, count = await security_admin(self._broker.store, body)  # type: ignore[attr-defined]
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        await self._security.cache.reload()  # (in force here at once; the watch tells the rest)
+        return SecurityAdminResponse(data, count)
 
 
 _NOW: dict[type, Callable[[BrokerHandler, Any], ResponseBody | None]] = {
@@ -327,5 +474,43 @@ _LATER: dict[type, Callable[[BrokerHandler, Any], Awaitable[ResponseBody]]] = {
     DeleteOffsetsRequest: BrokerHandler._delete_offsets,
     MetadataRequest: BrokerHandler._metadata_after_reading_topics,
     ListOffsetsRequest: BrokerHandler._list_offsets_after_reading_topics,
+    SecurityAdminRequest: BrokerHandler._security_admin,
 }
 """Requests answered in a task of their own."""
+
+_ACL: dict[type, Callable[[BrokerHandler, Any], None]] = {
+    MetadataRequest: BrokerHandler._acl_metadata,
+    CreateTopicRequest: BrokerHandler._acl_create_topic,
+    AddPartitionsRequest: lambda h, b: h._require("alter", "topic", b.topic),
+    DeleteTopicRequest: lambda h, b: h._require("delete", "topic", b.name),
+    JoinGroupRequest: BrokerHandler._acl_join,
+    HeartbeatRequest: lambda h, b: h._member(b.group, b.member_id),
+    LeaveGroupRequest: lambda h, b: h._member(b.group, b.member_id),
+    OffsetCommitRequest: BrokerHandler._acl_commit,
+    OffsetFetchRequest: lambda h, b: h._require("describe", "group", b.group),
+    DescribeGroupRequest: lambda h, b: h._require("describe", "group", b.group),
+    CreateGroupRequest: lambda h, b: h._require("read", "group", b.group),
+    DeleteGroupRequest: lambda h, b: h._require("delete", "group", b.group),
+    ResetOffsetsRequest: BrokerHandler._acl_reset,
+    DeleteOffsetsRequest: lambda h, b: h._require("delete", "group", b.group),
+    ProduceRequest: lambda h, b: h._require("write", "topic", b.topic),
+    FetchRequest: BrokerHandler._acl_fetch,
+    ListOffsetsRequest: BrokerHandler._acl_list_offsets,
+    SecurityAdminRequest: BrokerHandler._acl_security,
+}
+"""What each request needs, once authentication is on (docs/security.md lists it)."""
+
+_FILTERED: frozenset[type] = frozenset({ListGroupsRequest})
+"""Requests that need no ACL of their own: their answers list only what the principal may
+see. Any request in neither table is refused to all but super users."""
+
+
+def denied(principal: str, operation: str, resource_type: str, name: str) -> str:
+    """The refusal: who, what, on which resource, and the command that would allow it."""
+    what = "the cluster" if resource_type == "cluster" else f"{resource_type} {name!r}"
+    flag = "--cluster" if resource_type == "cluster" else f"--{resource_type} {name}"
+    return (
+        f"{principal} may not {operation.upper()} {what}: no ACL grants it "
+        f"(an operator can: trio-coord acls add --principal {principal} "
+        f"--operation {operation} {flag})"
+    )

@@ -54,6 +54,10 @@ from ..protocol.messages import (
     TopicInfo,
     TopicPartition,
 )
+from ..security.acl import ANONYMOUS
+from ..security.quota import Quotas
+from ..security.server import ServerSecurity
+from ..security.server import check_settings as check_security_settings
 from ..store import open_embedded_store, open_zookeeper_store
 from ..store.base import MetadataStore, SetData
 from ..store.zookeeper import require_zk_url
@@ -184,6 +188,38 @@ class BrokerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics at ``http://HOST:PORT/metrics`` (0: a free port; None: no
     metrics endpoint). See docs/operations.md, "Metrics"."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) of both listeners; with ``tls_key`` they speak TLS only."""
+    tls_key: str | None = None
+    """PEM private key of ``tls_cert``."""
+    tls_client_ca: str | None = None
+    """Require client certificates signed by this CA (PEM); the principal is then the
+    certificate's CN, and authorization is on (deny by default). See docs/security.md."""
+    sasl_mechanisms: tuple[str, ...] = ()
+    """SASL mechanisms offered (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN); any: every connection
+    must log in before anything else, and authorization is on (deny by default)."""
+    super_users: tuple[str, ...] = ()
+    """Principals (``alice`` or ``User:alice``) that bypass ACLs."""
+    allow_plain_without_tls: bool = False
+    """Offer PLAIN (passwords in the clear) on a listener without TLS."""
+    auth_timeout: float = 10.0
+    max_connections_per_principal: int | None = None
+    """Connections at once of one principal (a user, or anonymous); more are refused."""
+    quota_produce_bytes: float | None = None
+    """Bytes per second one principal may produce; answers beyond it are delayed (a
+    throttle, as Kafka's quotas). None: no quota."""
+    quota_fetch_bytes: float | None = None
+    """Bytes per second one principal may fetch; answers beyond it are delayed."""
+    quota_requests: float | None = None
+    """Requests per second one principal may send; answers beyond it are delayed (heartbeats
+    too: keep it well above what the principal's consumers need). None: no quota."""
+    max_groups_per_principal: int | None = None
+    """Groups one principal may have members in on this broker; a join beyond is refused
+    (RESOURCES_EXHAUSTED). None: no limit."""
+    zk_auth: str | None = field(default=None, repr=False)
+    """Cluster only: ZooKeeper digest credentials (``user:password``); the nodes the brokers
+    create are then readable and writable by that user only (``--zk-auth``)."""
+    """A new connection must finish its TLS handshake and its login within this long."""
     tune_gc: bool = False
     """Keep long-lived state out of the garbage collector's walks (``gc.freeze`` after
     loading and every 30 s, a full collection hourly): for a process that runs a broker
@@ -255,6 +291,25 @@ class BrokerConfig:
                     f"{name} ({getattr(self, name)}) must be at least max_frame_size "
                     f"({self.max_frame_size}), so that any one request can be received"
                 )
+        check_security_settings(
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_client_ca=self.tls_client_ca,
+            sasl_mechanisms=self.sasl_mechanisms,
+            allow_plain_without_tls=self.allow_plain_without_tls,
+        )
+        if not self.auth_timeout > 0:
+            raise ValueError("auth_timeout must be positive (seconds)")
+        for name in (
+            "quota_produce_bytes",
+            "quota_fetch_bytes",
+            "quota_requests",
+            "max_connections_per_principal",
+            "max_groups_per_principal",
+        ):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive (or None: no limit)")
         self.log.validate()
         make_registry(self.assignors)  # (raises ValueError for a bad or clashing name)
         if self.coordinator_slots < 1:
@@ -303,6 +358,23 @@ class Broker:
         self.store = store
         self.logs = logs
         self.gc_keeper = CollectorKeeper() if config.tune_gc else None
+        self.security = ServerSecurity(
+            store,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+            tls_client_ca=config.tls_client_ca,
+            sasl_mechanisms=config.sasl_mechanisms,
+            super_users=config.super_users,
+            auth_timeout=config.auth_timeout,
+            quotas=Quotas(
+                produce_bytes_per_s=config.quota_produce_bytes,
+                fetch_bytes_per_s=config.quota_fetch_bytes,
+                requests_per_s=config.quota_requests,
+            ),
+            max_connections_per_principal=config.max_connections_per_principal,
+        )
+        """TLS, logins, the authorizer and quotas of both listeners (docs/security.md)."""
+        self._handshaking = 0
         """Keeps long-lived state out of the collector's walks (``config.tune_gc``)."""
         self.metrics: BrokerMetrics | None = None
         """Its Prometheus metrics (None without ``config.metrics_port``)."""
@@ -326,6 +398,7 @@ class Broker:
                 slots=config.coordinator_slots,
                 session_timeout=config.zk_session_timeout,
                 claim_grace=config.claim_grace,
+                zk_auth=config.zk_auth,
             )
         self.topics: TopicManager = TopicManager(
             self.writer,
@@ -345,6 +418,7 @@ class Broker:
             elected=self.member is not None,
         )
         """The coordinator services of the slots this broker holds, behind one router."""
+        self.coordinator.max_groups_per_principal = config.max_groups_per_principal
         if self.member is None:
             self.coordinator.services[0] = self.new_coordinator_service(self.writer)
         self.address: tuple[str, int] = (config.host, config.port)
@@ -597,7 +671,7 @@ class Broker:
         """
         ip = _peer_ip(stream)
         config = self.config
-        if len(self._connections) >= self.max_connections:
+        if len(self._connections) + self._handshaking >= self.max_connections:
             why = f"{len(self._connections)} open (max_connections {self.max_connections})"
             await self._refuse(stream, why)
             return
@@ -606,27 +680,55 @@ class Broker:
             why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
             await self._refuse(stream, why)
             return
-        conn = Connection(
-            stream,
-            max_frame_size=config.max_frame_size,
-            max_in_flight=config.max_in_flight,
-            max_bytes=config.max_connection_bytes,
-            shared=self._shared_bytes,
-            codec=self._codec,
-        )
-        conn.handler = BrokerHandler(self, conn)
-        self._connections.add(conn)
+        conn: Connection | None = None
+        counted: str | None = None
         if ip is not None:
             self._per_ip[ip] += 1
         try:
+            principal = ANONYMOUS
+            if self.security.ssl_context is not None or self.security.sasl:
+                # (in this connection's task, under auth_timeout: the accept loop goes on)
+                self._handshaking += 1
+                try:
+                    secured = await self.security.accept_native(stream)
+                finally:
+                    self._handshaking -= 1
+                if secured is None:
+                    await trio.aclose_forcefully(stream)
+                    return
+                stream, principal = secured
+            if not self.security.admit(principal):
+                most = self.security.max_connections_per_principal
+                await self._refuse(
+                    stream, f"{principal} has {most} open (max_connections_per_principal)"
+                )
+                await trio.aclose_forcefully(stream)  # (a TLS stream: the listener cannot)
+                return
+            counted = principal
+            conn = Connection(
+                stream,
+                max_frame_size=config.max_frame_size,
+                max_in_flight=config.max_in_flight,
+                max_bytes=config.max_connection_bytes,
+                shared=self._shared_bytes,
+                codec=self._codec,
+            )
+            conn.principal = principal
+            conn.handler = BrokerHandler(self, conn)
+            self._connections.add(conn)
             await conn.serve()
         except Exception:
             # Connection.serve raises nothing for what a peer does; should a bug let an
             # exception through anyway, it costs this connection only: the handler
             # nursery of every connection is the broker's services nursery.
-            log.exception("connection %s failed and was closed", conn.name)
+            log.exception(
+                "connection %s failed and was closed", conn.name if conn else _peer_ip(stream)
+            )
         finally:
-            self._connections.discard(conn)
+            if counted is not None:
+                self.security.release(counted)
+            if conn is not None:
+                self._connections.discard(conn)
             if ip is not None:
                 self._per_ip[ip] -= 1
                 if not self._per_ip[ip]:
@@ -694,6 +796,8 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
                 await nursery.start(self._reap_connections)
+                if self.security.needs_cache:
+                    await nursery.start(self.security.cache.run)
                 if self.gc_keeper is not None:
                     nursery.start_soon(self.gc_keeper.run)
                 if self.config.metrics_port is not None:
@@ -896,6 +1000,7 @@ def _topic_name(info: TopicInfo) -> str:
 
 
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
+    stream = getattr(stream, "transport_stream", stream)
     sock = getattr(stream, "socket", None)
     if sock is None:
         return None
@@ -917,7 +1022,9 @@ async def _open_store(
             yield embedded, None
     else:
         require_zk_url(store)  # (a path is no store: the embedded one is the default)
-        async with open_zookeeper_store(store, session_timeout=config.zk_session_timeout) as zk:
+        async with open_zookeeper_store(
+            store, session_timeout=config.zk_session_timeout, auth=config.zk_auth
+        ) as zk:
             yield zk, store
 
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 
 import trio
 
 from ..protocol.connection import Connection, os_reason, serving
 from ..protocol.errors import ConnectionClosedError, CoordError, RequestTimedOutError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
+from ..security.client import ClientSecurity, secure_stream
 
 __all__ = ["Backoff", "Bootstrap", "lower_reason", "parse_bootstrap"]
 
@@ -97,11 +98,14 @@ class Bootstrap:
         *,
         backoff: Backoff | None = None,
         request_timeout: float = 30.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout must be positive (seconds), not {request_timeout}")
         self.addresses = parse_bootstrap(bootstrap)
         self.request_timeout = request_timeout
+        self.security = security or ClientSecurity()
+        """TLS and the SASL login of every connection this client opens."""
         self._backoff = backoff or Backoff()
         self._last_error: Exception | None = None
         self._failures: dict[Address, str] = {}
@@ -156,22 +160,31 @@ class Bootstrap:
 
     # -- asking ----------------------------------------------------------------------------
 
-    async def connect(self, address: Address) -> trio.SocketStream:
-        """A TCP stream to ``address`` within ``request_timeout``; remembers why one failed.
+    async def connect(self, address: Address) -> trio.abc.Stream:
+        """A stream to ``address`` within ``request_timeout``; remembers why one failed.
 
-        Raises ConnectionClosedError or RequestTimedOutError (both retriable).
+        With TLS or SASL (``security``) the stream is encrypted and logged in.
+        Raises ConnectionClosedError or RequestTimedOutError (both retriable),
+        or SaslAuthenticationError (not retriable) if the broker refuses the login.
         """
         host, port = address
         self._tried.add(address)
         with trio.move_on_after(self.request_timeout):
             try:
-                return await trio.open_tcp_stream(host, port)
+                stream = await trio.open_tcp_stream(host, port)
             except OSError as exc:
                 why = lower_reason(exc)
                 self.failed(address, why)
                 raise ConnectionClosedError(
                     f"cannot connect to {host}:{port} ({why}); is a broker running there?"
                 ) from None
+            if self.security.plain:
+                return stream
+            try:
+                return await secure_stream(stream, host, self.security)
+            except ConnectionClosedError as exc:
+                self.failed(address, str(exc))
+                raise
         why = f"no connection within request_timeout ({self.request_timeout:g}s)"
         self.failed(address, why)
         raise RequestTimedOutError(f"cannot connect to {host}:{port}: {why}")
@@ -236,7 +249,14 @@ class Bootstrap:
             self._backoff.reset()
             return response
 
-    async def connect_any(self) -> tuple[trio.SocketStream, Address]:
+    @asynccontextmanager
+    async def open(self, address: Address) -> AsyncIterator[Connection]:
+        """A served connection to ``address`` for the life of the block (TLS, login)."""
+        stream = await self.connect(address)
+        async with serving(Connection(stream, name=f"{address[0]}:{address[1]}")) as conn:
+            yield conn
+
+    async def connect_any(self) -> tuple[trio.abc.Stream, Address]:
         """Connect to the first bootstrap broker that accepts, retrying with backoff.
 
         Bound it with :meth:`fail_after` (or any cancel scope).
@@ -246,6 +266,8 @@ class Bootstrap:
                 try:
                     stream = await self.connect(address)
                 except CoordError as exc:
+                    if not exc.retriable:
+                        raise  # (a refused login: retrying would be refused again)
                     self._last_error = exc
                     continue
                 self.answered(address)

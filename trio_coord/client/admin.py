@@ -9,6 +9,7 @@ broker refused, with the broker's message.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
-from ..protocol.connection import Connection, open_connection, serving
+from ..protocol.connection import Connection, serving
 from ..protocol.errors import (
     BrokerShuttingDownError,
     ConnectionClosedError,
@@ -55,9 +56,15 @@ from ..protocol.messages import (
     PartitionOffset,
     RequestBody,
     ResetOffsetsRequest,
+    SecurityAdminRequest,
+    SecurityAdminResponse,
     TopicInfo,
     TopicPartition,
 )
+from ..security.acl import Acl
+from ..security.client import ClientSecurity, Sasl
+from ..security.scram import ScramCredential
+from ..security.store import check_user_name, encode_credentials
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
@@ -96,6 +103,9 @@ _MOVED = (
     BrokerShuttingDownError,
 )
 """What a coordinator says (or how it fails) while a group's coordination moves."""
+
+
+_SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class Admin:
@@ -137,7 +147,7 @@ class Admin:
             while True:
                 coordinator = await self._bootstrap.find_coordinator(group_id)
                 try:
-                    async with open_connection(coordinator.host, coordinator.port) as conn:
+                    async with self._bootstrap.open((coordinator.host, coordinator.port)) as conn:
                         return await self._ask(request, expected, conn)
                 except _MOVED:
                     await backoff.sleep()
@@ -231,7 +241,7 @@ class Admin:
         """Every group of every live broker, sorted by id."""
         groups: dict[str, GroupSummary] = {}
         for broker in await self.brokers():
-            async with open_connection(broker.host, broker.port) as conn:
+            async with self._bootstrap.open((broker.host, broker.port)) as conn:
                 after = ""
                 while True:
                     response = await self._ask(ListGroupsRequest(after), ListGroupsResponse, conn)
@@ -329,10 +339,58 @@ class Admin:
         """Delete an empty group and its offsets (raises NonEmptyGroupError)."""
         await self._ask_coordinator(group_id, DeleteGroupRequest(group_id), object)
 
+    # -- users and ACLs (a super user's, on a broker with authentication) ------------------
+
+    async def _security(self, request: SecurityAdminRequest) -> SecurityAdminResponse:
+        return await self._ask(request, SecurityAdminResponse)
+
+    async def add_user(
+        self,
+        name: str,
+        password: str,
+        mechanisms: Sequence[str] = ("SCRAM-SHA-256", "SCRAM-SHA-512"),
+    ) -> None:
+        """Create a user (or give it a new password); the password never leaves this process:
+        the broker is sent its SCRAM salted keys."""
+        check_user_name(name)
+        creds = [ScramCredential.make(m, password) for m in mechanisms]
+        await self._security(
+            SecurityAdminRequest("add-user", name, credentials=encode_credentials(creds))
+        )
+
+    async def delete_user(self, name: str) -> bool:
+        """Remove a user (False: there was none)."""
+        return bool((await self._security(SecurityAdminRequest("delete-user", name))).count)
+
+    async def list_users(self) -> dict[str, list[str]]:
+        """Every user and the SCRAM mechanisms it has credentials for."""
+        data = (await self._security(SecurityAdminRequest("list-users"))).data
+        return msgspec.json.decode(data, type=dict[str, list[str]])
+
+    async def add_acl(self, acl: Acl) -> bool:
+        """Grant ``acl`` (False: it was there already); in force on every broker at once."""
+        body = msgspec.json.encode(acl.check())
+        return bool((await self._security(SecurityAdminRequest("add-acl", acl=body))).count)
+
+    async def remove_acl(self, acl: Acl) -> int:
+        """Revoke ``acl`` (operation ``all``: every operation on that resource); how many."""
+        body = msgspec.json.encode(acl)
+        return (await self._security(SecurityAdminRequest("remove-acl", acl=body))).count
+
+    async def list_acls(self) -> list[Acl]:
+        """Every ACL."""
+        data = (await self._security(SecurityAdminRequest("list-acls"))).data
+        return msgspec.json.decode(data, type=list[Acl])
+
 
 @asynccontextmanager
 async def open_admin(
-    bootstrap: str | Sequence[str], *, request_timeout: float = 30.0, api_timeout: float = 60.0
+    bootstrap: str | Sequence[str],
+    *,
+    request_timeout: float = 30.0,
+    api_timeout: float = 60.0,
+    ssl_context: ssl.SSLContext | None = None,
+    sasl: Sasl | None = None,
 ) -> AsyncIterator[Admin]:
     """Connect to a bootstrap broker for administrative calls, for the life of the block.
 
@@ -341,11 +399,15 @@ async def open_admin(
     raises RequestTimedOutError naming every address it could not reach and
     why. Each request waits at most ``request_timeout`` for its answer;
     finding a group's coordinator (or topic metadata) retries for at most
-    ``api_timeout``.
+    ``api_timeout``. ``ssl_context`` (see
+    :func:`~trio_coord.security.client_ssl_context`) and ``sasl``
+    (:class:`~trio_coord.security.Sasl`) are for a broker with TLS and logins.
     """
     if not api_timeout > 0:
         raise ValueError(f"api_timeout must be positive (seconds), not {api_timeout}")
-    boot = Bootstrap(bootstrap, request_timeout=request_timeout)
+    boot = Bootstrap(
+        bootstrap, request_timeout=request_timeout, security=ClientSecurity(ssl_context, sasl)
+    )
     with boot.fail_after(api_timeout, "no broker accepted a connection", "api_timeout"):
         stream, (host, port) = await boot.connect_any()
     with unwrap_lone_exception():

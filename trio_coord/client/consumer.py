@@ -46,6 +46,7 @@ import enum
 import inspect
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -94,6 +95,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..protocol.records import ConsumerRecord
+from ..security.client import ClientSecurity, Sasl
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 from ._fetcher import Fetcher, FetchSettings
@@ -223,6 +225,8 @@ class Consumer(EnterOnce):
         max_poll_interval: float = 300.0,
         request_timeout: float = 30.0,
         api_timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: Sasl | None = None,
     ) -> None:
         self.topics = sorted(set([topics] if isinstance(topics, str) else topics))
         self.static_partitions = (
@@ -287,7 +291,11 @@ class Consumer(EnterOnce):
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._on_lost = on_lost
-        self._bootstrap = Bootstrap(bootstrap, request_timeout=request_timeout)
+        self._bootstrap = Bootstrap(
+            bootstrap,
+            request_timeout=request_timeout,
+            security=ClientSecurity(ssl_context, sasl),
+        )
         self.member_id = ""
         self.generation = -1
         self._state = AsyncValue(ConsumerState.UNJOINED)

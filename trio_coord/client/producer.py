@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 import zlib
 from collections import deque
@@ -45,6 +46,7 @@ from ..protocol.errors import (
 )
 from ..protocol.messages import ProduceRequest, ProduceResponse, TopicPartition
 from ..protocol.records import COMPRESSION, Header, WireRecord, encode_batch
+from ..security.client import ClientSecurity, Sasl
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
@@ -172,6 +174,8 @@ class Producer(EnterOnce):
         max_block: float = 60.0,
         close_timeout: float = 30.0,
         client_id: str = "trio-coord-producer",
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: Sasl | None = None,
     ) -> None:
         if linger < 0:
             raise ValueError("linger must not be negative (seconds)")
@@ -203,7 +207,11 @@ class Producer(EnterOnce):
         self.max_block = max_block
         self.close_timeout = close_timeout
         self.client_id = client_id
-        self._bootstrap = Bootstrap(bootstrap, request_timeout=request_timeout)
+        self._bootstrap = Bootstrap(
+            bootstrap,
+            request_timeout=request_timeout,
+            security=ClientSecurity(ssl_context, sasl),
+        )
         self._cluster: ClusterView | None = None
         self._nursery: trio.Nursery | None = None
         self._queues: dict[TopicPartition, _PartitionQueue] = {}

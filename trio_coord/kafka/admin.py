@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from ..core.validation import validate_topic_name
 from ..protocol.errors import CoordError
+from ..security.acl import CLUSTER
 from .codec import KafkaCode, make, nested, response_schema
 from .dispatch import Api, RequestContext
 from .errors import KafkaError, kafka_code
@@ -48,6 +49,13 @@ async def _create_topics(ctx: RequestContext, body: Any) -> Any:
         count = _DEFAULT_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
         code, message = KafkaCode.none, None
         try:
+            if not ctx.allowed("create", "cluster", CLUSTER) and not ctx.allowed(
+                "create", "topic", topic.name
+            ):
+                raise KafkaError(
+                    KafkaCode.topic_authorization_failed,
+                    f"{ctx.principal} may not CREATE topic {topic.name!r}",
+                )
             if topic.replication_factor not in (-1, 1):
                 raise KafkaError(
                     KafkaCode.invalid_replication_factor,
@@ -112,6 +120,11 @@ async def _delete_topics(ctx: RequestContext, body: Any) -> Any:
                 raise KafkaError(
                     KafkaCode.unknown_topic_id, "topics are deleted by name on this broker"
                 )
+            if not ctx.allowed("delete", "topic", name):
+                raise KafkaError(
+                    KafkaCode.topic_authorization_failed,
+                    f"{ctx.principal} may not DELETE topic {name!r}",
+                )
             await service.topics.delete_topic(name)
         except (KafkaError, CoordError) as exc:
             code, message = _error(exc)
@@ -144,6 +157,11 @@ async def _create_partitions(ctx: RequestContext, body: Any) -> Any:
             if topic.assignments:
                 raise KafkaError(
                     KafkaCode.invalid_request, "manual replica assignments are not supported"
+                )
+            if not ctx.allowed("alter", "topic", topic.name):
+                raise KafkaError(
+                    KafkaCode.topic_authorization_failed,
+                    f"{ctx.principal} may not ALTER topic {topic.name!r}",
                 )
             current = service.topics.partitions.get(topic.name)
             if current is None:
@@ -182,7 +200,15 @@ def _describe_configs_now(ctx: RequestContext, body: Any) -> Any:
     for resource in body.resources:
         code, message = KafkaCode.none, None
         configs: dict[str, str] = {}
-        if resource.resource_type == _TOPIC:
+        if resource.resource_type == _TOPIC and not ctx.allowed(
+            "describe", "topic", resource.resource_name
+        ):
+            code = KafkaCode.topic_authorization_failed
+            message = f"{ctx.principal} may not DESCRIBE topic {resource.resource_name!r}"
+        elif resource.resource_type == _BROKER and not ctx.allowed("describe", "cluster", CLUSTER):
+            code = KafkaCode.cluster_authorization_failed
+            message = f"{ctx.principal} may not DESCRIBE the cluster"
+        elif resource.resource_type == _TOPIC:
             if resource.resource_name not in service.topics.partitions:
                 code = KafkaCode.unknown_topic_or_partition
                 message = f"topic {resource.resource_name!r} does not exist"
@@ -229,8 +255,8 @@ def _describe_configs_now(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(19, 2, 7, _create_topics),
-    Api(20, 1, 6, _delete_topics),
-    Api(37, 0, 3, _create_partitions),
-    Api(32, 1, 4, _describe_configs, now=_describe_configs_now),
+    Api(19, 2, 7, _create_topics, authorizes=True),
+    Api(20, 1, 6, _delete_topics, authorizes=True),
+    Api(37, 0, 3, _create_partitions, authorizes=True),
+    Api(32, 1, 4, _describe_configs, now=_describe_configs_now, authorizes=True),
 ]

@@ -61,6 +61,7 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..security.acl import ANONYMOUS
 from .codec import KafkaCode, make, ms, nested, response_schema
 from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
@@ -164,6 +165,9 @@ class ConsumerMemberLink:
         """What the member last reported owning."""
         self.stopping: _Stop | None = None
         self._start_parts: list[TopicPartition] = []
+        self.principal = ANONYMOUS
+        """The principal that joined as this member: only it may act as the member (the
+        engine reads it from here too, as from any member link)."""
 
     def __repr__(self) -> str:
         return f"<ConsumerMemberLink {self.group_id}/{self.member_id}>"
@@ -414,12 +418,56 @@ def _answerer(ctx: RequestContext) -> Any:
     return answer
 
 
+def _refusal(ctx: RequestContext, body: Any, groups: ConsumerGroups) -> KafkaError | None:
+    """Why the principal may not send this heartbeat (docs/security.md), or None.
+
+    As Kafka: READ on the group, DESCRIBE on every topic named in the
+    subscription (a regex is resolved over all topics: fetching still needs
+    READ on each); and a member id acts only for the principal that joined
+    with it.
+    """
+    if ctx.front.authorizer is None:
+        return None
+    if not ctx.allowed("read", "group", body.group_id):
+        return KafkaError(
+            KafkaCode.group_authorization_failed,
+            f"{ctx.principal} may not READ group {body.group_id!r}",
+        )
+    denied = sorted(
+        t for t in body.subscribed_topic_names or () if not ctx.allowed("describe", "topic", t)
+    )
+    if denied:
+        return KafkaError(
+            KafkaCode.topic_authorization_failed,
+            f"{ctx.principal} may not DESCRIBE topic(s) {', '.join(denied)}",
+        )
+    link = groups.links.get((body.group_id, body.member_id))
+    if link is not None and not link.dropped and link.principal != ctx.principal:
+        log.warning(
+            "%s (%s) tried to act as member %s of group %s, which %s joined",
+            ctx.principal,
+            ctx.peer,
+            body.member_id,
+            body.group_id,
+            link.principal,
+        )
+        return KafkaError(
+            KafkaCode.group_authorization_failed,
+            f"{ctx.principal} may not act as member {body.member_id!r}, which "
+            f"{link.principal} joined",
+        )
+    return None
+
+
 def _heartbeat_now(ctx: RequestContext, body: Any) -> Any | None:
     """A plain heartbeat, answered at once (O(1) but for partitions that changed); None
     for a join, a leave or a change of subscription (the async handler)."""
     if body.member_epoch <= 0 or not body.group_id:
         return None
     groups = ctx.front.state(ConsumerGroups)
+    refused = _refusal(ctx, body, groups)
+    if refused is not None:
+        return _answerer(ctx)(refused.code, str(refused), epoch=-1, member_id=body.member_id)
     link = groups.links.get((body.group_id, body.member_id))
     if link is not None and not link.dropped and _changed(link, body):
         return None
@@ -432,6 +480,9 @@ async def _heartbeat(ctx: RequestContext, body: Any) -> Any:
     try:
         if not body.group_id:
             raise KafkaError(KafkaCode.invalid_group_id, "the group id is empty")
+        refused = _refusal(ctx, body, groups)
+        if refused is not None:
+            raise refused
         epoch = body.member_epoch
         if epoch == 0:
             return await _join(ctx, body, groups, answer)
@@ -644,6 +695,7 @@ async def _join(ctx: RequestContext, body: Any, groups: ConsumerGroups, answer: 
             return answer(KafkaCode.none, link=link, full=True)
         groups.drop(link)
     link = ConsumerMemberLink(groups, group_id, member_id)
+    link.principal = ctx.principal
     link.instance_id = instance_id
     link.rack_id = body.rack_id or ""
     link.bind(ctx.conn, ctx.peer)
@@ -795,6 +847,11 @@ async def _describe(ctx: RequestContext, body: Any) -> Any:
     out = []
     for group_id in body.group_ids:
         try:
+            if not ctx.allowed("describe", "group", group_id):
+                raise KafkaError(
+                    KafkaCode.group_authorization_failed,
+                    f"{ctx.principal} may not DESCRIBE group {group_id!r}",
+                )
             d = coordinator.describe_group(group_id)
             runner = coordinator.runner(group_id)
             if (
@@ -870,6 +927,6 @@ async def _describe(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(68, 0, 1, _heartbeat, now=_heartbeat_now),
-    Api(69, 0, 0, _describe),
+    Api(68, 0, 1, _heartbeat, now=_heartbeat_now, authorizes=True),
+    Api(69, 0, 0, _describe, authorizes=True),
 ]

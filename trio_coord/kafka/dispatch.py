@@ -17,6 +17,7 @@ family of APIs is adding a module to :data:`HANDLER_MODULES`.
 
 from __future__ import annotations
 
+import datetime
 import importlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from typing import Any, Final, Protocol, TypeVar
 
 import trio
 
+from ..security.acl import ANONYMOUS, Authorizer
+from ..security.server import ServerSecurity
 from .codec import RequestHead, known_versions
 from .service import KafkaLimits, KafkaService
 
@@ -36,10 +39,12 @@ HANDLER_MODULES: Final = (
     "trio_coord.kafka.admin",
     "trio_coord.kafka.groups",
     "trio_coord.kafka.consumer_groups",
+    "trio_coord.kafka.sasl",
 )
 """The modules whose ``APIS`` the front end serves."""
 
 _S = TypeVar("_S")
+_NO_DELAY: Final = datetime.timedelta(0)
 
 
 class ClientConnection(Protocol):
@@ -72,6 +77,27 @@ class RequestContext:
     turn: trio.Event | None = None
     conn: ClientConnection | None = None
     """The connection (None in tests that call a handler directly)."""
+    principal: str = ANONYMOUS
+    """Who the client proved to be (``User:ANONYMOUS`` without authentication)."""
+
+    async def throttle(self, kind: str, amount: int) -> datetime.timedelta:
+        """Delay while the principal is over its ``kind`` byte-rate quota; the delay (for the
+        answer's ``throttle_time``)."""
+        security = self.front.security
+        if security is None or not security.quotas.enabled:
+            return _NO_DELAY
+        delay = security.quotas.record(self.principal, kind, amount, trio.current_time())
+        if delay <= 0:
+            return _NO_DELAY
+        await trio.sleep(delay)
+        return datetime.timedelta(seconds=delay)
+
+    def allowed(self, operation: str, resource_type: str, name: str) -> bool:
+        """May this request's principal do ``operation`` on the resource (docs/security.md)?"""
+        authorizer = self.front.authorizer
+        return authorizer is None or authorizer.allowed(
+            self.principal, operation, resource_type, name
+        )
 
     @property
     def version(self) -> int:
@@ -108,6 +134,10 @@ class Api:
     ordered: bool = False
     """Requests of this API on one connection take turns (``RequestContext.wait_turn``):
     Produce, whose batches must reach each partition in the order they were sent."""
+    authorizes: bool = False
+    """Its handler checks ACLs itself (docs/security.md). With authorization on, an API
+    that does not say so is refused (CLUSTER_AUTHORIZATION_FAILED) to all but super users:
+    a new API is denied by default until its checks are written."""
 
 
 @dataclass(slots=True)
@@ -156,6 +186,13 @@ class FrontEnd:
         self.limits = limits
         self.table = load_table(modules)
         self._states: dict[type[Any], Any] = {}
+        security = getattr(service, "security", None)
+        self.security: ServerSecurity | None = security
+        """The broker's TLS, logins and authorizer (None: a test double without them)."""
+        self.authorizer: Authorizer | None = (
+            security.authorizer if security is not None and security.authorizer.enabled else None
+        )
+        """None when authorization is off (nothing to check)."""
 
     def state(self, kind: Callable[[FrontEnd], _S]) -> _S:
         """The one instance of ``kind`` (a module's per-broker state) for this front end."""

@@ -37,6 +37,7 @@ _BY_CODE: Final[dict[int, K]] = {
     ErrorCode.INVALID_RECORD: K.invalid_record,
     ErrorCode.STORAGE_ERROR: K.kafka_storage_error,
     ErrorCode.RESOURCES_EXHAUSTED: K.throttling_quota_exceeded,
+    ErrorCode.SASL_AUTHENTICATION_FAILED: K.sasl_authentication_failed,
 }
 
 

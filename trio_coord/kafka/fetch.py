@@ -105,9 +105,10 @@ async def _fetch(ctx: RequestContext, body: Any) -> Any:
     by_topic: dict[str, list[Any]] = {}
     for (topic, _), part in zip(wanted, parts, strict=True):
         by_topic.setdefault(topic, []).append(part)
+    throttle = await ctx.throttle("fetch", size)
     return make(
         schema,
-        throttle_time=_NO_THROTTLE,
+        throttle_time=throttle,
         error_code=KafkaCode.none,
         session_id=0,
         responses=tuple(
@@ -127,6 +128,8 @@ def _read(
     failed = False
     for topic, p in wanted:
         try:
+            if not ctx.allowed("read", "topic", topic):
+                raise KafkaError(KafkaCode.topic_authorization_failed, f"no READ on {topic}")
             check_partition(service, topic, p.partition)
             log = service.logs.get(topic, p.partition)
             if log is None:
@@ -218,6 +221,8 @@ def _list_offsets_now(ctx: RequestContext, body: Any) -> Any:
         parts = []
         for p in t.partitions:
             try:
+                if not ctx.allowed("describe", "topic", t.name):
+                    raise KafkaError(KafkaCode.topic_authorization_failed, "no DESCRIBE")
                 check_partition(service, t.name, p.partition_index)
                 offset, timestamp = _offset_for(
                     service.logs.get(t.name, p.partition_index), p.timestamp
@@ -270,6 +275,6 @@ def _list_offsets_fast(ctx: RequestContext, body: Any) -> Any | None:
 
 
 APIS: Final = [
-    Api(1, 4, 12, _fetch, cost=_fetch_cost),
-    Api(2, 1, 6, _list_offsets, now=_list_offsets_fast),
+    Api(1, 4, 12, _fetch, cost=_fetch_cost, authorizes=True),
+    Api(2, 1, 6, _list_offsets, now=_list_offsets_fast, authorizes=True),
 ]

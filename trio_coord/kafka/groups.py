@@ -70,6 +70,7 @@ from kio.serial import entity_reader, entity_writer
 from ..core.assignors import KAFKA_ASSIGNOR_PREFIX
 from ..core.group import MAX_NAME_LENGTH, GroupState
 from ..protocol.errors import (
+    AuthorizationError,
     ConnectionClosedError,
     CoordError,
     ErrorCode,
@@ -93,6 +94,7 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..security.acl import ANONYMOUS
 from .codec import KafkaCode, make, ms, nested, response_schema
 from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
@@ -135,6 +137,7 @@ _CODES: Final[dict[int, KafkaCode]] = {
     ErrorCode.FENCED_INSTANCE_ID: KafkaCode.fenced_instance_id,
     ErrorCode.MEMBER_ID_IN_USE: KafkaCode.fenced_instance_id,
     ErrorCode.INVALID_REQUEST: KafkaCode.invalid_request,
+    ErrorCode.AUTHORIZATION_FAILED: KafkaCode.group_authorization_failed,
     ErrorCode.UNKNOWN_TOPIC: KafkaCode.unknown_topic_or_partition,
     ErrorCode.INVALID_PARTITIONS: KafkaCode.unknown_topic_or_partition,
     ErrorCode.OFFSET_REGRESSION: KafkaCode.invalid_request,
@@ -147,6 +150,39 @@ def _consumer_groups() -> Any:
     from . import consumer_groups
 
     return consumer_groups
+
+
+def _denied(ctx: RequestContext, group_id: str, member_id: str = "", op: str = "read") -> bool:
+    """True if the principal may not do ``op`` on the group, or act as ``member_id``.
+
+    A member id is bound to the principal that joined with it: another may
+    not join, sync, heartbeat, commit or leave with it (docs/security.md).
+    """
+    if ctx.front.authorizer is None:
+        return False
+    if not ctx.allowed(op, "group", group_id):
+        return True
+    if member_id:
+        link: Any = ctx.front.state(KafkaGroups).links.get((group_id, member_id))
+        if link is None:  # (a KIP-848 member's commit)
+            link = ctx.front.state(_consumer_groups().ConsumerGroups).links.get(
+                (group_id, member_id)
+            )
+        if link is not None and link.principal != ctx.principal:
+            log.warning(
+                "%s (%s) tried to act as member %s of group %s, which %s joined",
+                ctx.principal,
+                ctx.peer,
+                member_id,
+                group_id,
+                link.principal,
+            )
+            return True
+        try:
+            ctx.front.service.coordinator.check_owner(group_id, member_id, ctx.principal)
+        except CoordError:
+            return True
+    return False
 
 
 def _code(exc: BaseException) -> KafkaCode:
@@ -269,6 +305,8 @@ class KafkaMemberLink:
         self.instance_id = instance_id
         self.conn: ClientConnection | None = None
         self.peer = ""
+        self.principal = ANONYMOUS
+        """The principal that joined as this member (only it may act as the member)."""
         self.dropped = False
         self.rebalancing = False
         """The engine began a rebalance: the member must join again (Heartbeat says so)."""
@@ -569,6 +607,8 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
         )
 
     member_id = body.member_id
+    if _denied(ctx, group_id, member_id):
+        return answer(KafkaCode.group_authorization_failed, member_id)
     instance_id = (getattr(body, "group_instance_id", None) or "") if v >= 5 else ""
     if body.protocol_type != PROTOCOL_TYPE or not body.protocols:
         return answer(KafkaCode.inconsistent_group_protocol, member_id)
@@ -608,7 +648,9 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
     try:
         if not member_id and not instance_id:
             # KIP-394: a new member is given an id to join again with.
-            first = await coordinator.join(request, KafkaMemberLink(groups, group_id, ""))
+            probe = KafkaMemberLink(groups, group_id, "")
+            probe.principal = ctx.principal
+            first = await coordinator.join(request, probe)
             if v >= 4:
                 return answer(KafkaCode.member_id_required, first.member_id)
             member_id = first.member_id
@@ -616,6 +658,8 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
         link = groups.links.get((group_id, member_id)) if member_id else None
         if link is None and instance_id:
             link = groups.by_instance.get((group_id, instance_id))
+            if link is not None and link.principal != ctx.principal and ctx.front.authorizer:
+                return answer(KafkaCode.group_authorization_failed, member_id)
         runner = coordinator.runner(group_id)
         member = runner.group.members.get(member_id) if runner and member_id else None
         same = (
@@ -668,6 +712,7 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
         if not same or link is None:
             if link is None:
                 link = KafkaMemberLink(groups, group_id, instance_id)
+                link.principal = ctx.principal
             # (the engine sees the link's old connection first: a static member's
             # former process, still connected, fences this one)
             was_pending = link.join_pending
@@ -713,6 +758,8 @@ async def _sync_group(ctx: RequestContext, body: Any) -> Any:
             assignment=data,
         )
 
+    if _denied(ctx, body.group_id, body.member_id):
+        return answer(KafkaCode.group_authorization_failed)
     link = groups.links.get((body.group_id, body.member_id))
     if link is None:
         try:  # (NOT_COORDINATOR where another broker coordinates the group)
@@ -757,6 +804,8 @@ def _heartbeat_now(ctx: RequestContext, body: Any) -> Any:
     coordinator = ctx.front.service.coordinator
     code = KafkaCode.none
     try:
+        if _denied(ctx, body.group_id, body.member_id):
+            raise KafkaError(KafkaCode.group_authorization_failed, "not authorized")
         link = groups.links.get((body.group_id, body.member_id))
         runner = coordinator.runner(body.group_id)
         if link is None or runner is None:
@@ -806,6 +855,11 @@ async def _leave_group(ctx: RequestContext, body: Any) -> Any:
     top = KafkaCode.none
     for member_id, instance_id, reason in leaving:
         code = KafkaCode.none
+        if _denied(ctx, body.group_id, member_id):
+            results.append((member_id, instance_id, KafkaCode.group_authorization_failed))
+            if v < 3:
+                top = KafkaCode.group_authorization_failed
+            continue
         link = groups.links.get((body.group_id, member_id)) if member_id else None
         if link is None and instance_id:
             link = groups.by_instance.get((body.group_id, instance_id))
@@ -856,7 +910,11 @@ async def _offset_commit(ctx: RequestContext, body: Any) -> Any:
     code = KafkaCode.none
     member_id = body.member_id
     identity = None
-    if offsets:
+    if _denied(ctx, body.group_id, body.member_id):
+        code = KafkaCode.group_authorization_failed
+    elif any(not ctx.allowed("read", "topic", t) for t in {o.topic for o in offsets}):
+        code = KafkaCode.topic_authorization_failed
+    elif offsets:
         try:
             if any(o.offset < 0 for o in offsets):
                 raise KafkaError(KafkaCode.invalid_commit_offset_size, "negative offset")
@@ -906,6 +964,8 @@ def _fetch_group(
     part_cls: type[Any],
 ) -> tuple[KafkaCode, tuple[Any, ...]]:
     coordinator = ctx.front.service.coordinator
+    if _denied(ctx, group_id, op="describe"):
+        return KafkaCode.group_authorization_failed, ()
     try:
         wanted = (
             None
@@ -990,6 +1050,8 @@ def _list_groups_now(ctx: RequestContext, body: Any) -> Any:
             state = consumer.STATE_NAMES.get(GroupState(g.state), state)
         if states and state not in states:
             continue
+        if not ctx.allowed("describe", "group", g.group_id):
+            continue
         out.append(
             make(
                 listed_cls,
@@ -1016,6 +1078,8 @@ def _describe_groups_now(ctx: RequestContext, body: Any) -> Any:
     out = []
     for group_id in body.groups:
         try:
+            if _denied(ctx, group_id, op="describe"):
+                raise AuthorizationError(f"{ctx.principal} may not DESCRIBE group {group_id!r}")
             d = coordinator.describe_group(group_id)
         except CoordError as exc:
             code = _code(exc)
@@ -1091,6 +1155,8 @@ async def _delete_groups(ctx: RequestContext, body: Any) -> Any:
     for group_id in body.groups_names:
         code = KafkaCode.none
         try:
+            if _denied(ctx, group_id, op="delete"):
+                raise AuthorizationError(f"{ctx.principal} may not DELETE group {group_id!r}")
             await coordinator.delete_group(group_id)
             groups.leaders.pop(group_id, None)
         except CoordError as exc:
@@ -1110,6 +1176,8 @@ async def _offset_delete(ctx: RequestContext, body: Any) -> Any:
         TopicPartition(t.name, p.partition_index) for t in body.topics for p in t.partitions
     ]
     try:
+        if _denied(ctx, body.group_id, op="delete"):
+            raise AuthorizationError(f"{ctx.principal} may not DELETE group {body.group_id!r}")
         coordinator.describe_group(body.group_id)  # (GROUP_ID_NOT_FOUND, NOT_COORDINATOR)
         runner = coordinator.runner(body.group_id)
         consumed: set[str] = set()
@@ -1151,14 +1219,14 @@ async def _offset_delete(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(11, 0, 9, _join_group),
-    Api(14, 0, 5, _sync_group),
-    Api(12, 0, 4, _heartbeat, now=_heartbeat_now),
-    Api(13, 0, 5, _leave_group),
-    Api(8, 2, 9, _offset_commit),
-    Api(9, 1, 9, _offset_fetch, now=_offset_fetch_now),
-    Api(16, 0, 5, _list_groups, now=_list_groups_now),
-    Api(15, 0, 5, _describe_groups, now=_describe_groups_now),
-    Api(42, 0, 2, _delete_groups),
-    Api(47, 0, 0, _offset_delete),
+    Api(11, 0, 9, _join_group, authorizes=True),
+    Api(14, 0, 5, _sync_group, authorizes=True),
+    Api(12, 0, 4, _heartbeat, now=_heartbeat_now, authorizes=True),
+    Api(13, 0, 5, _leave_group, authorizes=True),
+    Api(8, 2, 9, _offset_commit, authorizes=True),
+    Api(9, 1, 9, _offset_fetch, now=_offset_fetch_now, authorizes=True),
+    Api(16, 0, 5, _list_groups, now=_list_groups_now, authorizes=True),
+    Api(15, 0, 5, _describe_groups, now=_describe_groups_now, authorizes=True),
+    Api(42, 0, 2, _delete_groups, authorizes=True),
+    Api(47, 0, 0, _offset_delete, authorizes=True),
 ]

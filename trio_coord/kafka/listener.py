@@ -25,9 +25,12 @@ connection with one log line and costs nothing else.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
 import logging
 import math
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +39,7 @@ import trio
 
 from .._aio import unwrap_lone_exception
 from ..protocol.budget import ByteBudget
+from ..security.acl import ANONYMOUS
 from .codec import (
     API_VERSIONS,
     KafkaCode,
@@ -59,6 +63,8 @@ _DEBUG = functools.partial(log.isEnabledFor, logging.DEBUG)
 _SIZE = struct.Struct(">i")
 _RECEIVE_CHUNK = 256 * 1024
 _REFUSAL_LOG_INTERVAL = 10.0
+_BEFORE_LOGIN = frozenset({API_VERSIONS, 17, 36})
+"""ApiVersions, SaslHandshake, SaslAuthenticate: all a client may send before its login."""
 
 
 class MalformedRequest(Exception):
@@ -141,13 +147,35 @@ class KafkaListener:
             return
         self.connections += 1
         peer = _peer_name(stream)
+        security = self.front.security
         try:
-            await _Connection(self, stream, peer).serve()
+            principal = ANONYMOUS
+            if security is not None and security.ssl_context is not None:
+                # (in this connection's task, under auth_timeout: the accept loop goes on)
+                secured = None
+                with trio.move_on_after(security.auth_timeout):
+                    secured = await security.tls_handshake(stream)
+                if secured is None:
+                    log.info("Kafka connection from %s: no TLS handshake in time", peer)
+                    return
+                stream, principal = secured
+            conn = _Connection(self, stream, peer)
+            conn.principal = principal
+            conn.principal_known = security is None or not security.sasl
+            if conn.principal_known and security is not None:
+                # (anonymous or a certificate's principal: counted now; a login's once it
+                # succeeds, in trio_coord.kafka.sasl)
+                if not security.admit(principal):
+                    return
+                conn.on_close(lambda: security.release(principal))
+            await conn.serve()
         except MalformedRequest as exc:
             self.malformed += 1
             log.warning("closing Kafka connection from %s: %s", peer, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away
+            pass  # the client went away (or its TLS handshake failed)
+        except ssl.SSLError as exc:
+            log.info("TLS with Kafka client %s failed: %s", peer, exc)
         except Exception:
             log.exception("Kafka connection from %s failed and was closed", peer)
         finally:
@@ -176,6 +204,18 @@ class _Connection:
         self.closed = False
         """True once the client closed (or the connection failed): its group members are gone."""
         self._on_close: list[Callable[[], None]] | None = None
+        self.principal = ANONYMOUS
+        """Who the client is: its login's user, its certificate's CN, or anonymous."""
+        self.principal_known = True
+        """False until a broker that requires SASL has seen this client log in."""
+        self.sasl_server: Any = None
+        """The login in progress (``trio_coord.kafka.sasl``)."""
+        self.login_failed = False
+        """A login was refused: its answer is written, then the connection closes."""
+
+    def logged_in(self, principal: str) -> None:
+        """The SASL login succeeded: requests are served as ``principal`` from now on."""
+        self.principal, self.principal_known, self.sasl_server = principal, True, None
 
     @property
     def peer(self) -> str:
@@ -212,8 +252,19 @@ class _Connection:
         finally:
             self._ended()
 
+    async def _login_deadline(self, scope: trio.CancelScope, seconds: float) -> None:
+        await trio.sleep(seconds)
+        if not self.principal_known:
+            log.info("closing Kafka connection from %s: no login within %gs", self._peer, seconds)
+            scope.cancel()
+
     async def _serve_all(self) -> None:
         async with trio.open_nursery() as nursery:
+            security = self._front.security
+            if not self.principal_known and security is not None:
+                nursery.start_soon(
+                    self._login_deadline, nursery.cancel_scope, security.auth_timeout
+                )
             nursery.start_soon(self._write_loop, nursery.cancel_scope)
             try:
                 await self._read_loop(nursery)
@@ -295,6 +346,12 @@ class _Connection:
             raise MalformedRequest(str(exc)) from None
         if _DEBUG():
             log.debug("%s: API %d v%d", self._peer, head.api_key, head.api_version)
+        if self.login_failed:
+            raise MalformedRequest("a request after a refused login")
+        if not self.principal_known and head.api_key not in _BEFORE_LOGIN:
+            raise MalformedRequest(
+                f"API key {head.api_key} before the SASL login this broker requires"
+            )
         api = self._front.table.get(head.api_key)
         served = api is not None and api.min_version <= head.api_version <= api.max_version
         schema = request_schema(head.api_key, head.api_version)
@@ -318,6 +375,20 @@ class _Connection:
             (await self._queue(_Slot(charge)))(encode_response(head.correlation_id, answer))
             return
         assert api is not None
+        authorizer = self._front.authorizer
+        if (
+            not api.authorizes
+            and authorizer is not None
+            and not authorizer.is_super(self.principal)
+        ):
+            log.info(
+                "refused API %d to %s: it checks no ACLs (super users only)", api.key, self._peer
+            )
+            answer = error_response(
+                head.api_key, head.api_version, KafkaCode.cluster_authorization_failed
+            )
+            (await self._queue(_Slot(charge)))(encode_response(head.correlation_id, answer))
+            return
         extra = api.cost(self._front, body) if api.cost is not None else 0
         # The frame's charge and the answer's, together at most a whole budget (a request
         # never waits for bytes it holds itself).
@@ -328,10 +399,20 @@ class _Connection:
             charge += await self._take(extra)
         slot = _Slot(charge)
         finish = await self._queue(slot)
-        ctx = RequestContext(self._front, head, header.client_id, self._peer, conn=self)
+        ctx = RequestContext(
+            self._front, head, header.client_id, self._peer, conn=self, principal=self.principal
+        )
         if api.ordered:
             ctx.after, ctx.turn = self._turn, trio.Event()
             self._turn = ctx.turn
+        delay = 0.0
+        security = self._front.security
+        if security is not None and security.quotas.requests and self.principal_known:
+            now = trio.current_time()
+            delay = security.quotas.record(self.principal, "request", 1, now)
+            if delay > 0:  # over the request-rate quota: answered late, in a task
+                nursery.start_soon(self._handle, api, ctx, body, finish, delay)
+                return
         if api.now is not None:
             try:
                 response = api.now(ctx, body)
@@ -348,9 +429,16 @@ class _Connection:
         await self._send.send(slot)
         return slot.set
 
-    async def _handle(self, api: Api, ctx: RequestContext, body: Any, finish: Any) -> None:
+    async def _handle(
+        self, api: Api, ctx: RequestContext, body: Any, finish: Any, delay: float = 0.0
+    ) -> None:
         try:
+            if delay > 0:
+                await trio.sleep(delay)
             response = await api.handler(ctx, body)
+            if delay > 0 and response is not None and hasattr(response, "throttle_time"):
+                throttle = max(response.throttle_time, datetime.timedelta(seconds=delay))
+                response = dataclasses.replace(response, throttle_time=throttle)
         except Exception as exc:
             response = self._failed(ctx, api, exc)
         finally:
@@ -385,6 +473,7 @@ class _Connection:
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
+    stream = getattr(stream, "transport_stream", stream)  # (under TLS: the socket's)
     sock = getattr(stream, "socket", None)
     if sock is None:
         return "(stream)"

@@ -137,6 +137,20 @@ def _metadata(ctx: RequestContext, names: list[str | uuid.UUID] | None) -> Any:
             )
             continue
         count = known.get(name)
+        if not ctx.allowed("describe", "topic", name):
+            if names is None:
+                continue  # (all topics: only those the principal may describe, as Kafka does)
+            topics.append(
+                make(
+                    topic_cls,
+                    error_code=KafkaCode.topic_authorization_failed,
+                    name=name,
+                    topic_id=uuid.UUID(int=0),
+                    is_internal=False,
+                    partitions=(),
+                )
+            )
+            continue
         if count is None:
             topics.append(
                 make(
@@ -246,7 +260,7 @@ async def _find_coordinator_async(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(18, 0, 4, _api_versions_async, now=_api_versions),
-    Api(3, 0, 12, _metadata_async, now=_metadata_now),
-    Api(10, 0, 6, _find_coordinator_async, now=_find_coordinator),
+    Api(18, 0, 4, _api_versions_async, now=_api_versions, authorizes=True),
+    Api(3, 0, 12, _metadata_async, now=_metadata_now, authorizes=True),
+    Api(10, 0, 6, _find_coordinator_async, now=_find_coordinator, authorizes=True),
 ]

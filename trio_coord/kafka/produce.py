@@ -172,6 +172,11 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
                     KafkaCode.transactional_id_authorization_failed,
                     "transactions are not supported by this broker",
                 )
+            if not ctx.allowed("write", "topic", topic):
+                raise KafkaError(
+                    KafkaCode.topic_authorization_failed,
+                    f"{ctx.principal} may not WRITE topic {topic!r}",
+                )
             if acks not in (0, 1, -1):
                 raise KafkaError(KafkaCode.invalid_required_acks, f"acks {acks} is not 0, 1, -1")
             base, start = await _append(ctx, topic, part.index, part.records, deadline, once)
@@ -189,6 +194,7 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
         async with trio.open_nursery() as nursery:
             for i, (topic, part) in enumerate(jobs):
                 nursery.start_soon(one, i, topic, part)
+    throttle = await ctx.throttle("produce", sum(len(part.records or b"") for _, part in jobs))
     if acks == 0:
         return None
     by_topic: dict[str, list[Any]] = {}
@@ -211,7 +217,7 @@ async def _produce(ctx: RequestContext, body: Any) -> Any | None:
             make(topic_cls, name=name, partition_responses=tuple(parts))
             for name, parts in by_topic.items()
         ),
-        throttle_time=_NO_THROTTLE,
+        throttle_time=throttle,
     )
 
 
@@ -332,6 +338,16 @@ async def _init_producer_id(ctx: RequestContext, body: Any) -> Any:
             producer_id=-1,
             producer_epoch=-1,
         )
+    authorizer = ctx.front.authorizer
+    if authorizer is not None and not authorizer.allowed_any(ctx.principal, "write", "topic"):
+        # (Kafka: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic)
+        return make(
+            schema,
+            throttle_time=_NO_THROTTLE,
+            error_code=KafkaCode.cluster_authorization_failed,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
     pid = getattr(body, "producer_id", -1)
     epoch = getattr(body, "producer_epoch", -1)
     if pid >= 0 and 0 <= epoch < _MAX_EPOCH:
@@ -348,6 +364,6 @@ async def _init_producer_id(ctx: RequestContext, body: Any) -> Any:
 
 
 APIS: Final = [
-    Api(0, 3, 11, _produce, ordered=True),
-    Api(22, 0, 5, _init_producer_id),
+    Api(0, 3, 11, _produce, ordered=True, authorizes=True),
+    Api(22, 0, 5, _init_producer_id, authorizes=True),
 ]

@@ -169,6 +169,10 @@ class GroupCoordination(Protocol):
         """The engine of a group coordinated here (None: none here)."""
         ...
 
+    def check_owner(self, group_id: str, member_id: str, principal: str) -> None:
+        """AuthorizationError unless ``principal`` joined as ``member_id``."""
+        ...
+
     def connection_lost(self, conn: MemberLink) -> None:
         """Remove the members reached through ``conn`` (a failure, not a leave)."""
         ...

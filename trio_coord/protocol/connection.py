@@ -138,6 +138,8 @@ class Connection:
         self._shared = shared
         self.last_active = trio.current_time()
         """When a frame last arrived or an answer was last written (for idle timeouts)."""
+        self.principal = "User:ANONYMOUS"
+        """Who the peer proved to be (a broker sets it once the login is done)."""
 
     @property
     def max_frame_size(self) -> int:
@@ -450,6 +452,7 @@ class Connection:
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
+    stream = getattr(stream, "transport_stream", stream)  # (under TLS: the socket's)
     sock = getattr(stream, "socket", None)
     if sock is None:
         return "memory-stream"

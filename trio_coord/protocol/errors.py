@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "AuthorizationError",
     "BrokerShuttingDownError",
     "ConnectionClosedError",
     "CoordError",
@@ -47,6 +48,7 @@ __all__ = [
     "RecordTooLargeError",
     "RequestTimedOutError",
     "ResourcesExhaustedError",
+    "SaslAuthenticationError",
     "StorageError",
     "TopicAlreadyExistsError",
     "UnknownMemberError",
@@ -100,6 +102,8 @@ class ErrorCode(enum.IntEnum):
     INVALID_REBALANCE_TIMEOUT = 36
     RESOURCES_EXHAUSTED = 37
     FENCED_INSTANCE_ID = 40
+    SASL_AUTHENTICATION_FAILED = 58
+    AUTHORIZATION_FAILED = 59
 
 
 _HINTS: dict[ErrorCode, str] = {
@@ -141,6 +145,8 @@ _HINTS: dict[ErrorCode, str] = {
     ErrorCode.INVALID_REBALANCE_TIMEOUT: "the rebalance timeout is outside the broker's limits",
     ErrorCode.RESOURCES_EXHAUSTED: "the broker is out of connections, files or memory; retry",
     ErrorCode.FENCED_INSTANCE_ID: "another live member runs with that instance id",
+    ErrorCode.SASL_AUTHENTICATION_FAILED: "authentication failed: check the user and password",
+    ErrorCode.AUTHORIZATION_FAILED: "the principal lacks an ACL for this; ask an operator",
 }
 
 
@@ -416,6 +422,24 @@ class FencedInstanceIdError(CoordError):
     """Another live member of the group runs with this static ``instance_id``."""
 
     code = ErrorCode.FENCED_INSTANCE_ID
+
+
+class SaslAuthenticationError(CoordError):
+    """The broker did not accept the credentials (or the connection skipped authenticating).
+
+    The message says why; check the user, the password and the mechanism.
+    """
+
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+class AuthorizationError(CoordError):
+    """The principal may not do this: the message names the principal, operation, resource.
+
+    Ask an operator for the ACL (``trio-coord acls add``); retrying does not help.
+    """
+
+    code = ErrorCode.AUTHORIZATION_FAILED
 
 
 assert set(_BY_CODE) == set(ErrorCode) - {ErrorCode.NONE}, "every code needs an exception"

@@ -87,6 +87,12 @@ __all__ = [
     "ResetOffsetsResponse",
     "Response",
     "ResponseBody",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
+    "SecurityAdminRequest",
+    "SecurityAdminResponse",
     "StartFetchersRequest",
     "StartFetchersResponse",
     "StopFetchersRequest",
@@ -522,6 +528,32 @@ class ComputeAssignmentRequest(_Wire, tag=40):
     partitions: dict[str, int]
 
 
+class SaslHandshakeRequest(_Wire, tag=60):
+    """The first message on a broker that authenticates: the SASL mechanism the client uses."""
+
+    mechanism: str
+
+
+class SaslAuthenticateRequest(_Wire, tag=61):
+    """One SASL message from the client (SCRAM: client-first, then client-final)."""
+
+    data: bytes
+
+
+class SecurityAdminRequest(_Wire, tag=62):
+    """A super user's change to users or ACLs, or a listing of them (``trio-coord users/acls``).
+
+    ``action`` is add-user, delete-user, list-users, add-acl, remove-acl or
+    list-acls. ``credentials`` is the JSON of the SCRAM credentials the client
+    derived (the password itself never travels); ``acl`` the JSON of one ACL.
+    """
+
+    action: str
+    user: str = ""
+    credentials: bytes = b""
+    acl: bytes = b""
+
+
 RequestBody = (
     MetadataRequest
     | CreateTopicRequest
@@ -544,6 +576,9 @@ RequestBody = (
     | StopFetchersRequest
     | StartFetchersRequest
     | ComputeAssignmentRequest
+    | SaslHandshakeRequest
+    | SaslAuthenticateRequest
+    | SecurityAdminRequest
 )
 
 
@@ -721,6 +756,25 @@ class ComputeAssignmentResponse(_Wire, tag=40):
     assignment: list[MemberAssignment]
 
 
+class SaslHandshakeResponse(_Wire, tag=60):
+    """The mechanism is accepted; ``mechanisms`` lists every one the broker offers."""
+
+    mechanisms: list[str]
+
+
+class SaslAuthenticateResponse(_Wire, tag=61):
+    """The server's next SASL message (SCRAM: server-first, then server-final)."""
+
+    data: bytes
+
+
+class SecurityAdminResponse(_Wire, tag=62):
+    """The result: ``data`` is JSON (users and their mechanisms, or ACLs), ``count`` changed."""
+
+    data: bytes = b""
+    count: int = 0
+
+
 ResponseBody = (
     MetadataResponse
     | CreateTopicResponse
@@ -743,6 +797,9 @@ ResponseBody = (
     | StopFetchersResponse
     | StartFetchersResponse
     | ComputeAssignmentResponse
+    | SaslHandshakeResponse
+    | SaslAuthenticateResponse
+    | SecurityAdminResponse
 )
 
 

@@ -31,6 +31,7 @@ import itertools
 import logging
 import random
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
@@ -45,6 +46,7 @@ from ..protocol.errors import (
     CorruptMessageError,
     FrameTooLargeError,
     NotLeaderForPartitionError,
+    SaslAuthenticationError,
     UnknownTopicError,
     error_for,
 )
@@ -73,9 +75,14 @@ from ..protocol.messages import (
     RequestBody,
     Response,
     ResponseBody,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
     TopicInfo,
     TopicPartition,
 )
+from ..security.scram import AuthenticationError, ScramClient, plain_message
+from ._options import SparkSecurity
 
 __all__ = ["BlockingClient", "BrokerUnreachableError"]
 
@@ -102,6 +109,13 @@ class _Socket:
         self.codec = FrameCodec(RECEIVE_LIMIT)
         self.corr_ids = itertools.count(1)
         self.broken = False
+
+    def call(self, body: RequestBody) -> ResponseBody:
+        """Send one request and return its answer's body, raising the error it carries."""
+        (answer,) = self.call_many([body])
+        if isinstance(answer, CoordError):
+            raise answer
+        return answer
 
     def call_many(self, bodies: Sequence[RequestBody]) -> list[ResponseBody | CoordError]:
         """Send ``bodies`` together (in flight at once), then read their answers, which the
@@ -162,6 +176,24 @@ class _Socket:
         self.sock.close()
 
 
+def _login(sock: _Socket, security: SparkSecurity) -> None:
+    """The native SASL login over a blocking socket (SaslAuthenticationError if refused)."""
+    user, password = security.user or "", security.password or ""
+    sock.call(SaslHandshakeRequest(security.mechanism))
+    try:
+        if security.mechanism == "PLAIN":
+            sock.call(SaslAuthenticateRequest(plain_message(user, password)))
+            return
+        scram = ScramClient(security.mechanism, user, password)
+        first = sock.call(SaslAuthenticateRequest(scram.first()))
+        assert isinstance(first, SaslAuthenticateResponse)
+        last = sock.call(SaslAuthenticateRequest(scram.final(first.data)))
+        assert isinstance(last, SaslAuthenticateResponse)
+        scram.verify(last.data)
+    except AuthenticationError as exc:
+        raise SaslAuthenticationError(str(exc)) from None
+
+
 class BlockingClient:
     """Metadata, offsets, fetch, produce and group commits, blocking; see the module docstring.
 
@@ -169,9 +201,19 @@ class BlockingClient:
     request and the retries of retriable errors, in seconds.
     """
 
-    def __init__(self, bootstrap: str | Sequence[str], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        timeout: float = 30.0,
+        security: SparkSecurity | None = None,
+    ) -> None:
         self.addresses = parse_bootstrap(bootstrap)
         self.timeout = timeout
+        self.security = security or SparkSecurity()
+        self._ssl: ssl.SSLContext | None = None
+        if self.security.tls_ca:
+            self._ssl = ssl.create_default_context(cafile=self.security.tls_ca)
         self._sockets: dict[Address, _Socket] = {}
         self._brokers: dict[int, BrokerInfo] = {}
         self._answered: Address | None = None  # the broker that last answered Metadata
@@ -209,7 +251,21 @@ class BlockingClient:
                 "is it running, and is the bootstrap option right?"
             ) from None
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = self._sockets[address] = _Socket(raw, address)
+        try:
+            if self._ssl is not None:
+                raw = self._ssl.wrap_socket(raw, server_hostname=host)
+            sock = _Socket(raw, address)
+            if self.security.user:
+                _login(sock, self.security)
+        except (OSError, ssl.SSLError) as exc:
+            raw.close()
+            raise BrokerUnreachableError(
+                f"TLS with the broker at {host}:{port} failed ({exc}); check the tlsCa option"
+            ) from None
+        except CoordError:
+            raw.close()
+            raise
+        self._sockets[address] = sock
         return sock
 
     def _call_once(self, address: Address, body: RequestBody) -> ResponseBody:

@@ -23,6 +23,7 @@ has no meaning here (``kafka.security.protocol``, ``startingTimestamp``,
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,8 +72,16 @@ _READ_OPTIONS: Final = {
     "failondataloss",
     "fetchmaxbytes",
     "timeout",
+    "tlsca",
+    "user",
+    "password",
+    "passwordfile",
+    "saslmechanism",
 }
-_WRITE_OPTIONS: Final = {"bootstrap", "topic", "batchsize", "compression", "timeout"}
+_SECURITY_OPTIONS: Final = {"tlsca", "user", "password", "passwordfile", "saslmechanism"}
+_WRITE_OPTIONS: Final = {"bootstrap", "topic", "batchsize", "compression", "timeout"} | (
+    _SECURITY_OPTIONS
+)
 KAFKA_ALIASES: Final = {
     "kafka.bootstrap.servers": "bootstrap",
     "subscribe": "topics",
@@ -115,6 +124,57 @@ class OffsetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SparkSecurity:
+    """TLS and the SASL login of the data source's connections (docs/security.md).
+
+    Options ``tlsCa`` (a CA file on every executor), ``user``, and the
+    password as ``password``, ``passwordFile`` or ``$TRIO_COORD_PASSWORD`` on
+    the executors; ``saslMechanism`` (default SCRAM-SHA-256).
+    """
+
+    tls_ca: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    mechanism: str = "SCRAM-SHA-256"
+
+    @classmethod
+    def from_env(cls) -> SparkSecurity:
+        """From ``$TRIO_COORD_TLS_CA``, ``$TRIO_COORD_USER``, ``$TRIO_COORD_PASSWORD`` (for
+        the commit listener, which has no options)."""
+        return cls(
+            os.environ.get("TRIO_COORD_TLS_CA") or None,
+            os.environ.get("TRIO_COORD_USER") or None,
+            os.environ.get("TRIO_COORD_PASSWORD") or None,
+        )
+
+
+def _security(options: _Options) -> SparkSecurity:
+    user = options.get("user") or None
+    password = options.get("password") or None
+    if user and password is None:
+        path = options.get("passwordfile")
+        if path:
+            try:
+                with open(path, encoding="utf-8") as file:
+                    password = file.read().rstrip("\r\n")
+            except OSError as exc:
+                raise OptionError(f'option "passwordFile": cannot read {path!r}: {exc}') from None
+        else:
+            password = os.environ.get("TRIO_COORD_PASSWORD") or None
+        if not password:
+            raise OptionError(
+                'option "user" needs a password: option "password", "passwordFile", or '
+                "$TRIO_COORD_PASSWORD on the driver and executors"
+            )
+    mechanism = options.get("saslmechanism", "SCRAM-SHA-256").upper()
+    if mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"):
+        raise OptionError(
+            f'option "saslMechanism" is {mechanism!r}; choose SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN'
+        )
+    return SparkSecurity(options.get("tlsca") or None, user, password, mechanism)
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     """A read's settings (batch or stream)."""
 
@@ -133,6 +193,7 @@ class ReadOptions:
     fetch_max_bytes: int = 4 * 1024 * 1024
     timeout: float = 30.0
     parallelism: int | None = None
+    security: SparkSecurity = SparkSecurity()
     """The session's cores (``defaultParallelism``), when ``register`` could tell: a read
     then makes one task per core, each with an equal share of the records."""
 
@@ -155,6 +216,7 @@ class WriteOptions:
     batch_size: int = 256 * 1024
     compression: str | None = None
     timeout: float = 30.0
+    security: SparkSecurity = SparkSecurity()
 
 
 class _Options(dict[str, str]):
@@ -433,6 +495,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
         fail_on_data_loss=_boolean(opts, "failondataloss", "failOnDataLoss", True),
         fetch_max_bytes=fetch_max or 4 * 1024 * 1024,
         timeout=_timeout(opts),
+        security=_security(opts),
     )
 
 
@@ -451,4 +514,5 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         batch_size=_positive_int(opts, "batchsize", "batchSize") or 256 * 1024,
         compression=compression,
         timeout=_timeout(opts),
+        security=_security(opts),
     )

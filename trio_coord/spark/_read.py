@@ -67,7 +67,7 @@ from ..protocol.errors import (
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, decode_records
 from ._client import BlockingClient
-from ._options import OffsetSpec, OptionError, ReadOptions
+from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity
 from ._plan import (
     OffsetRange,
     admit,
@@ -126,7 +126,7 @@ class DataLossError(OffsetOutOfRangeError):
 
 
 def _client(options: ReadOptions) -> BlockingClient:
-    return BlockingClient(options.bootstrap, timeout=options.timeout)
+    return BlockingClient(options.bootstrap, timeout=options.timeout, security=options.security)
 
 
 def topic_partitions(client: BlockingClient, options: ReadOptions) -> list[TopicPartition]:
@@ -500,14 +500,21 @@ def commit_forward(
     return ahead
 
 
-def commit_quietly(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> bool:
+def commit_quietly(
+    bootstrap: str,
+    group: str,
+    offsets: Mapping[TopicPartition, int],
+    security: SparkSecurity | None = None,
+) -> bool:
     """:func:`commit_forward` with a client of its own; a failure is logged, not raised.
 
     Returns whether the group now holds ``offsets`` (or went further), so that
     a caller can try the same commit again after a failure.
     """
     try:
-        with BlockingClient(bootstrap, timeout=10.0) as client:
+        with BlockingClient(
+            bootstrap, timeout=10.0, security=security or SparkSecurity.from_env()
+        ) as client:
             commit_forward(client, group, offsets)
     except UnknownMemberError as exc:
         log.warning(
@@ -664,7 +671,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Commit ``done`` (the end of a finished batch) to the group, once it succeeds
         (a failed commit is tried again at Spark's next ``commit`` or batch)."""
         if self.options.group is not None and done != self._committed:
-            if commit_quietly(self.options.bootstrap, self.options.group, done):
+            if commit_quietly(
+                self.options.bootstrap, self.options.group, done, self.options.security
+            ):
                 self._committed = done
 
     def commit(self, end: dict[str, Any]) -> None:

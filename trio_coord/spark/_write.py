@@ -469,7 +469,9 @@ def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> W
     """Produce the rows of ``batches`` (one task's) with a client of its own, each round of
     requests sent from a thread while the next rows are encoded; what was written."""
     with (
-        BlockingClient(options.bootstrap, timeout=options.timeout) as client,
+        BlockingClient(
+            options.bootstrap, timeout=options.timeout, security=options.security
+        ) as client,
         ThreadPoolExecutor(1, thread_name_prefix="trio_coord produce") as pool,
     ):
         out = _Batches(client, options, pool)

@@ -39,6 +39,7 @@ import trio
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import SessionExpiredError
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 __all__ = ["KazooBridge", "Pending", "StateChange"]
 
@@ -107,19 +108,32 @@ class KazooBridge:
         *,
         session_timeout: float,
         max_reconnect_delay: float = 1.0,
+        auth: str | None = None,
     ) -> None:
         """Make (not start) a client for ``hosts`` asking for ``session_timeout`` seconds.
 
         The client reconnects forever, waiting at most ``max_reconnect_delay``
-        seconds between attempts.
+        seconds between attempts. ``auth`` (``user:password``) logs the session in
+        with ZooKeeper's digest scheme and gives every node it creates an ACL
+        that lets only that user read or write it.
         """
         self._token = trio.lowlevel.current_trio_token()
+        secured: dict[str, object] = {}
+        if auth is not None:
+            user, sep, password = auth.partition(":")
+            if not sep or not user or not password:
+                raise ValueError("ZooKeeper auth must be user:password (--zk-auth)")
+            secured = {
+                "auth_data": [("digest", auth)],
+                "default_acl": [make_digest_acl(user, password, all=True)],
+            }
         self.client = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
             connection_retry=KazooRetry(
                 max_tries=-1, delay=0.05, backoff=2, max_jitter=0.3, max_delay=max_reconnect_delay
             ),
+            **secured,
         )
         send, receive = trio.open_memory_channel[StateChange](math.inf)
         self._state_send = send

@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 from kazoo import exceptions as kz
+from kazoo.security import OPEN_ACL_UNSAFE
 from trio_util import AsyncValue
 
 from .._aio import unwrap_lone_exception
@@ -241,6 +242,7 @@ class ZooKeeperStore(MetadataStore):
         *,
         session_timeout: float = 10.0,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        auth: str | None = None,
     ) -> None:
         """Set up an unconnected store; :func:`open_zookeeper_store` connects it.
 
@@ -259,7 +261,7 @@ class ZooKeeperStore(MetadataStore):
         self.session_timeout = session_timeout
         """The session timeout asked for, in seconds (ZooKeeper may clamp it)."""
         self.max_request_bytes = max_request_bytes
-        self._bridge = KazooBridge(hosts, session_timeout=session_timeout)
+        self._bridge = KazooBridge(hosts, session_timeout=session_timeout, auth=auth)
         self._client = self._bridge.client
         self._state = AsyncValue(SessionState.SUSPENDED)  # not yet connected
         self._session_id = _UNSET
@@ -379,8 +381,18 @@ class ZooKeeperStore(MetadataStore):
                 ancestors.append(node)
                 node = parent_path(node)
             for full in reversed(ancestors):
+                # The chroot's ancestors may be shared with other clusters (or tests): they
+                # stay open; the digest ACL (--zk-auth) closes the chroot and what is in it.
+                acl = OPEN_ACL_UNSAFE if full != self.chroot else None
                 with contextlib.suppress(NodeExistsError):
-                    await self._request("create chroot", full, self._client.create_async, full, b"")
+                    if (
+                        await self._request("check chroot", full, self._client.exists_async, full)
+                        is not None
+                    ):
+                        continue
+                    await self._request(
+                        "create chroot", full, self._client.create_async, full, b"", acl
+                    )
 
     async def aclose(self) -> None:
         """End the session: ZooKeeper removes its ephemeral nodes; further calls raise.
@@ -921,6 +933,7 @@ async def open_zookeeper_store(
     session_timeout: float = 10.0,
     connect_timeout: float = 10.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    auth: str | None = None,
 ) -> AsyncIterator[ZooKeeperStore]:
     """Connect to ZooKeeper and yield a :class:`ZooKeeperStore` for the duration of the block.
 
@@ -934,13 +947,19 @@ async def open_zookeeper_store(
     re-raised as is, not wrapped in an exception group.
 
     After :class:`SessionExpiredError` (``session_state`` is ``EXPIRED``) the
-    store is dead: leave the block and open a new store.
+    store is dead: leave the block and open a new store. ``auth``
+    (``user:password``) logs in with ZooKeeper's digest scheme, and every node
+    the store creates is readable and writable by that user only.
     """
     hosts, chroot = parse_zk_url(url_or_hosts)
     if connect_timeout <= 0:
         raise ValueError(f"connect_timeout must be positive, not {connect_timeout!r}")
     store = ZooKeeperStore(
-        hosts, chroot, session_timeout=session_timeout, max_request_bytes=max_request_bytes
+        hosts,
+        chroot,
+        session_timeout=session_timeout,
+        max_request_bytes=max_request_bytes,
+        auth=auth,
     )
     with unwrap_lone_exception():
         async with trio.open_nursery() as nursery:

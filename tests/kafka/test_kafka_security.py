@@ -1,0 +1,535 @@
+"""Security end to end: TLS + SASL/SCRAM + ACLs on one broker process, every kind of client.
+
+One broker per module, started as an operator starts it (docs/security.md):
+certificates made with ``openssl``, the first super user created offline
+with ``trio-coord users add --data-dir``, then ``trio-coord broker
+--tls-cert --tls-key --sasl-mechanisms ... --super-users admin``. ACLs are
+granted through the broker by the super user with ``trio-coord acls add``.
+Checked: a plaintext client cannot talk to the TLS listeners; a wrong
+password is SASL_AUTHENTICATION_FAILED; confluent-kafka, aiokafka and
+kafka-python (SASL_SSL, SCRAM-SHA-256) produce and consume with the right
+ACLs and are refused without them; the super user may do everything; the
+native client and CLI work with TLS + SCRAM; ``groups reset-offsets``
+without READ on the group is refused with a message naming the principal,
+the operation and the resource; one principal cannot act as another's
+group member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+from kafka_fixtures import KafkaBroker, start_broker, stop_broker
+
+from trio_coord import open_admin, open_consumer, open_producer
+from trio_coord.protocol.errors import (
+    AuthorizationError,
+    ConnectionClosedError,
+    RequestTimedOutError,
+    SaslAuthenticationError,
+)
+from trio_coord.protocol.messages import HeartbeatRequest, JoinGroupRequest, MetadataRequest
+from trio_coord.security import Acl, Sasl, client_ssl_context
+
+PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+_names = itertools.count()
+
+
+@dataclass
+class Secured:
+    """The broker and what clients need to reach it."""
+
+    broker: KafkaBroker
+    ca: str
+    directory: Path
+
+    def cli(self, *args: str, user: str = "admin", check: bool = True) -> str:
+        """Run ``trio-coord ARGS --bootstrap B --tls-ca CA --user USER`` (password in env)."""
+        env = {**os.environ, "TRIO_COORD_PASSWORD": PASSWORDS[user]}
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                *args,
+                "--bootstrap",
+                self.broker.native,
+                "--tls-ca",
+                self.ca,
+                "--user",
+                user,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        if check:
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+        assert done.returncode != 0, done.stdout
+        return done.stderr
+
+    async def setup(self, topic: str | None, partitions: int, *grants: tuple[str, ...]) -> None:
+        """As the super user, through the native admin client: create ``topic`` (if given)
+        and grant each ``(user, operation, "topic"|"group", name)``."""
+        async with open_admin(
+            self.broker.native,
+            ssl_context=client_ssl_context(self.ca),
+            sasl=Sasl("admin", PASSWORDS["admin"]),
+        ) as admin:
+            if topic is not None:
+                await admin.create_topic(topic, partitions)
+            for user, operation, kind, resource in grants:
+                acl = Acl(
+                    principal=f"User:{user}",
+                    operation=operation,
+                    resource_type=kind,
+                    name=resource,
+                )
+                await admin.add_acl(acl)
+
+    def prepare(self, topic: str | None, partitions: int, *grants: tuple[str, ...]) -> None:
+        """:meth:`setup`, from a test that is not async (the Kafka clients block)."""
+        trio.run(self.setup, topic, partitions, *grants)
+
+    def grant(self, user: str, operation: str, *resource: str) -> None:
+        """``trio-coord acls add`` through the broker, as the super user."""
+        self.cli("acls", "add", "--principal", f"User:{user}", "--operation", operation, *resource)
+
+    def confluent(self, user: str, password: str | None = None) -> dict[str, object]:
+        """confluent-kafka settings for SASL_SSL with SCRAM-SHA-256."""
+        return {
+            "bootstrap.servers": self.broker.kafka,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-256",
+            "sasl.username": user,
+            "sasl.password": password or PASSWORDS[user],
+            "ssl.ca.location": self.ca,
+        }
+
+
+def make_certificates(directory: Path) -> None:
+    """A CA, and a server certificate for 127.0.0.1/localhost signed by it (openssl)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=trio-coord test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """A broker with TLS on both listeners, SCRAM logins and ACLs; users admin (super), alice,
+    bob."""
+    directory = tmp_path_factory.mktemp("secured")
+    make_certificates(directory)
+    for user, password in PASSWORDS.items():  # offline, before the broker starts
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trio_coord",
+                "users",
+                "add",
+                user,
+                "--password-stdin",
+                "--data-dir",
+                str(directory / "data"),
+            ],
+            input=password + "\n",
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    broker = start_broker(
+        directory,
+        "--tls-cert", str(directory / "server.pem"),
+        "--tls-key", str(directory / "server.key"),
+        "--sasl-mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
+        "--super-users", "admin",
+    )  # fmt: skip
+    try:
+        yield Secured(broker, str(directory / "ca.pem"), directory)
+    finally:
+        stop_broker(broker)
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A topic or group name no other test uses."""
+    return f"s{next(_names)}-{request.node.name[:30]}"
+
+
+# -- TLS and logins ----------------------------------------------------------------------------
+
+
+async def test_plaintext_clients_cannot_use_the_tls_listeners(secured: Secured) -> None:
+    """Without TLS the native client gets no answer; a Kafka client gets no metadata."""
+    with pytest.raises((ConnectionClosedError, RequestTimedOutError)):
+        async with open_admin(secured.broker.native, api_timeout=2, request_timeout=1) as admin:
+            await admin.list_topics()
+    from confluent_kafka.admin import AdminClient
+
+    plain = AdminClient({"bootstrap.servers": secured.broker.kafka})
+    with pytest.raises(Exception):  # noqa: B017 (librdkafka: a transport failure, any kind)
+        plain.list_topics(timeout=1)
+
+
+async def test_a_wrong_password_fails_authentication(secured: Secured) -> None:
+    """Native: SaslAuthenticationError at once; Kafka: SASL_AUTHENTICATION_FAILED."""
+    ssl_context = client_ssl_context(secured.ca)
+    with pytest.raises(SaslAuthenticationError, match="alice"):
+        async with open_admin(
+            secured.broker.native, ssl_context=ssl_context, sasl=Sasl("alice", "wrong")
+        ) as admin:
+            await admin.list_topics()
+    from confluent_kafka import KafkaError, Producer
+
+    errors: list[KafkaError] = []
+    producer = Producer({**secured.confluent("alice", "wrong"), "error_cb": errors.append})
+    deadline = time.monotonic() + 20
+    while not errors and time.monotonic() < deadline:
+        producer.poll(0.2)
+    assert errors, "librdkafka reported no error"
+    assert errors[0].code() == KafkaError._AUTHENTICATION
+    assert "Authentication failed" in errors[0].str()  # (the broker's SaslAuthenticate answer)
+
+
+async def test_plain_logins_over_tls(secured: Secured, name: str) -> None:
+    """PLAIN (offered with TLS) logs in on both listeners; a wrong password is refused."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    await secured.setup(name, 1)
+    plain = {**secured.confluent("admin"), "sasl.mechanisms": "PLAIN"}
+    assert name in AdminClient(plain).list_topics(timeout=15).topics
+    with pytest.raises(KafkaException):
+        AdminClient({**plain, "sasl.password": "wrong"}).list_topics(timeout=1)
+    ssl_context = client_ssl_context(secured.ca)
+    sasl = Sasl("admin", PASSWORDS["admin"], "PLAIN")
+    async with open_admin(secured.broker.native, ssl_context=ssl_context, sasl=sasl) as admin:
+        assert name in [t.name for t in await admin.list_topics()]
+    with pytest.raises(SaslAuthenticationError):
+        async with open_admin(
+            secured.broker.native, ssl_context=ssl_context, sasl=Sasl("admin", "no", "PLAIN")
+        ) as admin:
+            await admin.list_topics()
+
+
+# -- Kafka clients --------------------------------------------------------------------------------
+
+
+def test_confluent_kafka_needs_write_and_read_acls(secured: Secured, name: str) -> None:
+    """alice produces and consumes in a group once granted WRITE, READ (topic) and READ
+    (group); bob, without ACLs, is refused both with authorization errors."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    secured.prepare(name, 2)
+    bob = Producer({**secured.confluent("bob"), "message.timeout.ms": 5000})
+    errors: list[object] = []
+    bob.produce(name, b"nope", on_delivery=lambda err, msg: errors.append(err))
+    bob.flush(10)
+    assert errors and errors[0] is not None
+    assert errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    secured.prepare(
+        None,
+        0,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
+    producer = Producer(secured.confluent("alice"))
+    for i in range(20):
+        producer.produce(name, b"v%d" % i, partition=i % 2)
+    assert producer.flush(15) == 0
+    consumer = Consumer(
+        {**secured.confluent("alice"), "group.id": name, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([name])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 20 and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None:
+            assert message.error() is None, message.error()
+            got.append(message.value())
+    consumer.close()
+    assert sorted(got) == sorted(b"v%d" % i for i in range(20))
+
+    # bob may read the topic, but not use the group: the join is refused.
+    secured.prepare(None, 0, ("bob", "read", "topic", name))
+    refused = Consumer({**secured.confluent("bob"), "group.id": name})
+    refused.subscribe([name])
+    seen = None
+    deadline = time.monotonic() + 20
+    while seen is None and time.monotonic() < deadline:
+        message = refused.poll(0.2)
+        if message is not None and message.error() is not None:
+            seen = message.error().code()
+    refused.close()
+    assert seen == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_aiokafka_with_acls_and_without(secured: Secured, name: str) -> None:
+    """aiokafka over SASL_SSL + SCRAM-SHA-256: alice (granted) round-trips; bob is refused."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.errors import TopicAuthorizationFailedError
+    from aiokafka.helpers import create_ssl_context
+
+    secured.prepare(
+        name,
+        1,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
+
+    def options(user: str) -> dict[str, object]:
+        return {
+            "bootstrap_servers": secured.broker.kafka,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user],
+            "ssl_context": create_ssl_context(cafile=secured.ca),
+        }
+
+    async def run() -> tuple[list[bytes], type[BaseException] | None]:
+        producer = AIOKafkaProducer(**options("alice"))
+        await producer.start()
+        try:
+            for i in range(5):
+                await producer.send_and_wait(name, b"a%d" % i)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            name, group_id=name, auto_offset_reset="earliest", **options("alice")
+        )
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            while len(got) < 5:
+                batch = await asyncio.wait_for(consumer.getmany(timeout_ms=500), 20)
+                got += [m.value for ms in batch.values() for m in ms]
+        finally:
+            await consumer.stop()
+        refused: type[BaseException] | None = None
+        bob = AIOKafkaProducer(**options("bob"))
+        await bob.start()
+        try:
+            await asyncio.wait_for(bob.send_and_wait(name, b"no"), 20)
+        except TopicAuthorizationFailedError as exc:
+            refused = type(exc)
+        finally:
+            await bob.stop()
+        return got, refused
+
+    got, refused = asyncio.run(run())
+    assert sorted(got) == [b"a%d" % i for i in range(5)]
+    assert refused is TopicAuthorizationFailedError
+
+
+def test_kafka_python_with_acls_and_without(secured: Secured, name: str) -> None:
+    """kafka-python over SASL_SSL + SCRAM-SHA-256: alice round-trips; bob cannot produce."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    secured.prepare(
+        name,
+        1,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
+
+    def options(user: str) -> dict[str, object]:
+        return {
+            "bootstrap_servers": secured.broker.kafka,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user],
+            "ssl_cafile": secured.ca,
+        }
+
+    producer = KafkaProducer(**options("alice"))
+    for i in range(5):
+        producer.send(name, b"k%d" % i).get(15)
+    producer.close()
+    consumer = KafkaConsumer(name, group_id=name, auto_offset_reset="earliest", **options("alice"))
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 5 and time.monotonic() < deadline:
+        for records in consumer.poll(500).values():
+            got += [r.value for r in records]
+    consumer.close()
+    assert sorted(got) == [b"k%d" % i for i in range(5)]
+
+    bob = KafkaProducer(**options("bob"), max_block_ms=10_000)
+    with pytest.raises(TopicAuthorizationFailedError):
+        bob.send(name, b"no").get(15)
+    bob.close()
+
+
+def test_the_super_user_needs_no_acls(secured: Secured, name: str) -> None:
+    """admin creates, produces, consumes in a group and deletes with no ACL at all."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(secured.confluent("admin"))
+    admin.create_topics([NewTopic(name, 1)])[name].result(15)
+    producer = Producer(secured.confluent("admin"))
+    producer.produce(name, b"x")
+    assert producer.flush(15) == 0
+    consumer = Consumer(
+        {**secured.confluent("admin"), "group.id": name, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([name])
+    message = None
+    deadline = time.monotonic() + 30
+    while message is None and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+    consumer.close()
+    assert message is not None and message.error() is None and message.value() == b"x"
+    admin.delete_topics([name])[name].result(15)
+
+
+# -- the native client and the CLI ----------------------------------------------------------
+
+
+async def test_native_clients_with_tls_and_scram(secured: Secured, name: str) -> None:
+    """The native producer and consumer work as alice once granted; SCRAM-SHA-512 too."""
+    await secured.setup(
+        name,
+        2,
+        ("alice", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+    )
+    ssl_context = client_ssl_context(secured.ca)
+    async with open_producer(
+        secured.broker.native, ssl_context=ssl_context, sasl=Sasl("alice", PASSWORDS["alice"])
+    ) as producer:
+        for i in range(10):
+            await producer.send(name, b"n%d" % i, partition=i % 2)
+    sasl = Sasl("alice", PASSWORDS["alice"], "SCRAM-SHA-512")
+    got: list[bytes] = []
+    async with open_consumer(
+        secured.broker.native,
+        name,
+        [name],
+        ssl_context=ssl_context,
+        sasl=sasl,
+        offset_reset="earliest",
+    ) as consumer:
+        with trio.fail_after(30):
+            async for record in consumer:
+                got.append(record.value)
+                if len(got) == 10:
+                    break
+    assert sorted(got) == sorted(b"n%d" % i for i in range(10))
+
+
+async def test_native_refusal_names_principal_operation_and_resource(
+    secured: Secured, name: str
+) -> None:
+    """bob may not create a topic: the error says who, what and which, and how to allow it;
+    a topic he may not describe is not listed to him."""
+    await secured.setup(name, 1)
+    ssl_context = client_ssl_context(secured.ca)
+    async with open_admin(
+        secured.broker.native, ssl_context=ssl_context, sasl=Sasl("bob", PASSWORDS["bob"])
+    ) as admin:
+        with pytest.raises(AuthorizationError) as refused:
+            await admin.create_topic(name + "-bob", 1)
+        assert "User:bob may not CREATE topic" in str(refused.value)
+        assert name + "-bob" in str(refused.value)
+        assert name not in [t.name for t in await admin.list_topics()]
+
+
+def test_cli_reset_offsets_without_read_on_the_group_is_refused(
+    secured: Secured, name: str
+) -> None:
+    """``groups reset-offsets`` as bob (who may DESCRIBE the topic and the group, not READ
+    the group) fails naming the ACL missing; as alice, with READ on the group, it works."""
+    secured.prepare(
+        name,
+        1,
+        ("bob", "describe", "topic", name),
+        ("bob", "describe", "group", name),
+        ("alice", "describe", "topic", name),
+        ("alice", "read", "group", name),
+    )
+    reset = ("groups", "reset-offsets", name, "--topic", name, "--to-earliest", "--execute")
+    error = secured.cli(*reset, user="bob", check=False)
+    assert "User:bob may not READ group" in error and name in error
+    secured.cli(*reset, user="alice")
+
+
+def test_cli_users_and_acls_through_the_broker(secured: Secured) -> None:
+    """The super user lists users and ACLs; another user may not change them."""
+    assert "alice" in secured.cli("users", "list")
+    secured.grant("bob", "describe", "--topic", "visible-", "--prefixed")
+    assert "User:bob may DESCRIBE topic visible- (prefixed)" in secured.cli("acls", "list")
+    error = secured.cli(
+        "acls", "add", "--principal", "User:bob", "--operation", "all", "--cluster",
+        user="bob", check=False,
+    )  # fmt: skip
+    assert "User:bob may not ALTER the cluster" in error
+
+
+# -- member identity -----------------------------------------------------------------------------
+
+
+async def test_a_member_id_belongs_to_the_principal_that_joined(
+    secured: Secured, name: str
+) -> None:
+    """bob, allowed in the group, can neither heartbeat as alice's member nor join with its id."""
+    await secured.setup(
+        name,
+        1,
+        *[(user, "read", kind, name) for user in ("alice", "bob") for kind in ("topic", "group")],
+    )
+    ssl_context = client_ssl_context(secured.ca)
+    async with open_consumer(
+        secured.broker.native,
+        name,
+        [name],
+        ssl_context=ssl_context,
+        sasl=Sasl("alice", PASSWORDS["alice"]),
+        session_timeout=10.0,
+    ) as consumer:
+        with trio.fail_after(20):
+            while not consumer.member_id or consumer.generation < 0:
+                await trio.sleep(0.05)
+        victim = consumer.member_id
+        async with open_admin(
+            secured.broker.native, ssl_context=ssl_context, sasl=Sasl("bob", PASSWORDS["bob"])
+        ) as admin:
+            conn = admin._conn
+            with pytest.raises(AuthorizationError, match="User:bob may not act as member"):
+                await conn.request(HeartbeatRequest(name, victim, consumer.generation))
+            join = JoinGroupRequest(name, victim, [name], 10_000, 10_000, ["range"])
+            with pytest.raises(AuthorizationError, match="joined by User:alice"):
+                await conn.request(join)
+            await conn.request(MetadataRequest([name]))  # (the connection is still fine)
+        assert consumer.member_id == victim  # alice's consumer kept its membership
