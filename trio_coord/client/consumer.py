@@ -1177,6 +1177,8 @@ def open_consumer(
     max_poll_interval: float = 300.0,
     request_timeout: float = 30.0,
     api_timeout: float = 60.0,
+    ssl_context: ssl.SSLContext | None = None,
+    sasl: Sasl | None = None,
 ) -> Consumer:
     """Join ``group_id`` as a consumer of ``topics``: ``async with open_consumer(...) as c``.
 
@@ -1212,7 +1214,9 @@ def open_consumer(
     and the callbacks ``on_assigned``, ``on_revoked`` and ``on_lost`` (each
     called with a sorted list of partitions; plain or async functions);
     ``fetch_max_wait=0.5`` seconds a fetch waits for data, ``fetch_min_bytes=1`` and
-    ``max_partition_fetch_bytes=1048576``.
+    ``max_partition_fetch_bytes=1048576``; ``ssl_context`` (a broker speaking TLS:
+    :func:`~trio_coord.client_ssl_context`) and ``sasl`` (a :class:`~trio_coord.Sasl`
+    login; docs/security.md).
 
     The block is entered once the consumer has joined (use
     :meth:`Consumer.wait_assigned` for its partitions); while no broker is
@@ -1247,4 +1251,6 @@ def open_consumer(
         max_poll_interval=max_poll_interval,
         request_timeout=request_timeout,
         api_timeout=api_timeout,
+        ssl_context=ssl_context,
+        sasl=sasl,
     )

@@ -553,6 +553,8 @@ def open_producer(
     max_block: float = 60.0,
     close_timeout: float = 30.0,
     client_id: str = "trio-coord-producer",
+    ssl_context: ssl.SSLContext | None = None,
+    sasl: Sasl | None = None,
 ) -> Producer:
     """A producer for the brokers of ``bootstrap``: ``async with open_producer(b) as p``.
 
@@ -563,7 +565,8 @@ def open_producer(
     full), ``max_in_flight=16`` requests per broker, ``compression`` (None,
     ``"zlib"``, ``"lzma"``, ``"lz4"`` or ``"zstd"``), ``delivery_timeout=120`` s,
     ``request_timeout=30`` s, ``close_timeout=30`` s (how long leaving the
-    block waits for records still in flight) and ``client_id``.
+    block waits for records still in flight), ``client_id``, and ``ssl_context``
+    and ``sasl`` for a secured broker (docs/security.md).
 
     Deadlines (Kafka's ``delivery.timeout.ms``, ``request.timeout.ms`` and
     ``max.block.ms``): a record not stored within ``delivery_timeout`` of
@@ -588,4 +591,6 @@ def open_producer(
         max_block=max_block,
         close_timeout=close_timeout,
         client_id=client_id,
+        ssl_context=ssl_context,
+        sasl=sasl,
     )
