@@ -476,3 +476,49 @@ async def test_a_heartbeat_that_changes_the_subscription_rebalances(autojump_clo
                     break
         else:
             raise AssertionError("the new topic's partitions never came")
+
+
+async def test_joins_on_one_connection_do_not_pile_up_close_callbacks(
+    autojump_clock: Any,
+) -> None:
+    """A client that keeps joining on one connection (refused joins, or join-leave cycles
+    with fresh member ids) holds one close callback there, not one per join: the
+    connection's memory must not grow with the requests a hostile client sends."""
+    async with front_end() as (_broker, front):
+        conn = FakeConnection()
+
+        async def beat(member_id: str, epoch: int, **fields: Any) -> Any:
+            return await call(
+                front,
+                conn,
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=epoch,
+                rebalance_timeout=timedelta(seconds=10),
+                topic_partitions=(),
+                **fields,
+            )
+
+        for _ in range(20):
+            odd = await beat(
+                uuid.uuid4().hex[:22], 0, subscribed_topic_names=(TOPIC,), server_assignor="sticky"
+            )
+            assert odd.error_code is KafkaCode.unsupported_assignor
+        for _ in range(20):
+            member_id = uuid.uuid4().hex[:22]
+            joined = await beat(member_id, 0, subscribed_topic_names=(TOPIC,))
+            assert joined.error_code is KafkaCode.none
+            await beat(member_id, -1)
+        assert len(conn._callbacks) <= 1
+        # The connection's end still reaches a member living on it.
+        member_id = uuid.uuid4().hex[:22]
+        assert (await beat(member_id, 0, subscribed_topic_names=(TOPIC,))).error_code is (
+            KafkaCode.none
+        )
+        runner = front.service.coordinator.runner("g")
+        assert runner is not None and len(runner.group.members) == 1
+        conn.close()
+        await trio.sleep(1)
+        assert not runner.group.members
