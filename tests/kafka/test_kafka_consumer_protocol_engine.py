@@ -522,3 +522,35 @@ async def test_joins_on_one_connection_do_not_pile_up_close_callbacks(
         conn.close()
         await trio.sleep(1)
         assert not runner.group.members
+
+
+async def test_unknown_topic_ids_do_not_rebuild_the_id_map_each_time(
+    autojump_clock: Any, monkeypatch: Any
+) -> None:
+    """Made-up topic ids (Metadata v10+, a heartbeat's owned partitions) are looked up in
+    O(1): the id → name map is rebuilt only when the topics changed, not once per unknown
+    id (a request naming thousands would stall the event loop for O(ids x topics))."""
+    import trio_coord.kafka.metadata as metadata
+
+    async with front_end() as (broker, front):
+        for n in range(20):
+            await broker.topics.create_topic(f"x{n}", 1)
+        ids = front.state(TopicIds)
+        assert ids.name(topic_id(front.service.topics, "x3")) == "x3"
+        calls = 0
+        real = metadata.topic_id
+
+        def counting(topics: Any, name: str) -> Any:
+            nonlocal calls
+            calls += 1
+            return real(topics, name)
+
+        monkeypatch.setattr(metadata, "topic_id", counting)
+        for _ in range(200):
+            assert ids.name(uuid.uuid4()) is None
+        assert calls <= 2 * 21, calls
+        # A topic created since is found (the topics changed: the map is rebuilt).
+        await broker.topics.create_topic("late", 1)
+        assert ids.name(real(front.service.topics, "late")) == "late"
+        await broker.topics.delete_topic("x3")
+        assert ids.name(real(front.service.topics, "x4")) == "x4"
