@@ -554,3 +554,37 @@ async def test_unknown_topic_ids_do_not_rebuild_the_id_map_each_time(
         assert ids.name(real(front.service.topics, "late")) == "late"
         await broker.topics.delete_topic("x3")
         assert ids.name(real(front.service.topics, "x4")) == "x4"
+
+
+async def test_a_member_whose_session_ends_is_forgotten(autojump_clock: Any) -> None:
+    """A KIP-848 member that stops heartbeating (its connection still open) is removed by
+    the engine at its session timeout, and its link goes with it: a client joining with
+    fresh member ids and going silent must not grow the broker's tables without bound."""
+    from trio_coord.kafka.consumer_groups import ConsumerGroups
+
+    async with front_end() as (_broker, front):
+        conn = FakeConnection()
+        silent = []
+        for _ in range(5):
+            member_id = uuid.uuid4().hex[:22]
+            answer = await call(
+                front,
+                conn,
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=0,
+                rebalance_timeout=timedelta(seconds=10),
+                subscribed_topic_names=(TOPIC,),
+                topic_partitions=(),
+            )
+            assert answer.error_code is KafkaCode.none
+            silent.append(member_id)
+        groups = front.state(ConsumerGroups)
+        assert len(groups.links) == 5
+        await trio.sleep(SESSION * 3)
+        runner = front.service.coordinator.runner("g")
+        assert runner is not None and not runner.group.members
+        assert not groups.links and not groups.by_engine and not groups.by_group
+        assert not any(groups._on_conn.values())

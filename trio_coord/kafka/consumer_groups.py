@@ -196,6 +196,15 @@ class ConsumerMemberLink:
         if not self.instance_id:
             self._groups.drop(self)
 
+    def released(self, member_id: str) -> None:
+        """The engine no longer reaches its member ``member_id`` through this link (it was
+        removed: its session ended, it left, it was fenced; or a static member stepped out,
+        disconnected or was replaced). A dynamic member's link is forgotten then, so that
+        members that go silent do not stay in the tables; a static one's is kept for its
+        successor (see :meth:`ConsumerGroups.step_out`)."""
+        if member_id == self.engine_id and member_id and not self.instance_id:
+            self._groups.drop(self)
+
     def _wake(self) -> None:
         if self.stopping is not None:
             self.stopping.done.set()
