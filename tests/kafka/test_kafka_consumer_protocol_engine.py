@@ -588,3 +588,40 @@ async def test_a_member_whose_session_ends_is_forgotten(autojump_clock: Any) -> 
         assert runner is not None and not runner.group.members
         assert not groups.links and not groups.by_engine and not groups.by_group
         assert not any(groups._on_conn.values())
+
+
+async def test_a_static_leave_must_come_from_the_member_holding_the_instance_id(
+    autojump_clock: Any,
+) -> None:
+    """Epoch -2 steps a static member out only if it comes from that member: another
+    member id naming the same group.instance.id is FENCED_INSTANCE_ID, as Kafka answers,
+    and the member keeps its place."""
+    from trio_coord.kafka.consumer_groups import ConsumerGroups
+
+    async with front_end() as (_broker, front):
+        owner = uuid.uuid4().hex[:22]
+
+        async def beat(member_id: str, epoch: int, **fields: Any) -> Any:
+            return await call(
+                front,
+                FakeConnection(),
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=epoch,
+                instance_id="i1",
+                rebalance_timeout=timedelta(seconds=10),
+                topic_partitions=(),
+                **fields,
+            )
+
+        assert (await beat(owner, 0, subscribed_topic_names=(TOPIC,))).error_code is (
+            KafkaCode.none
+        )
+        groups = front.state(ConsumerGroups)
+        intruder = await beat(uuid.uuid4().hex[:22], -2)
+        assert intruder.error_code is KafkaCode.fenced_instance_id
+        assert ("g", owner) in groups.links and not groups.links[("g", owner)].dropped
+        assert (await beat(owner, -2)).error_code is KafkaCode.none
+        assert ("g", owner) not in groups.links

@@ -725,6 +725,13 @@ async def _leave(
     if link is None:
         if body.member_epoch == -2 and body.instance_id:
             link = groups.by_instance.get((body.group_id, body.instance_id))
+            if link is not None and link.member_id != body.member_id:
+                # As Kafka: only the member holding the instance id may step it out.
+                raise KafkaError(
+                    KafkaCode.fenced_instance_id,
+                    f"instance id {body.instance_id!r} belongs to member {link.member_id}, "
+                    f"not {body.member_id}",
+                )
         if link is None:
             ctx.front.service.coordinator.fetch_offsets(body.group_id, [])  # NOT_COORDINATOR
             raise KafkaError(KafkaCode.unknown_member_id, "not a member")
