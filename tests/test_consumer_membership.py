@@ -93,3 +93,24 @@ async def test_every_state_in_order_and_a_runtime_subscribe_is_one_rebalance(tmp
         # Where "t" and "u" are came with the StartFetchers: the consumer's fetchers
         # never asked Metadata about them (only the admin's create did, if at all).
         assert not [topics for topics in asked if topics and ("t" in topics or "u" in topics)]
+
+
+async def test_a_cancelled_subscribe_still_reaches_the_coordinator(tmp_path) -> None:
+    # subscribe() recorded the new topics before its join was sent: cancelled then, the
+    # coordinator never heard of them, and asking again was a no-op (same topics).
+    async with open_broker(tmp_path, min_session_timeout=0.05, initial_rebalance_delay=0.0) as b:
+        async with open_admin(b.bootstrap) as admin:
+            await admin.create_topic("t", 2)
+            await admin.create_topic("u", 2)
+        async with open_consumer(
+            b.bootstrap, "g", ["t"], session_timeout=S, offset_reset="earliest"
+        ) as consumer:
+            with trio.fail_after(10):
+                assert len(await consumer.wait_assigned()) == 2
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await consumer.subscribe(["t", "u"])
+            await consumer.subscribe(["t", "u"])  # (what a caller would do: ask again)
+            with trio.fail_after(10):
+                while len(consumer.assignment) != 4:
+                    await trio.sleep(0.01)

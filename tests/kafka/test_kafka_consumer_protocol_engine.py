@@ -476,3 +476,152 @@ async def test_a_heartbeat_that_changes_the_subscription_rebalances(autojump_clo
                     break
         else:
             raise AssertionError("the new topic's partitions never came")
+
+
+async def test_joins_on_one_connection_do_not_pile_up_close_callbacks(
+    autojump_clock: Any,
+) -> None:
+    """A client that keeps joining on one connection (refused joins, or join-leave cycles
+    with fresh member ids) holds one close callback there, not one per join: the
+    connection's memory must not grow with the requests a hostile client sends."""
+    async with front_end() as (_broker, front):
+        conn = FakeConnection()
+
+        async def beat(member_id: str, epoch: int, **fields: Any) -> Any:
+            return await call(
+                front,
+                conn,
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=epoch,
+                rebalance_timeout=timedelta(seconds=10),
+                topic_partitions=(),
+                **fields,
+            )
+
+        for _ in range(20):
+            odd = await beat(
+                uuid.uuid4().hex[:22], 0, subscribed_topic_names=(TOPIC,), server_assignor="sticky"
+            )
+            assert odd.error_code is KafkaCode.unsupported_assignor
+        for _ in range(20):
+            member_id = uuid.uuid4().hex[:22]
+            joined = await beat(member_id, 0, subscribed_topic_names=(TOPIC,))
+            assert joined.error_code is KafkaCode.none
+            await beat(member_id, -1)
+        assert len(conn._callbacks) <= 1
+        # The connection's end still reaches a member living on it.
+        member_id = uuid.uuid4().hex[:22]
+        assert (await beat(member_id, 0, subscribed_topic_names=(TOPIC,))).error_code is (
+            KafkaCode.none
+        )
+        runner = front.service.coordinator.runner("g")
+        assert runner is not None and len(runner.group.members) == 1
+        conn.close()
+        await trio.sleep(1)
+        assert not runner.group.members
+
+
+async def test_unknown_topic_ids_do_not_rebuild_the_id_map_each_time(
+    autojump_clock: Any, monkeypatch: Any
+) -> None:
+    """Made-up topic ids (Metadata v10+, a heartbeat's owned partitions) are looked up in
+    O(1): the id → name map is rebuilt only when the topics changed, not once per unknown
+    id (a request naming thousands would stall the event loop for O(ids x topics))."""
+    import trio_coord.kafka.metadata as metadata
+
+    async with front_end() as (broker, front):
+        for n in range(20):
+            await broker.topics.create_topic(f"x{n}", 1)
+        ids = front.state(TopicIds)
+        assert ids.name(topic_id(front.service.topics, "x3")) == "x3"
+        calls = 0
+        real = metadata.topic_id
+
+        def counting(topics: Any, name: str) -> Any:
+            nonlocal calls
+            calls += 1
+            return real(topics, name)
+
+        monkeypatch.setattr(metadata, "topic_id", counting)
+        for _ in range(200):
+            assert ids.name(uuid.uuid4()) is None
+        assert calls <= 2 * 21, calls
+        # A topic created since is found (the topics changed: the map is rebuilt).
+        await broker.topics.create_topic("late", 1)
+        assert ids.name(real(front.service.topics, "late")) == "late"
+        await broker.topics.delete_topic("x3")
+        assert ids.name(real(front.service.topics, "x4")) == "x4"
+
+
+async def test_a_member_whose_session_ends_is_forgotten(autojump_clock: Any) -> None:
+    """A KIP-848 member that stops heartbeating (its connection still open) is removed by
+    the engine at its session timeout, and its link goes with it: a client joining with
+    fresh member ids and going silent must not grow the broker's tables without bound."""
+    from trio_coord.kafka.consumer_groups import ConsumerGroups
+
+    async with front_end() as (_broker, front):
+        conn = FakeConnection()
+        silent = []
+        for _ in range(5):
+            member_id = uuid.uuid4().hex[:22]
+            answer = await call(
+                front,
+                conn,
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=0,
+                rebalance_timeout=timedelta(seconds=10),
+                subscribed_topic_names=(TOPIC,),
+                topic_partitions=(),
+            )
+            assert answer.error_code is KafkaCode.none
+            silent.append(member_id)
+        groups = front.state(ConsumerGroups)
+        assert len(groups.links) == 5
+        await trio.sleep(SESSION * 3)
+        runner = front.service.coordinator.runner("g")
+        assert runner is not None and not runner.group.members
+        assert not groups.links and not groups.by_engine and not groups.by_group
+        assert not any(groups._on_conn.values())
+
+
+async def test_a_static_leave_must_come_from_the_member_holding_the_instance_id(
+    autojump_clock: Any,
+) -> None:
+    """Epoch -2 steps a static member out only if it comes from that member: another
+    member id naming the same group.instance.id is FENCED_INSTANCE_ID, as Kafka answers,
+    and the member keeps its place."""
+    from trio_coord.kafka.consumer_groups import ConsumerGroups
+
+    async with front_end() as (_broker, front):
+        owner = uuid.uuid4().hex[:22]
+
+        async def beat(member_id: str, epoch: int, **fields: Any) -> Any:
+            return await call(
+                front,
+                FakeConnection(),
+                68,
+                1,
+                group_id="g",
+                member_id=member_id,
+                member_epoch=epoch,
+                instance_id="i1",
+                rebalance_timeout=timedelta(seconds=10),
+                topic_partitions=(),
+                **fields,
+            )
+
+        assert (await beat(owner, 0, subscribed_topic_names=(TOPIC,))).error_code is (
+            KafkaCode.none
+        )
+        groups = front.state(ConsumerGroups)
+        intruder = await beat(uuid.uuid4().hex[:22], -2)
+        assert intruder.error_code is KafkaCode.fenced_instance_id
+        assert ("g", owner) in groups.links and not groups.links[("g", owner)].dropped
+        assert (await beat(owner, -2)).error_code is KafkaCode.none
+        assert ("g", owner) not in groups.links

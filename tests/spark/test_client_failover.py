@@ -128,6 +128,9 @@ class _Cluster:
 
     move_on: type[RequestBody] | None = None
     refuse_commits: int = 0
+    ghost_leader: int = 0
+    """How many Metadata answers name TP's leader as broker 9, which is not live (a leader
+    between ZooKeeper sessions)."""
     coordinator: int = 1
     leader: int = 1
     committed: dict[TopicPartition, int] = field(default_factory=dict)
@@ -139,7 +142,11 @@ class _Cluster:
         other = 3 - broker
         if isinstance(body, MetadataRequest):
             infos = [self.brokers[b].info for b in sorted(self.brokers)]
-            topics = [TopicInfo(TP.topic, 1, [self.leader])]
+            leader = self.leader
+            if self.ghost_leader:
+                self.ghost_leader -= 1
+                leader = 9
+            topics = [TopicInfo(TP.topic, 1, [leader])]
             return MetadataResponse(infos, topics, self.brokers[self.coordinator].info)
         if isinstance(body, ProduceRequest | ListOffsetsRequest):
             if broker != self.leader:
@@ -207,6 +214,16 @@ def test_batches_produced_together_follow_the_leader_that_moved_while_asked(clus
             client.produce_many([ProduceRequest(TP.topic, TP.partition, b"", 0, 0)] * 2)
     produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
     assert produces == [1, 2]
+
+
+def test_batches_produced_together_wait_for_a_leader_that_is_not_live_yet(cluster):
+    # produce() retries a leader the metadata names but does not list as live (retriable
+    # NOT_LEADER_FOR_PARTITION); produce_many used to raise it at once, failing the task.
+    cluster.ghost_leader = 1
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.produce_many([ProduceRequest(TP.topic, TP.partition, b"", 0, 0)]) == [7]
+    produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
+    assert produces == [1]
 
 
 def test_list_offsets_follows_the_leader_that_moved_while_asked(cluster):

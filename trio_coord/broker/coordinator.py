@@ -201,6 +201,9 @@ class CoordinatorService:
             members.pop(member_id, None)
             if not members:
                 del self._by_conn[conn]
+            released = getattr(conn, "released", None)
+            if released is not None:  # (a front end's link: it may forget the member)
+                released(member_id)
         else:
             members[member_id] = group_id
 

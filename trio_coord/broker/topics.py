@@ -110,6 +110,9 @@ class TopicManager:
         """topic → the broker holding each partition (empty lists on a single broker)."""
         self.ids: dict[str, str] = {}
         """topic → its id (32 hex digits; see :class:`~trio_coord.core.records.TopicRecord`)."""
+        self.version = 0
+        """Counts replayed records: views built from the topics (the Kafka front end's id →
+        name map) are stale only once it moved."""
         self._listeners: list[Callable[[str], None]] = []
         # Check-then-write must not interleave: two AddPartitions could shrink a topic.
         self._changing = trio.Lock()
@@ -139,6 +142,7 @@ class TopicManager:
 
     def replay(self, record: TopicRecord | TopicTombstone) -> None:
         """Apply a durable topic record and tell the listeners (counts never shrink)."""
+        self.version += 1
         old = self.current(record.name)
         if isinstance(record, TopicTombstone):
             if old is not None:

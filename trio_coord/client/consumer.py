@@ -431,7 +431,8 @@ class Consumer(EnterOnce):
         topics added assigned (``on_assigned``). Returns once the coordinator
         has the new subscription, not once it is assigned (``wait_assigned``,
         or ``wait_state``, for that). If the connection to the coordinator is
-        down, the rejoin that follows carries it. ``re:`` entries may be
+        down (or this call is cancelled before the coordinator answered), the
+        rejoin that follows carries it. ``re:`` entries may be
         given, as to :func:`open_consumer`.
         """
         wanted = sorted(set([topics] if isinstance(topics, str) else topics))
@@ -456,6 +457,12 @@ class Consumer(EnterOnce):
             # The session will rejoin (with the new topics) once its connection is gone.
             log.info("consumer %s: resubscribing failed: %s; rejoining", self.member_id, exc)
             await conn.aclose()
+        except BaseException:
+            # Cancelled with the join maybe on its way: whether the coordinator has the new
+            # topics is unknown (and asking again with them would be a no-op), so the
+            # session rejoins with them, as above. (aclose works under cancellation.)
+            await conn.aclose()
+            raise
 
     @property
     def assignment(self) -> dict[TopicPartition, int]:

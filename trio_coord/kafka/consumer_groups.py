@@ -186,9 +186,8 @@ class ConsumerMemberLink:
         """The member now heartbeats on ``conn``: its end is the member's end (as classic)."""
         if conn is None or conn is self.conn:
             return
-        self.conn = conn
-        self.peer = peer
-        conn.on_close(lambda: self._conn_closed(conn))
+        old, self.conn, self.peer = self.conn, conn, peer
+        self._groups.watch(self, old, conn)
 
     def _conn_closed(self, conn: ClientConnection) -> None:
         if conn is not self.conn or self.dropped:
@@ -199,6 +198,15 @@ class ConsumerMemberLink:
         except CoordError:
             pass  # (not the coordinator any more)
         if not self.instance_id:
+            self._groups.drop(self)
+
+    def released(self, member_id: str) -> None:
+        """The engine no longer reaches its member ``member_id`` through this link (it was
+        removed: its session ended, it left, it was fenced; or a static member stepped out,
+        disconnected or was replaced). A dynamic member's link is forgotten then, so that
+        members that go silent do not stay in the tables; a static one's is kept for its
+        successor (see :meth:`ConsumerGroups.step_out`)."""
+        if member_id == self.engine_id and member_id and not self.instance_id:
             self._groups.drop(self)
 
     def _wake(self) -> None:
@@ -292,6 +300,32 @@ class ConsumerGroups:
         self.by_group: dict[str, set[str]] = {}
         """group → the engine ids of its KIP-848 members (for O(1) protocol checks)."""
         self.by_instance: dict[tuple[str, str], ConsumerMemberLink] = {}
+        self._on_conn: dict[ClientConnection, set[ConsumerMemberLink]] = {}
+        """connection → the links bound to it. One close callback per connection, not one
+        per join: a client joining again and again on one connection (refused, or leaving
+        each time) must not make the connection's callback list grow without bound."""
+
+    def watch(
+        self, link: ConsumerMemberLink, old: ClientConnection | None, conn: ClientConnection
+    ) -> None:
+        """``link`` now lives on ``conn`` (no longer on ``old``): tell it when ``conn`` ends."""
+        if old is not None:
+            self._unwatch(link, old)
+        links = self._on_conn.get(conn)
+        if links is not None:
+            links.add(link)
+            return
+        self._on_conn[conn] = {link}
+        conn.on_close(lambda: self._conn_ended(conn))  # (at once if it has ended)
+
+    def _unwatch(self, link: ConsumerMemberLink, conn: ClientConnection | None) -> None:
+        links = self._on_conn.get(conn) if conn is not None else None
+        if links is not None:
+            links.discard(link)  # (the entry stays: its callback is registered)
+
+    def _conn_ended(self, conn: ClientConnection) -> None:
+        for link in list(self._on_conn.pop(conn, ())):
+            link._conn_closed(conn)
 
     def register(self, link: ConsumerMemberLink, engine_id: str) -> None:
         """``link`` is the engine's member ``engine_id``."""
@@ -308,6 +342,7 @@ class ConsumerGroups:
         """Forget ``link`` (the member left, was fenced, or its connection ended)."""
         link.dropped = True
         link._wake()
+        self._unwatch(link, link.conn)
         for table, key in (
             (self.links, (link.group_id, link.member_id)),
             (self.by_engine, (link.group_id, link.engine_id)),
@@ -328,6 +363,7 @@ class ConsumerGroups:
         ``link``'s place in :attr:`by_engine` and :attr:`by_instance` when it joins."""
         link.dropped = True
         link._wake()
+        self._unwatch(link, link.conn)
         if self.links.get((link.group_id, link.member_id)) is link:
             del self.links[(link.group_id, link.member_id)]
 
@@ -698,25 +734,35 @@ async def _join(ctx: RequestContext, body: Any, groups: ConsumerGroups, answer: 
     link.principal = ctx.principal
     link.instance_id = instance_id
     link.rack_id = body.rack_id or ""
-    link.bind(ctx.conn, ctx.peer)
-    request = _request(ctx, body, link, "")
-    if not instance_id:
-        first = await coordinator.join(request, link)  # (the engine's id for the member)
-        request = msgspec.structs.replace(request, member_id=first.member_id)
-    else:
-        former = groups.by_instance.get((group_id, instance_id))
-        if former is not None and not former.closed:
-            raise KafkaError(
-                KafkaCode.unreleased_instance_id,
-                f"instance id {instance_id!r} is in use by member {former.member_id}; give "
-                "every consumer its own group.instance.id",
-            )
-    joined = await coordinator.join(request, link)
-    if instance_id:
-        former = groups.by_instance.get((group_id, instance_id))
-        if former is not None and former is not link:
-            groups.drop(former)
-    groups.register(link, joined.member_id)
+    try:
+        link.bind(ctx.conn, ctx.peer)
+        request = _request(ctx, body, link, "")
+        if not instance_id:
+            first = await coordinator.join(request, link)  # (the engine's id for the member)
+            request = msgspec.structs.replace(request, member_id=first.member_id)
+        else:
+            former = groups.by_instance.get((group_id, instance_id))
+            if former is not None and not former.closed:
+                raise KafkaError(
+                    KafkaCode.unreleased_instance_id,
+                    f"instance id {instance_id!r} is in use by member {former.member_id}; give "
+                    "every consumer its own group.instance.id",
+                )
+        joined = await coordinator.join(request, link)
+        if instance_id:
+            former = groups.by_instance.get((group_id, instance_id))
+            if former is not None and former is not link:
+                groups.drop(former)
+        groups.register(link, joined.member_id)
+    except BaseException:
+        # Refused (or cancelled): forget the link, and any engine member on it, so that
+        # nothing of a failed join stays on the connection (a client may retry forever).
+        groups.drop(link)
+        try:
+            coordinator.connection_lost(link)
+        except CoordError:
+            pass  # (not the coordinator any more)
+        raise
     link.epoch = max(link.epoch, joined.generation + 1)
     return answer(KafkaCode.none, link=link, full=True)
 
@@ -731,6 +777,13 @@ async def _leave(
     if link is None:
         if body.member_epoch == -2 and body.instance_id:
             link = groups.by_instance.get((body.group_id, body.instance_id))
+            if link is not None and link.member_id != body.member_id:
+                # As Kafka: only the member holding the instance id may step it out.
+                raise KafkaError(
+                    KafkaCode.fenced_instance_id,
+                    f"instance id {body.instance_id!r} belongs to member {link.member_id}, "
+                    f"not {body.member_id}",
+                )
         if link is None:
             ctx.front.service.coordinator.fetch_offsets(body.group_id, [])  # NOT_COORDINATOR
             raise KafkaError(KafkaCode.unknown_member_id, "not a member")

@@ -42,12 +42,16 @@ class TopicIds:
     """Topic id → name, for the APIs that name topics by id (Metadata v10+, KIP-848).
 
     Rebuilt from the topics the broker knows when an id is not found (or names a
-    topic that is gone): a lookup is O(1) and the map costs one entry per topic.
+    topic that is gone), and only if the topics changed since the last rebuild
+    (``topics.version``): a lookup is O(1) and the map costs one entry per topic.
+    (Rebuilding for every unknown id let one request naming thousands of made-up ids
+    cost thousands of O(topics) rebuilds on the event loop.)
     """
 
     def __init__(self, front: Any) -> None:
         self._front = front
         self._names: dict[uuid.UUID, str] = {}
+        self._built: object = None  # the topics' version the map was built at
 
     def name(self, topic: uuid.UUID | None) -> str | None:
         """The name of the topic with id ``topic`` (None if no topic has it)."""
@@ -56,7 +60,10 @@ class TopicIds:
         topics = self._front.service.topics
         name = self._names.get(topic)
         if name is None or name not in topics.partitions or topic_id(topics, name) != topic:
-            self._names = {topic_id(topics, n): n for n in topics.partitions}
+            version = getattr(topics, "version", None)
+            if version is None or version != self._built:
+                self._names = {topic_id(topics, n): n for n in topics.partitions}
+                self._built = version
             name = self._names.get(topic)
         return name
 

@@ -479,9 +479,10 @@ class BlockingClient:
         flight together (one write and one wait per leader, not one round trip per batch);
         the offset of each one's first record, in their order.
 
-        A batch whose request fails with a retriable error, or whose answer is
-        lost with its connection, is sent again alone by :meth:`produce` (so
-        with its retries and its deadline) before this returns; any other
+        A batch whose leader cannot be found yet, whose request fails with a
+        retriable error, or whose answer is lost with its connection, is sent
+        again alone by :meth:`produce` (so with its retries and its deadline)
+        before this returns; any other
         error is raised. One batch per partition keeps each partition's
         records in the order they were given, whatever order the broker
         answers in; delivery is at least once, as for :meth:`produce`.
@@ -492,7 +493,14 @@ class BlockingClient:
         offsets: list[int | None] = [None] * len(batches)
         by_leader: dict[Address, list[int]] = {}
         for index, batch in enumerate(batches):
-            address = self._leader(TopicPartition(batch.topic, batch.partition))
+            try:
+                address = self._leader(TopicPartition(batch.topic, batch.partition))
+            except CoordError as exc:
+                if not exc.retriable:
+                    raise
+                # (a leader not live yet, say: produce() below retries it until the deadline)
+                self._topics.clear()
+                continue
             by_leader.setdefault(address, []).append(index)
         for address, indexes in by_leader.items():
             try:

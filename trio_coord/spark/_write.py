@@ -77,11 +77,12 @@ _Record = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
 tuple encodes as the same msgpack array as a ``WireRecord``, without making one)."""
 _encoder = msgspec.msgpack.Encoder()
 IN_FLIGHT: Final = 8
+"""Closed batches a task queues before producing them together (one per partition in
+flight at a time). A round is in flight while the next one queues, so closed batches take
+up to twice this many batch sizes of memory, besides each partition's open batch."""
 ENCODE_BYTES: Final = 256 * 1024 * 1024
 """The most bytes of rows encoded at once; a larger Arrow batch is encoded in halves
 (the encoded records of one piece share a buffer of 32-bit offsets)."""
-"""Closed batches a task queues before producing them together (one per partition in
-flight at a time; at most this many batch sizes of memory)."""
 
 
 @dataclass(frozen=True)
