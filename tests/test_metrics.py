@@ -199,3 +199,38 @@ async def test_a_member_failing_mid_rebalance_counts_as_a_crash_restart(autojump
     # as a crash rebalance once b's lease ended.
     assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="join") == 2
     assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="crash") == 1
+
+
+async def test_without_on_event_the_metrics_get_events_without_partition_lists(
+    autojump_clock, monkeypatch
+) -> None:
+    # Building a rebalance's partition lists is O(partitions) on the group's task: a broker
+    # whose only listeners are its metrics (and collector) does not build them.
+    from broker.harness import FakeMember, connected, ephemeral_broker
+
+    from trio_coord.broker.events import Stable
+    from trio_coord.broker.server import Broker
+
+    seen: list[Stable] = []
+    original = Broker._group_event
+
+    def spy(self: Broker, event: object) -> None:
+        if isinstance(event, Stable):
+            seen.append(event)
+        original(self, event)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Broker, "_group_event", spy)
+    async with ephemeral_broker(metrics_port=0) as broker:
+        await broker.topics.create_topic("t", 4)
+        member = FakeMember(broker, "g", ["t"], name="a")
+        async with connected(member):
+            await member.join()
+            with trio.fail_after(10):
+                while not seen:
+                    await trio.sleep(0.01)
+            assert broker.metrics is not None
+            text = broker.metrics.render().decode()
+    assert seen[0].ownership == {}  # (an on_event would have seen all four partitions)
+    metrics = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    durations = metrics["trio_coord_rebalance_duration_seconds"]
+    assert _value(durations, "trio_coord_rebalance_duration_seconds_count", cause="join") == 1

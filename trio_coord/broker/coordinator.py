@@ -93,6 +93,7 @@ class CoordinatorService:
         log_offsets: LogOffsets = lambda tp: (0, 0),
         assignors: dict[str, Assignor] | None = None,
         on_event: EventCallback | None = None,
+        event_detail: bool = True,
         locate: Locate | None = None,
     ) -> None:
         self._writer = writer
@@ -101,6 +102,7 @@ class CoordinatorService:
         self._config = config
         self._assignors = dict(assignors or ASSIGNORS)
         self._on_event = on_event
+        self._event_detail = event_detail
         self._locate = locate
         self.heartbeats = 0
         """Heartbeats accepted (for metrics; a plain count: this is the hottest path)."""
@@ -138,6 +140,7 @@ class CoordinatorService:
             store_retry_backoff=self._config.rebalance_retry_backoff,
             store_retry_backoff_max=self._config.rebalance_retry_backoff_max,
             on_event=self._on_event,
+            event_detail=self._event_detail,
             locate=self._locate,
             bind_connection=self._bind_connection,
         )

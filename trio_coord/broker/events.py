@@ -7,9 +7,13 @@ metrics (rebalance durations and restarts by cause) and to
 ``BrokerConfig.on_event`` (tests, the demo, benchmarks, an operator's
 hook). Every event carries ``group`` and ``time`` (the broker's
 ``trio.current_time()``, not the wall clock); partitions are spelled
-``"topic-N"``. An event is plain data (``gc=False``: strings, numbers and
-containers of them), so ``msgspec.json.encode(event)`` logs it as one JSON
-object with its ``kind``, and ``msgspec.structs.asdict(event)`` gives a dict.
+``"topic-N"``. The lists of partitions (``Removed``, ``Revoking``,
+``Started``, ``Stable.ownership``) cost O(partitions) to build on the group's
+task, so a broker fills them only for ``BrokerConfig.on_event``: when only
+its own metrics and collector listen, they are empty. An event is plain
+data (``gc=False``: strings, numbers and containers of them), so
+``msgspec.json.encode(event)`` logs it as one JSON object with its ``kind``,
+and ``msgspec.structs.asdict(event)`` gives a dict.
 """
 
 from __future__ import annotations

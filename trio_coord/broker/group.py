@@ -192,6 +192,7 @@ class GroupRunner:
         store_retry_backoff: float = 1.0,
         store_retry_backoff_max: float = 30.0,
         on_event: EventCallback | None = None,
+        event_detail: bool = True,
         locate: Locate | None = None,
         bind_connection: Callable[[MemberLink, str, str | None], None],
     ) -> None:
@@ -206,6 +207,8 @@ class GroupRunner:
         self._retry_backoff_max = max(store_retry_backoff, store_retry_backoff_max)
         self._failures = 0  # rebalances failed in a row (each backoff doubles)
         self._on_event = on_event
+        self._detail = on_event is not None and event_detail
+        """Whether events carry their partition lists (O(partitions) each: see .events)."""
         self._locate = locate
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
@@ -493,7 +496,7 @@ class GroupRunner:
             member_id=member_id,
             reason=reason,
             fenced_until=fence.until if fence else None,
-            partitions=[str(tp) for tp in sorted(member.may_own)],
+            partitions=[str(tp) for tp in sorted(member.may_own)] if self._detail else [],
         )
         if not self.group.members:
             self._emit(ev.Empty)
@@ -797,7 +800,10 @@ class GroupRunner:
             computed = await self._compute_assignment(cooperative=True)
             revoke = group.revocations(computed[1])
             self._emit(
-                ev.Revoking, partitions={m: [str(tp) for tp in r] for m, r in revoke.items()}
+                ev.Revoking,
+                partitions={m: [str(tp) for tp in r] for m, r in revoke.items()}
+                if self._detail
+                else {},
             )
             await self._in_parallel(
                 [group.members[m] for m in sorted(revoke)],
@@ -874,7 +880,9 @@ class GroupRunner:
             ev.Stable,
             generation=group.generation,
             elapsed=elapsed,
-            ownership={str(tp): m for tp, m in sorted(group.ownership().items())},
+            ownership={str(tp): m for tp, m in sorted(group.ownership().items())}
+            if self._detail
+            else {},
             cause=cause,
         )
 
@@ -1114,7 +1122,9 @@ class GroupRunner:
             ev.Started,
             member_id=member.member_id,
             generation=generation,
-            partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions],
+            partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions]
+            if self._detail
+            else [],
         )
 
     # -- views ---------------------------------------------------------------------------

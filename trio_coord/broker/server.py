@@ -473,6 +473,7 @@ class Broker:
             log_offsets=self.partitions.log_offsets,
             assignors=make_registry(config.assignors),
             on_event=self._group_event if self._observes_groups else None,
+            event_detail=self.config.on_event is not None,  # (metrics need no lists)
             locate=self.locate,
         )
         service.on_commit = self._committed
