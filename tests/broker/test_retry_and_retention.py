@@ -73,3 +73,46 @@ async def test_an_empty_groups_offsets_expire_after_offsets_retention(tmp_path) 
     # ... and gone from the store: a restart (retention off) does not bring it back.
     async with open_broker(tmp_path, offsets_retention=None, **settings) as broker:
         assert broker.coordinator.committed_offset("g", tp) is None
+
+
+async def test_a_commit_in_flight_during_the_expiry_sweep_survives_it(
+    autojump_clock, monkeypatch
+) -> None:
+    # A standalone committer (a Spark stream, say) commits to an empty group whose old
+    # offset has just expired; the sweep runs while that commit is being written. The
+    # sweep's tombstone must not land after the commit and delete it.
+    from trio_coord.broker import group as group_module
+    from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset
+
+    wall = [1_000_000_000_000]
+    monkeypatch.setattr(group_module, "_wall_clock_ms", lambda: wall[0])
+    tp = TopicPartition("t", 0)
+    async with ephemeral_broker(offsets_retention=None) as broker:
+        await broker.topics.create_topic("t", 1)
+        await broker.coordinator.commit(
+            OffsetCommitRequest("g", "", -1, [PartitionOffset("t", 0, 5)])
+        )
+        runner = broker.coordinator.runner("g")
+        assert runner is not None
+        await trio.sleep(60)  # empty for a minute; the offset is a minute old
+        wall[0] += 60_000
+        store = runner._writer.store
+        multi = store.multi
+        gate = trio.Event()
+
+        async def slow_multi(ops):  # the next store write waits for the gate
+            await gate.wait()
+            return await multi(ops)
+
+        monkeypatch.setattr(store, "multi", slow_multi)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                broker.coordinator.commit,
+                OffsetCommitRequest("g", "", -1, [PartitionOffset("t", 0, 9)]),
+            )
+            await trio.sleep(1)  # the fresh commit is queued (or in flight), not replayed
+            assert broker.coordinator.committed_offset("g", tp) == 5
+            nursery.start_soon(runner.expire_offsets, 30.0)  # (its write waits too)
+            await trio.sleep(1)
+            gate.set()
+        assert broker.coordinator.committed_offset("g", tp) == 9

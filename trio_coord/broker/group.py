@@ -689,6 +689,16 @@ class GroupRunner:
         """
         expired = self.group.expired_offsets(trio.current_time(), _wall_clock_ms(), retention)
         if expired:
+            # A commit written but not yet replayed is newer than what memory shows: its
+            # partition is not expired. (No await from here to the write: a commit made
+            # later is queued after the tombstones.)
+            fresh = {
+                r.tp
+                for r in self._writer.pending()
+                if isinstance(r, OffsetRecord) and r.group_id == self.group_id
+            }
+            expired = [tp for tp in expired if tp not in fresh]
+        if expired:
             await self._writer.write(
                 [OffsetTombstone(self.group_id, tp.topic, tp.partition) for tp in expired]
             )

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -297,6 +297,16 @@ class RecordWriter:
         await batch.done.wait()
         if batch.error is not None:
             raise batch.error
+
+    def pending(self) -> Iterator[Record]:
+        """The records written but not yet durable and replayed, oldest first.
+
+        A record is either here or already replayed (replay happens before a
+        batch leaves the in-flight list), so together with the in-memory
+        state this is everything written so far.
+        """
+        for batch in [*self._in_flight, *self._queue]:
+            yield from batch.records
 
     def add_existing_paths(self, paths: set[str]) -> None:
         """Tell the writer which store paths exist already (after loading)."""
