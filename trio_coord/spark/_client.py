@@ -291,16 +291,23 @@ class BlockingClient:
             raise
 
     def _call(
-        self, route: Callable[[], Address | None], body: RequestBody, expected: type[_R]
+        self,
+        route: Callable[[], Address | None],
+        body: RequestBody,
+        expected: type[_R],
+        *,
+        deadline: float | None = None,
     ) -> _R:
         """Send ``body`` to the broker ``route()`` names (None: any bootstrap broker),
-        retrying retriable errors.
+        retrying retriable errors until ``deadline`` (``time.monotonic()``; default:
+        ``timeout`` from now).
 
         ``route`` is asked again before every attempt, so that a retry after
         NOT_COORDINATOR, NOT_LEADER_FOR_PARTITION or a lost connection goes to
         the broker fresh metadata names, not back to the one that refused.
         """
-        deadline = time.monotonic() + self.timeout
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         delay = 0.05
         while True:
             try:
@@ -469,10 +476,22 @@ class BlockingClient:
             raise error_for(part.error, part.message)
         return part
 
-    def produce(self, tp: TopicPartition, payload: bytes, count: int, max_timestamp_ms: int) -> int:
-        """Append one encoded batch to ``tp``; the offset of its first record."""
+    def produce(
+        self,
+        tp: TopicPartition,
+        payload: bytes,
+        count: int,
+        max_timestamp_ms: int,
+        *,
+        deadline: float | None = None,
+    ) -> int:
+        """Append one encoded batch to ``tp``; the offset of its first record. Retriable
+        errors are retried until ``deadline`` (``time.monotonic()``; default: ``timeout``
+        from now)."""
         request = ProduceRequest(tp.topic, tp.partition, payload, count, max_timestamp_ms)
-        return self._call(lambda: self._leader(tp), request, ProduceResponse).base_offset
+        return self._call(
+            lambda: self._leader(tp), request, ProduceResponse, deadline=deadline
+        ).base_offset
 
     def produce_many(self, batches: Sequence[ProduceRequest]) -> list[int]:
         """Append several encoded batches, at most one per partition, their requests in
@@ -481,12 +500,13 @@ class BlockingClient:
 
         A batch whose leader cannot be found yet, whose request fails with a
         retriable error, or whose answer is lost with its connection, is sent
-        again alone by :meth:`produce` (so with its retries and its deadline)
-        before this returns; any other
+        again alone by :meth:`produce` (with its retries) before this returns,
+        all within one ``timeout`` from the call; any other
         error is raised. One batch per partition keeps each partition's
         records in the order they were given, whatever order the broker
         answers in; delivery is at least once, as for :meth:`produce`.
         """
+        deadline = time.monotonic() + self.timeout
         seen = {(b.topic, b.partition) for b in batches}
         if len(seen) != len(batches):
             raise ValueError("produce_many takes at most one batch per partition")
@@ -528,6 +548,6 @@ class BlockingClient:
                 batch = batches[index]
                 tp = TopicPartition(batch.topic, batch.partition)
                 offsets[index] = self.produce(
-                    tp, batch.records, batch.count, batch.max_timestamp_ms
+                    tp, batch.records, batch.count, batch.max_timestamp_ms, deadline=deadline
                 )
         return offsets  # type: ignore[return-value]  # every one was filled
