@@ -9,6 +9,7 @@ the Kafka address of the broker holding the group's slot, on both brokers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 
@@ -62,19 +63,31 @@ async def test_metadata_leaders_and_coordinators_span_the_cluster(
             )
             for i in (1, 2)
         ]
-        with trio.fail_after(30):
-            while (
-                not all(
-                    b.store.session_state.value is SessionState.CONNECTED
-                    and b.member is not None
-                    and set(b.member.brokers) == {1, 2}
-                    and len(b.member.holders) == 4
+
+        def settled() -> bool:
+            # Connected, both brokers seen, the 4 slots handed out 2 and 2 (a broker that
+            # held them all hands some over: wait for the end of that), and every slot's
+            # coordinator installed where its holder is.
+            if not all(
+                b.store.session_state.value is SessionState.CONNECTED
+                and b.member is not None
+                and set(b.member.brokers) == {1, 2}
+                for b in brokers
+            ):
+                return False
+            holders = dict(brokers[0].member.holders)
+            return (
+                all(dict(b.member.holders) == holders for b in brokers)
+                and sorted(collections.Counter(holders.values()).values()) == [2, 2]
+                and all(
+                    set(b.coordinator.services)
+                    == {s for s, h in holders.items() if h == b.config.broker_id}
                     for b in brokers
                 )
-                or sum(len(b.coordinator.services) for b in brokers) < 4
-            ):
-                # (the slots are held, and their coordinators installed: on a busy
-                # machine installing lags behind the hand-out)
+            )
+
+        with trio.fail_after(30):
+            while not settled():
                 await trio.sleep(0.05)
         listed, got = await trio.to_thread.run_sync(_round_trip, _kafka(brokers[0]), "spread")
         assert listed == {1: _kafka(brokers[0]), 2: _kafka(brokers[1])}

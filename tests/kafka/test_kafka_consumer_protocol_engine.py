@@ -587,7 +587,7 @@ async def test_a_member_whose_session_ends_is_forgotten(autojump_clock: Any) -> 
         runner = front.service.coordinator.runner("g")
         assert runner is not None and not runner.group.members
         assert not groups.links and not groups.by_engine and not groups.by_group
-        assert not any(groups._on_conn.values())
+        assert groups.conns.bound() == 0
 
 
 async def test_a_static_leave_must_come_from_the_member_holding_the_instance_id(

@@ -315,3 +315,36 @@ async def test_a_join_waiting_on_a_closed_connection_ends_at_once(autojump_clock
             nursery.cancel_scope.cancel()
         runner = broker.coordinator.runner("g")
         assert runner is not None and a.member_id not in runner.group.members
+
+
+async def test_join_leave_cycles_on_one_connection_hold_one_close_callback(
+    autojump_clock: Any,
+) -> None:
+    """A classic client joining and leaving with fresh ids on one connection holds one close
+    callback there, not one per join, and a member that goes silent (its connection still
+    open) is forgotten once its session ends: neither grows without bound."""
+    from trio_coord.kafka.groups import KafkaGroups
+
+    recorder = Recorder()
+    async with front_end(recorder) as (_broker, front):
+        m = Member(front, "cycler")
+        for _ in range(10):
+            m.member_id = ""
+            await m.join_fully()
+            left = await m.call(13, 4, group_id="g", members=(_leaving(m.member_id),))
+            assert left.error_code == KafkaCode.none
+        assert len(m.conn._callbacks) <= 1
+        groups = front.state(KafkaGroups)
+        assert not groups.links and groups.conns.bound() == 0
+        # Silent: joined, then nothing (session 10 s): forgotten once the engine removes it.
+        m.member_id = ""
+        await m.join_fully()
+        assert len(groups.links) == 1
+        await trio.sleep(30)
+        assert not groups.links and groups.conns.bound() == 0
+        assert len(m.conn._callbacks) <= 1
+
+
+def _leaving(member_id: str) -> Any:
+    identity = sys.modules[load_request_schema(13, 4).__module__].MemberIdentity
+    return identity(member_id=member_id, group_instance_id=None)

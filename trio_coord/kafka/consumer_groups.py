@@ -62,6 +62,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..security.acl import ANONYMOUS
+from ._links import ConnectionWatch
 from .codec import KafkaCode, make, ms, nested, response_schema
 from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
@@ -187,7 +188,7 @@ class ConsumerMemberLink:
         if conn is None or conn is self.conn:
             return
         old, self.conn, self.peer = self.conn, conn, peer
-        self._groups.watch(self, old, conn)
+        self._groups.conns.move(self, old, conn)
 
     def _conn_closed(self, conn: ClientConnection) -> None:
         if conn is not self.conn or self.dropped:
@@ -300,32 +301,8 @@ class ConsumerGroups:
         self.by_group: dict[str, set[str]] = {}
         """group → the engine ids of its KIP-848 members (for O(1) protocol checks)."""
         self.by_instance: dict[tuple[str, str], ConsumerMemberLink] = {}
-        self._on_conn: dict[ClientConnection, set[ConsumerMemberLink]] = {}
-        """connection → the links bound to it. One close callback per connection, not one
-        per join: a client joining again and again on one connection (refused, or leaving
-        each time) must not make the connection's callback list grow without bound."""
-
-    def watch(
-        self, link: ConsumerMemberLink, old: ClientConnection | None, conn: ClientConnection
-    ) -> None:
-        """``link`` now lives on ``conn`` (no longer on ``old``): tell it when ``conn`` ends."""
-        if old is not None:
-            self._unwatch(link, old)
-        links = self._on_conn.get(conn)
-        if links is not None:
-            links.add(link)
-            return
-        self._on_conn[conn] = {link}
-        conn.on_close(lambda: self._conn_ended(conn))  # (at once if it has ended)
-
-    def _unwatch(self, link: ConsumerMemberLink, conn: ClientConnection | None) -> None:
-        links = self._on_conn.get(conn) if conn is not None else None
-        if links is not None:
-            links.discard(link)  # (the entry stays: its callback is registered)
-
-    def _conn_ended(self, conn: ClientConnection) -> None:
-        for link in list(self._on_conn.pop(conn, ())):
-            link._conn_closed(conn)
+        self.conns: ConnectionWatch[ConsumerMemberLink] = ConnectionWatch()
+        """Which links live on which connection (one close callback per connection)."""
 
     def register(self, link: ConsumerMemberLink, engine_id: str) -> None:
         """``link`` is the engine's member ``engine_id``."""
@@ -342,7 +319,7 @@ class ConsumerGroups:
         """Forget ``link`` (the member left, was fenced, or its connection ended)."""
         link.dropped = True
         link._wake()
-        self._unwatch(link, link.conn)
+        self.conns.forget(link, link.conn)
         for table, key in (
             (self.links, (link.group_id, link.member_id)),
             (self.by_engine, (link.group_id, link.engine_id)),
@@ -363,7 +340,7 @@ class ConsumerGroups:
         ``link``'s place in :attr:`by_engine` and :attr:`by_instance` when it joins."""
         link.dropped = True
         link._wake()
-        self._unwatch(link, link.conn)
+        self.conns.forget(link, link.conn)
         if self.links.get((link.group_id, link.member_id)) is link:
             del self.links[(link.group_id, link.member_id)]
 

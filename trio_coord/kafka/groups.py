@@ -95,6 +95,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..security.acl import ANONYMOUS
+from ._links import ConnectionWatch
 from .codec import KafkaCode, make, ms, nested, response_schema
 from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
@@ -340,9 +341,8 @@ class KafkaMemberLink:
         """The member now talks on ``conn``: its end is the member's end."""
         if conn is None or conn is self.conn:
             return
-        self.conn = conn
-        self.peer = peer
-        conn.on_close(lambda: self._conn_closed(conn))
+        old, self.conn, self.peer = self.conn, conn, peer
+        self._groups.conns.move(self, old, conn)
 
     def _conn_closed(self, conn: ClientConnection) -> None:
         if conn is not self.conn or self.dropped:
@@ -353,6 +353,14 @@ class KafkaMemberLink:
         except CoordError:
             pass  # (not the coordinator any more: nothing to tell)
         if not self.instance_id:
+            self._groups.drop(self)
+
+    def released(self, member_id: str) -> None:
+        """The engine no longer reaches its member ``member_id`` through this link (removed:
+        its session ended, it left, it was fenced). A dynamic member's link is forgotten
+        then, so that members that go silent on an open connection do not stay in the
+        tables; a static one's is kept for its successor."""
+        if member_id and member_id == self.member_id and not self.instance_id:
             self._groups.drop(self)
 
     def _wake(self) -> None:
@@ -526,6 +534,8 @@ class KafkaGroups:
         self.links: dict[tuple[str, str], KafkaMemberLink] = {}
         self.by_instance: dict[tuple[str, str], KafkaMemberLink] = {}
         self.leaders: dict[str, str] = {}
+        self.conns: ConnectionWatch[KafkaMemberLink] = ConnectionWatch()
+        """Which links live on which connection (one close callback per connection)."""
 
     def register(self, link: KafkaMemberLink, member_id: str) -> None:
         """``link`` is the member ``member_id`` (the engine admitted it)."""
@@ -540,6 +550,7 @@ class KafkaGroups:
         """Forget ``link`` (the member left, or its connection ended)."""
         link.dropped = True
         link._wake()
+        self.conns.forget(link, link.conn)
         if self.links.get((link.group_id, link.member_id)) is link:
             del self.links[(link.group_id, link.member_id)]
         if link.instance_id and self.by_instance.get((link.group_id, link.instance_id)) is link:
