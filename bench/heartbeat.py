@@ -843,7 +843,7 @@ async def _open_step(
     for _, load in loads:
         with load.within(ready_timeout, f"get its members of {size} started"):
             await load.expect("ready")
-    watch = _StableWatch(bootstrap, size)
+    watch = _StableWatch(bootstrap, size, {})  # (the open loop runs no secured broker)
     generation = None
     with trio.move_on_after(ready_timeout):
         generation = await watch.wait()
