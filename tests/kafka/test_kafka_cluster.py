@@ -66,9 +66,9 @@ async def test_metadata_leaders_and_coordinators_span_the_cluster(
             while (
                 not all(
                     b.store.session_state.value is SessionState.CONNECTED
-                    and b.member is not None
-                    and set(b.member.brokers) == {1, 2}
-                    and len(b.member.holders) == 4
+                    and b.cluster is not None
+                    and set(b.cluster.brokers) == {1, 2}
+                    and len(b.cluster.holders) == 4
                     for b in brokers
                 )
                 or sum(len(b.coordinator.services) for b in brokers) < 4
