@@ -1,7 +1,8 @@
 """The ``groups`` commands: list, describe, create, delete, reset-offsets, delete-offsets.
 
 This module turns the command line's partition choice (``--topic T[:P,...]``,
-``--all-topics``, ``--from-file``) into partitions and a target.
+``--all-topics``, ``--from-file``) into partitions and a target; planning the new
+offsets is the admin client's job (:meth:`~trio_coord.Admin.plan_offset_reset`).
 """
 
 from __future__ import annotations
@@ -173,47 +174,29 @@ async def cmd_groups_reset_offsets(args: argparse.Namespace) -> None:
             "--shift-by N (or give the offsets with --from-file)"
         )
     from_file = _offsets_file(args.from_file) if args.from_file else None
+    when = None if args.to_datetime is None else _parse_datetime(args.to_datetime)
 
     async def ask(admin: Admin) -> list[dict[str, Any]]:
-        if from_file is not None:
-            tps = sorted(from_file)
-            known = set(await admin.topic_partitions({tp.topic for tp in tps}))
-            missing = [str(tp) for tp in tps if tp not in known]
-            if missing:
-                raise UsageError(f"--from-file names partitions that do not exist: {missing}")
-        else:
-            tps = await _chosen_partitions(admin, args)
-        committed = await admin.committed_offsets(args.group, tps)
-        bounds = await admin.list_offsets(tps)
-        if from_file is not None:
-            targets = from_file
-        elif args.to_datetime is not None:
-            targets = {
-                tp: o.offset
-                for tp, o in (
-                    await admin.list_offsets(tps, _parse_datetime(args.to_datetime))
-                ).items()
-            }
-        elif args.to_earliest:
-            targets = {tp: bounds[tp].log_start for tp in tps}
-        elif args.to_latest:
-            targets = {tp: bounds[tp].log_end for tp in tps}
-        elif args.to_offset is not None:
-            targets = {tp: args.to_offset for tp in tps}
-        else:
-            targets = {tp: committed.get(tp, bounds[tp].log_end) + args.shift_by for tp in tps}
-        # Like kafka-consumer-groups: a target outside the log is clamped into it.
-        new = {tp: min(max(targets[tp], bounds[tp].log_start), bounds[tp].log_end) for tp in tps}
-        if args.execute:
-            await admin.reset_offsets(args.group, new)
+        tps = [] if from_file is not None else await _chosen_partitions(admin, args)
+        try:
+            planned = await admin.plan_offset_reset(
+                args.group,
+                tps,
+                offsets=from_file,
+                to_earliest=args.to_earliest,
+                to_latest=args.to_latest,
+                to_offset=args.to_offset,
+                to_timestamp_ms=when,
+                shift_by=args.shift_by,
+                execute=args.execute,
+            )
+        except ValueError as exc:  # (the target was checked above: partitions that do not exist)
+            if from_file is None:
+                raise
+            raise UsageError(f"--from-file {args.from_file}: {exc}") from None
         return [
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "current": committed.get(tp),
-                "new": new[tp],
-            }
-            for tp in tps
+            {"topic": p.topic, "partition": p.partition, "current": p.current, "new": p.new}
+            for p in planned
         ]
 
     plan = await _ask_admin(args, ask)
