@@ -86,3 +86,18 @@ async def test_metadata_listing_no_live_broker_is_retriable_not_a_stop_iteration
         assert e.value.retriable
         bootstrap.answers = [MetadataResponse([B1], [TopicInfo("t", 1, [])])]
         assert await view.leader(TopicPartition("t", 0)) == B1
+
+
+def test_the_retry_policy_doubles_to_its_maximum_with_jitter_and_starts_again_after_success():
+    """One policy for the Trio and the Spark clients: 0.05 s, doubling, capped, ±20%."""
+    from trio_coord._retry import RetryPolicy
+
+    policy = RetryPolicy(initial=0.05, maximum=0.3)
+    currents, delays = [], []
+    for _ in range(5):
+        currents.append(policy.current)
+        delays.append(policy.next_delay())
+    assert currents == [0.05, 0.1, 0.2, 0.3, 0.3]
+    assert all(0.8 * c <= d <= 1.2 * c for c, d in zip(currents, delays, strict=True))
+    policy.reset()
+    assert policy.current == 0.05

@@ -292,6 +292,30 @@ async def test_reset_offsets_rewinds_a_live_group(broker):
         assert [(row.log_end, row.owner != "") for row in lag] == [(30, True)]
 
 
+async def test_plan_offset_reset_is_a_dry_run_until_executed_and_clamps_into_the_log(broker):
+    """What ``groups reset-offsets`` shows and does, from the library: the plan, then the reset."""
+    await make_topic(broker.bootstrap, "t", 2)
+    await produce(broker.bootstrap, "t", 20)
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    async with open_admin(broker.bootstrap) as admin:
+        ends = {tp: o.log_end for tp, o in (await admin.list_offsets([t0, t1])).items()}
+        await admin.reset_offsets("g", {t0: 1})
+        plan = await admin.plan_offset_reset("g", [t1, t0], shift_by=-5)
+        # Sorted; from the committed offset, or from the log end where none is; clamped at 0.
+        assert [(p.tp, p.current, p.new) for p in plan] == [
+            (t0, 1, 0),
+            (t1, None, max(0, ends[t1] - 5)),
+        ]
+        assert await admin.committed_offsets("g") == {t0: 1}  # a dry run changed nothing
+        executed = await admin.plan_offset_reset("g", offsets={t0: 10**9}, execute=True)
+        assert [(p.tp, p.new) for p in executed] == [(t0, ends[t0])]
+        assert await admin.committed_offsets("g") == {t0: ends[t0]}
+        with pytest.raises(ValueError, match="exactly one target"):
+            await admin.plan_offset_reset("g", [t0], to_earliest=True, to_latest=True)
+        with pytest.raises(ValueError, match="do not exist"):
+            await admin.plan_offset_reset("g", offsets={TopicPartition("t", 7): 0})
+
+
 async def test_delete_offsets_refuses_partitions_a_member_consumes(broker):
     await make_topic(broker.bootstrap, "t", 1)
     tp = TopicPartition("t", 0)

@@ -89,7 +89,7 @@ async def settled(brokers: list[Broker]) -> None:
     slots = brokers[0].coordinator.slots
     with trio.fail_after(30):
         while True:
-            views = [b.member for b in brokers if b.member is not None]
+            views = [b.cluster for b in brokers if b.cluster is not None]
             held = [len(b.coordinator.services) for b in brokers]
             if (
                 all(b.store.session_state.value is SessionState.CONNECTED for b in brokers)
@@ -116,13 +116,13 @@ async def test_a_broker_not_in_its_own_view_sends_clients_elsewhere(
     # again: an empty broker list would leave a client nothing to ask.
     url = zookeeper_server.url(zk_chroot)
     async with open_cluster(url, tmp_path, 1) as (broker,):
-        assert broker.member is not None
-        away = broker.member.brokers.pop(broker.config.broker_id)
+        assert broker.cluster is not None
+        away = broker.cluster.brokers.pop(broker.config.broker_id)
         try:
             with pytest.raises(CoordinatorNotAvailableError, match="not registered"):
                 broker.metadata(MetadataRequest([], group="g1"))
         finally:
-            broker.member.brokers[broker.config.broker_id] = away
+            broker.cluster.brokers[broker.config.broker_id] = away
         assert broker.metadata(MetadataRequest([])).brokers == [away]
 
 
@@ -154,7 +154,7 @@ async def test_brokers_register_and_spread_the_slots(zookeeper_server, zk_chroot
         assert response.coordinator.broker_id == owner.config.broker_id
         # Each broker holds 2 of the 6 slots, and all agree who holds which.
         assert sorted(len(b.coordinator.services) for b in brokers) == [2, 2, 2]
-        views = [b.member.holders for b in brokers if b.member is not None]
+        views = [b.cluster.holders for b in brokers if b.cluster is not None]
         assert views[0] == views[1] == views[2]
 
 
@@ -239,8 +239,8 @@ async def test_a_deposed_holders_writes_are_fenced_and_it_steps_down(
                     break
                 await trio.sleep(0.02)
         (new_owner,) = now
-        assert new_owner.member is not None
-        assert new_owner.member.held[slot].epoch > bumped.version
+        assert new_owner.cluster is not None
+        assert new_owner.cluster.held[slot].epoch > bumped.version
         new_service = new_owner.coordinator.services[slot]
         assert new_service.describe_group("g1").group_id == "g1"
         await new_service._writer.write([OffsetRecord("g1", "t", 0, 7)])
@@ -282,7 +282,7 @@ async def test_cluster_status_shows_brokers_slot_holders_and_groups(
         assert status["slots"] == SLOTS
         assert [b["broker_id"] for b in status["brokers"]] == [1, 2]
         holders = {int(s): b for s, b in status["holders"].items()}
-        assert holders == brokers[0].member.holders  # type: ignore[union-attr]
+        assert holders == brokers[0].cluster.holders  # type: ignore[union-attr]
         expected: dict[str, list[str]] = {}
         for group in ("a", "b", "c"):
             owner = coordinator_broker(brokers, group).config.broker_id
@@ -441,7 +441,7 @@ async def test_a_broker_started_with_the_id_of_a_live_broker_is_refused(
             f"broker id 1 is taken: the broker at {live.bootstrap} is registered with it and "
             "answers; give every broker of a cluster its own --broker-id"
         )
-        assert live.member is not None and set(live.member.brokers) == {1, 2}
+        assert live.cluster is not None and set(live.cluster.brokers) == {1, 2}
         await settled(brokers)  # (nothing was disturbed)
 
 
@@ -472,7 +472,7 @@ async def test_a_claim_whose_answer_was_lost_is_recognized_by_its_session(
 ):
     url = zookeeper_server.url(zk_chroot)
     async with open_cluster(url, tmp_path, 2) as brokers:
-        first, second = (b.member for b in brokers)
+        first, second = (b.cluster for b in brokers)
         assert first is not None and second is not None
         slot = next(iter(first.held))
         # What _claim asks after a lost connection: does this session hold the slot?
@@ -505,15 +505,15 @@ async def test_a_slot_held_in_zookeeper_but_served_by_no_task_is_given_up_and_el
 ):
     url = zookeeper_server.url(zk_chroot)
     async with open_cluster(url, tmp_path, 2) as brokers:
-        member = brokers[0].member
-        assert member is not None
-        slot, holder = next(iter(member.held.items()))
+        cluster = brokers[0].cluster
+        assert cluster is not None
+        slot, holder = next(iter(cluster.held.items()))
         # What a load that failed leaves behind: the node is ours, nothing serves the slot.
-        member._drop(holder)
+        cluster._drop(holder)
         assert slot not in brokers[0].coordinator.services
         with trio.fail_after(10):
             while not any(
-                b.member is not None and b.member.held.get(slot, holder).epoch > holder.epoch
+                b.cluster is not None and b.cluster.held.get(slot, holder).epoch > holder.epoch
                 for b in brokers
             ):
                 await trio.sleep(0.02)
@@ -545,8 +545,8 @@ async def test_a_handover_that_leaves_the_same_node_names_is_seen_by_every_broke
     url = zookeeper_server.url(zk_chroot)
     async with open_cluster(url, tmp_path, 2) as brokers:
         second = brokers[1]
-        assert second.member is not None
-        slot = next(iter(second.member.held))
+        assert second.cluster is not None
+        slot = next(iter(second.cluster.held))
         async with open_zookeeper_store(url) as other:
             # Given up and won by "broker 1" in one transaction, as a claim does it.
             await other.multi(
@@ -560,5 +560,5 @@ async def test_a_handover_that_leaves_the_same_node_names_is_seen_by_every_broke
             with trio.fail_after(10):
                 while slot in second.coordinator.services:
                     await trio.sleep(0.02)
-            assert all(b.member is not None and b.member.holders[slot] == 1 for b in brokers)
+            assert all(b.cluster is not None and b.cluster.holders[slot] == 1 for b in brokers)
         await settled(brokers)  # (the slot is elected again once that session closed)

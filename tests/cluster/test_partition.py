@@ -78,7 +78,7 @@ async def test_a_coordinator_cut_off_from_zookeeper_stops_renewing_leases(
                     await trio.sleep(0.02)
             before = stable_generation()
             assert before is not None
-            sessions = cut_off.member.sessions  # type: ignore[union-attr]
+            sessions = cut_off.cluster.sessions  # type: ignore[union-attr]
 
             proxy.block()
             with trio.fail_after(20):
@@ -104,6 +104,6 @@ async def test_a_coordinator_cut_off_from_zookeeper_stops_renewing_leases(
 
             proxy.unblock()
             with trio.fail_after(30):
-                while cut_off.member.sessions == sessions:  # type: ignore[union-attr]
+                while cut_off.cluster.sessions == sessions:  # type: ignore[union-attr]
                     await trio.sleep(0.05)
             await settled(brokers)

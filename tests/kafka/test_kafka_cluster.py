@@ -70,14 +70,14 @@ async def test_metadata_leaders_and_coordinators_span_the_cluster(
             # coordinator installed where its holder is.
             if not all(
                 b.store.session_state.value is SessionState.CONNECTED
-                and b.member is not None
-                and set(b.member.brokers) == {1, 2}
+                and b.cluster is not None
+                and set(b.cluster.brokers) == {1, 2}
                 for b in brokers
             ):
                 return False
-            holders = dict(brokers[0].member.holders)
+            holders = dict(brokers[0].cluster.holders)
             return (
-                all(dict(b.member.holders) == holders for b in brokers)
+                all(dict(b.cluster.holders) == holders for b in brokers)
                 and sorted(collections.Counter(holders.values()).values()) == [2, 2]
                 and all(
                     set(b.coordinator.services)

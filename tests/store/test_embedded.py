@@ -30,7 +30,8 @@ from trio_coord.store import (
     StoreError,
     open_embedded_store,
 )
-from trio_coord.store.embedded import LOG_FILE, SNAPSHOT_FILE, _scan_frames
+from trio_coord.store._wal import _scan_frames
+from trio_coord.store.embedded import LOG_FILE, SNAPSHOT_FILE
 
 Node = tuple[bytes, int, tuple[str, ...]]
 Action = tuple[Any, ...]

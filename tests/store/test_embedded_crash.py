@@ -23,7 +23,8 @@ import trio
 
 import trio_coord.store.embedded as embedded
 from trio_coord.store import Create, SetData, StoreError, open_embedded_store
-from trio_coord.store.embedded import LOG_FILE, SNAPSHOT_FILE, _record_decoder, _scan_frames
+from trio_coord.store._wal import _record_decoder, _scan_frames
+from trio_coord.store.embedded import LOG_FILE, SNAPSHOT_FILE
 
 
 def log_lsns(data_dir: Path) -> list[int]:

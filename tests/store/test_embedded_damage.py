@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from trio_coord.store import Create, SetData, StoreError, open_embedded_store
-from trio_coord.store.embedded import _FRAME, LOG_FILE, SNAPSHOT_FILE, _scan_frames
+from trio_coord.store._wal import _FRAME, _scan_frames
+from trio_coord.store.embedded import LOG_FILE, SNAPSHOT_FILE
 
 
 async def _write(data_dir: Path, names: list[str]) -> None:

@@ -389,10 +389,11 @@ class Broker:
             guard=[SetData(TOPICS, b"")] if cluster_url else (),
         )
         self.writer.on_flush = self._store_written
-        self.member: ClusterMember | None = None
-        """This broker's membership of its cluster (None: a single broker)."""
+        self.cluster: ClusterMember | None = None
+        """This broker's ClusterMember: its registration, elections and view of the cluster
+        (None: a single broker). Named ``cluster`` so that "member" means a group member."""
         if cluster_url is not None:
-            self.member = ClusterMember(
+            self.cluster = ClusterMember(
                 self,
                 cluster_url,
                 slots=config.coordinator_slots,
@@ -403,7 +404,7 @@ class Broker:
         self.topics: TopicManager = TopicManager(
             self.writer,
             max_partitions=config.max_partitions,
-            placement=None if self.member is None else placement(self.member),
+            placement=None if self.cluster is None else placement(self.cluster),
         )
         self.topics.add_listener(self._topic_changed)
         self.partitions: PartitionService = PartitionService(
@@ -411,15 +412,15 @@ class Broker:
             self.topics,
             max_batch_bytes=config.batch_limit,
             max_fetch_bytes=config.max_fetch_bytes,
-            broker_id=config.broker_id if self.member is not None else 0,
+            broker_id=config.broker_id if self.cluster is not None else 0,
         )
         self.coordinator: Coordinators = Coordinators(
-            1 if self.member is None else config.coordinator_slots,
-            elected=self.member is not None,
+            1 if self.cluster is None else config.coordinator_slots,
+            elected=self.cluster is not None,
         )
         """The coordinator services of the slots this broker holds, behind one router."""
         self.coordinator.max_groups_per_principal = config.max_groups_per_principal
-        if self.member is None:
+        if self.cluster is None:
             self.coordinator.services[0] = self.new_coordinator_service(self.writer)
         self.address: tuple[str, int] = (config.host, config.port)
         self.shutting_down = False
@@ -485,9 +486,9 @@ class Broker:
         What a StartFetchers carries. A partition whose broker is not live
         (between ZooKeeper sessions) gets -1: the member asks Metadata for it.
         """
-        if self.member is None:
+        if self.cluster is None:
             return [self.info], [self.broker_id] * len(tps)
-        live = self.member.brokers
+        live = self.cluster.brokers
         leaders = []
         for tp in tps:
             leader = self.topics.leader(tp.topic, tp.partition)
@@ -537,7 +538,7 @@ class Broker:
             topics = self.topics.describe(request.topics)
             if request.configs:
                 topics = [self._with_configs(info) for info in topics]
-        if self.member is None:
+        if self.cluster is None:
             info = self.info
             return MetadataResponse([info], topics, info if request.group else None, following)
         if self.coordinator.suspended:
@@ -546,16 +547,16 @@ class Broker:
                 f"broker {self.config.broker_id} lost its connection to ZooKeeper and cannot "
                 "say who coordinates what; ask another broker"
             )
-        if self.config.broker_id not in self.member.brokers:
+        if self.config.broker_id not in self.cluster.brokers:
             # Starting, or between ZooKeeper sessions: its view is not (yet) the cluster's.
             raise CoordinatorNotAvailableError(
                 f"broker {self.config.broker_id} is not registered in its cluster yet "
                 "(starting, or between ZooKeeper sessions); ask another broker"
             )
-        brokers = [self.member.brokers[b] for b in sorted(self.member.brokers)]
+        brokers = [self.cluster.brokers[b] for b in sorted(self.cluster.brokers)]
         coordinator = None
         if request.group:
-            coordinator = self.member.coordinator_of(self.coordinator.slot_of(request.group))
+            coordinator = self.cluster.coordinator_of(self.coordinator.slot_of(request.group))
         return MetadataResponse(brokers, topics, coordinator, following)
 
     def _with_configs(self, info: TopicInfo) -> TopicInfo:
@@ -565,7 +566,7 @@ class Broker:
     @property
     def clustered(self) -> bool:
         """True for a broker of a cluster on ZooKeeper."""
-        return self.member is not None
+        return self.cluster is not None
 
     @property
     def max_frame_size(self) -> int:
@@ -607,32 +608,32 @@ class Broker:
 
     def kafka_nodes(self) -> list[KafkaNode]:
         """Every live broker with a Kafka listener, as Kafka Metadata lists them."""
-        if self.member is None:
+        if self.cluster is None:
             if self.kafka_address is None:
                 return []
             return [KafkaNode(self.broker_id, self.config.host, self.kafka_address[1])]
         return [
             KafkaNode(b.broker_id, b.host, b.kafka_port)
-            for _, b in sorted(self.member.brokers.items())
+            for _, b in sorted(self.cluster.brokers.items())
             if b.kafka_port
         ]
 
     def kafka_coordinator(self, group: str) -> KafkaNode | None:
         """The Kafka address of the broker coordinating ``group`` (None: none right now)."""
-        if self.member is None:
+        if self.cluster is None:
             nodes = self.kafka_nodes()
             return nodes[0] if nodes else None
         if self.coordinator.suspended:
             return None
-        info = self.member.coordinator_of(self.coordinator.slot_of(group))
+        info = self.cluster.coordinator_of(self.coordinator.slot_of(group))
         if info is None or not info.kafka_port:
             return None
         return KafkaNode(info.broker_id, info.host, info.kafka_port)
 
     async def read_topics(self, names: list[str]) -> None:
         """In a cluster, read topics another broker just made (a no-op on a single broker)."""
-        if self.member is not None and names:
-            await self.member.read_topics(names)
+        if self.cluster is not None and names:
+            await self.cluster.read_topics(names)
 
     def _current(self, record: Record) -> Record | None:
         if isinstance(record, TopicRecord | TopicTombstone):
@@ -650,7 +651,7 @@ class Broker:
             self.logs.remove_topic(topic)
 
     async def _load(self) -> None:
-        if self.member is not None:
+        if self.cluster is not None:
             return  # topics arrive through the cluster's watch, groups with their slots
         records, paths = await load_records(self.store)
         self.writer.add_existing_paths(paths)
@@ -816,8 +817,8 @@ class Broker:
                         self.config.broker_id,
                         *self.kafka_address,
                     )
-                if self.member is not None:
-                    await nursery.start(self.member.run, self.store)
+                if self.cluster is not None:
+                    await nursery.start(self.cluster.run, self.store)
                 self._services.shield = True
                 task_status.started()
 
@@ -873,7 +874,7 @@ class Broker:
         with trio.move_on_after(self.config.shutdown_grace) as grace:
             grace.shield = True
             await self.writer.drain()
-            for holder in list(self.member.held.values()) if self.member else []:
+            for holder in list(self.cluster.held.values()) if self.cluster else []:
                 if holder.writer is not None:
                     await holder.writer.drain()
         if grace.cancelled_caught:

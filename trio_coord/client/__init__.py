@@ -8,7 +8,7 @@ answers, up to a deadline, after which the error names every address they
 could not reach and why.
 """
 
-from .admin import Admin, PartitionLag, open_admin
+from .admin import Admin, PartitionLag, PlannedOffset, open_admin
 from .consumer import Consumer, ConsumerState, PartitionsCallback, open_consumer
 from .producer import Delivery, Producer, RecordMetadata, open_producer, partition_for_key
 
@@ -19,6 +19,7 @@ __all__ = [
     "Delivery",
     "PartitionLag",
     "PartitionsCallback",
+    "PlannedOffset",
     "Producer",
     "RecordMetadata",
     "open_admin",

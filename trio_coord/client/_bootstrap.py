@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 
 import trio
 
+from .._retry import RetryPolicy
 from ..protocol.connection import Connection, os_reason, serving
 from ..protocol.errors import ConnectionClosedError, CoordError, RequestTimedOutError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
@@ -65,23 +65,12 @@ def lower_reason(exc: OSError) -> str:
     return text[:1].lower() + text[1:]
 
 
-class Backoff:
-    """Jittered exponential backoff: ``initial``, doubling up to ``maximum``."""
-
-    def __init__(self, initial: float = 0.05, maximum: float = 2.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def reset(self) -> None:
-        """Start again from the initial delay (after a success)."""
-        self._next = self.initial
+class Backoff(RetryPolicy):
+    """The clients' :class:`~trio_coord._retry.RetryPolicy`, slept with Trio."""
 
     async def sleep(self) -> None:
         """Sleep for the current delay (with ±20% jitter), then double it."""
-        delay = self._next * random.uniform(0.8, 1.2)
-        self._next = min(self._next * 2, self.maximum)
-        await trio.sleep(delay)
+        await trio.sleep(self.next_delay())
 
 
 class Bootstrap:

@@ -68,7 +68,7 @@ from ..security.store import check_user_name, encode_credentials
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
-__all__ = ["Admin", "PartitionLag", "open_admin"]
+__all__ = ["Admin", "PartitionLag", "PlannedOffset", "open_admin"]
 
 _R = TypeVar("_R")
 
@@ -89,6 +89,25 @@ class PartitionLag:
     log_end: int
     lag: int
     owner: str
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The partition."""
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedOffset:
+    """One partition of an offset reset (:meth:`Admin.plan_offset_reset`).
+
+    ``current`` is the group's committed offset (None where it has none); ``new``
+    is where the reset puts it, already inside the log.
+    """
+
+    topic: str
+    partition: int
+    current: int | None
+    new: int
 
     @property
     def tp(self) -> TopicPartition:
@@ -323,6 +342,76 @@ class Admin:
             [PartitionOffset(tp[0], tp[1], off) for tp, off in sorted(offsets.items())],
         )
         await self._ask_coordinator(group_id, request, object)
+
+    async def plan_offset_reset(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition | tuple[str, int]] = (),
+        *,
+        offsets: Mapping[TopicPartition, int] | None = None,
+        to_earliest: bool = False,
+        to_latest: bool = False,
+        to_offset: int | None = None,
+        to_timestamp_ms: int | None = None,
+        shift_by: int | None = None,
+        execute: bool = False,
+    ) -> list[PlannedOffset]:
+        """Plan new committed offsets for a group's ``partitions``, and with ``execute`` apply them.
+
+        Give exactly one target: ``offsets`` (the offsets themselves, per partition,
+        instead of ``partitions``; each must exist), ``to_earliest`` (the log start),
+        ``to_latest`` (the log end), ``to_offset``, ``to_timestamp_ms`` (the first record
+        at or after that time, in ms since the epoch) or ``shift_by`` (from the committed
+        offset, or from the log end where nothing is committed). As in
+        kafka-consumer-groups, a target outside the log is clamped into it. Returns one
+        :class:`PlannedOffset` per partition, sorted; without ``execute`` nothing changes
+        (a dry run). Raises ValueError for no target, two targets, or partitions that do
+        not exist.
+        """
+        targets_given = [
+            offsets is not None,
+            to_earliest,
+            to_latest,
+            to_offset is not None,
+            to_timestamp_ms is not None,
+            shift_by is not None,
+        ]
+        if sum(targets_given) != 1:
+            raise ValueError(
+                "give exactly one target: offsets, to_earliest, to_latest, to_offset, "
+                "to_timestamp_ms or shift_by"
+            )
+        if offsets is not None:
+            if partitions:
+                raise ValueError("offsets names its partitions: give no partitions with it")
+            tps = sorted(offsets)
+            known = set(await self.topic_partitions({tp.topic for tp in tps}))
+            missing = [str(tp) for tp in tps if tp not in known]
+            if missing:
+                raise ValueError(f"the offsets name partitions that do not exist: {missing}")
+        else:
+            tps = sorted({TopicPartition(*tp) for tp in partitions})
+        committed = await self.committed_offsets(group_id, tps)
+        bounds = await self.list_offsets(tps)
+        if offsets is not None:
+            targets = dict(offsets)
+        elif to_timestamp_ms is not None:
+            targets = {
+                tp: o.offset for tp, o in (await self.list_offsets(tps, to_timestamp_ms)).items()
+            }
+        elif to_earliest:
+            targets = {tp: bounds[tp].log_start for tp in tps}
+        elif to_latest:
+            targets = {tp: bounds[tp].log_end for tp in tps}
+        elif to_offset is not None:
+            targets = {tp: to_offset for tp in tps}
+        else:
+            assert shift_by is not None
+            targets = {tp: committed.get(tp, bounds[tp].log_end) + shift_by for tp in tps}
+        new = {tp: min(max(targets[tp], bounds[tp].log_start), bounds[tp].log_end) for tp in tps}
+        if execute:
+            await self.reset_offsets(group_id, new)
+        return [PlannedOffset(tp.topic, tp.partition, committed.get(tp), new[tp]) for tp in tps]
 
     async def delete_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition | tuple[str, int]]

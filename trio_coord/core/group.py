@@ -22,13 +22,17 @@ heartbeat, which is no later). A partition under a fence is started on its
 new owner only after the fence ends (``StartPlan.not_before``); the new
 owner's other partitions do not wait for it (a plan starts each member in
 stages, one per fence end).
+
+The planning of a rebalance (assignor input, a leader's assignment checked, the
+StartFetchers plan) is :class:`._planning.AssignmentPlanning`, which ``Group``
+inherits; :class:`Member` and :class:`Fence` live in ``_member.py``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from ..protocol.errors import (
     GroupMaxSizeReachedError,
@@ -39,25 +43,20 @@ from ..protocol.errors import (
 )
 from ..protocol.messages import (
     MAX_DESCRIBED_OWNED,
-    NO_OFFSET,
     GroupDescription,
     GroupSummary,
     MemberDescription,
     PartitionOffset,
     TopicPartition,
 )
+from ._member import Fence, Member
+from ._planning import AssignmentInput, AssignmentPlan, AssignmentPlanning, StartPlan
 from .assignors import (
-    Assignment,
     Assignor,
-    GroupSpec,
-    MemberSpec,
-    collector_paused,
-    validate_assignment,
 )
 from .records import (
     GroupRecord,
     GroupTombstone,
-    MemberRecord,
     OffsetRecord,
     OffsetTombstone,
     Record,
@@ -72,7 +71,7 @@ from .states import (
     IllegalTransitionError,
     Trigger,
 )
-from .validation import MAX_NAME_LENGTH, PATTERN_PREFIX, validate_subscription
+from .validation import MAX_NAME_LENGTH, validate_subscription
 
 __all__ = [
     "MAX_ASSIGNORS",
@@ -122,108 +121,7 @@ class GroupLimits:
     """The most metadata (UTF-8 bytes) one committed offset may carry (Kafka's default)."""
 
 
-@dataclass(slots=True)
-class Member:
-    """A live member of the group, as its coordinator sees it."""
-
-    member_id: str
-    client_id: str
-    host: str
-    topics: frozenset[str]
-    session_timeout: float
-    rebalance_timeout: float
-    assignors: tuple[str, ...]
-    auto_commit: bool
-    offset_reset: str
-    last_heartbeat: float
-    generation: int
-    """The last generation this member joined in or acknowledged."""
-    assignment: frozenset[TopicPartition] = frozenset()
-    """Its partitions in the group's current generation."""
-    may_own: set[TopicPartition] = field(default_factory=set)
-    """Partitions it may be fetching: started and not yet acknowledged as stopped."""
-    protocol: str = "eager"
-    """The rebalance protocol it asked for (:data:`REBALANCE_PROTOCOLS`)."""
-    instance_id: str = ""
-    """A static member's stable identity across restarts (empty: dynamic)."""
-    user_data: bytes = b""
-    """Opaque bytes it gave for a leader-side assignor."""
-    client_assignors: tuple[str, ...] = ()
-    """The assignors it can compute itself, as the group's leader."""
-
-    @property
-    def lease_end(self) -> float:
-        """When this member certainly stops fetching if it hears nothing more."""
-        return self.last_heartbeat + self.session_timeout
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """Partitions a departed member may still fetch, until ``until``.
-
-    ``session_timeout`` is that member's: how long to fence again after a
-    restart, when ``until`` (a reading of a clock that is gone) means nothing.
-    """
-
-    partitions: frozenset[TopicPartition]
-    until: float
-    session_timeout: float = field(default=0.0, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class StartPlan:
-    """One member's StartFetchers: its partitions with start offsets, not before a time.
-
-    ``incremental``: the member keeps fetching the partitions it has, and
-    starts the others from their offsets (a cooperative start, or a later
-    stage of a staged one). ``partitions`` is everything the member owns once
-    this StartFetchers is done, not only what it adds.
-    """
-
-    member_id: str
-    partitions: list[PartitionOffset]
-    not_before: float
-    incremental: bool = False
-    unchanged: bool = False
-    """Cooperative: the member keeps exactly what it fetches and hears only of the new
-    generation (``partitions`` is empty: no offsets to look up or send)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentInput:
-    """What the next assignment is computed from, and by whom.
-
-    ``leader`` is None when the broker has the assignor; otherwise the
-    member (one that can compute ``assignor`` itself) to ask.
-    """
-
-    assignor: str
-    spec: GroupSpec
-    leader: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentPlan:
-    """The outcome of the assign phase: the record to persist, then the starts to send.
-
-    ``starts`` holds, per member (in member-id order), its StartFetchers in
-    the order to send them, by ``not_before``: the first starts what is free
-    at once; each later one (incremental) adds the partitions a fence kept
-    until then. A member whose partitions are all free has exactly one.
-    """
-
-    record: GroupRecord
-    starts: list[StartPlan]
-
-    def stages(self) -> dict[str, list[StartPlan]]:
-        """``starts`` grouped by member: each member's StartFetchers, in order."""
-        staged: dict[str, list[StartPlan]] = {}
-        for start in self.starts:
-            staged.setdefault(start.member_id, []).append(start)
-        return staged
-
-
-class Group:
+class Group(AssignmentPlanning):
     """One consumer group's state; see the module docstring."""
 
     def __init__(self, group_id: str, *, now: float) -> None:
@@ -624,359 +522,6 @@ class Group:
                 record.tp,
                 PartitionOffset(record.topic, record.partition, record.offset, record.metadata),
             )
-
-    def assignment_input(
-        self,
-        *,
-        partitions: Mapping[str, int],
-        available: Mapping[str, Assignor],
-        cooperative: bool | None = None,
-    ) -> AssignmentInput:
-        """The assignor to use, its input, and who computes it (the broker, or a leader).
-
-        The assignor is the first of the members' common preferences that the
-        broker has (``available``) or that some member can compute itself; in
-        the latter case the leader is the first such member in member-id
-        order. Each member's ``owned`` is what it owned in the current
-        generation; in a cooperative rebalance, what it may still be fetching
-        (a cooperative plan is made before anything stops). ``cooperative``
-        None means :attr:`cooperative`; the broker passes False for a
-        rebalance it runs eagerly in a cooperative group (an offset reset).
-        """
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
-        # choose_assignor over every member's list, from the running counts:
-        computable = set(available).union(n for n, count in self._computable.items() if count)
-        name = next(
-            (
-                n
-                for n in (members[0].assignors if members else ())
-                if self._assignor_votes[n] == len(members) and n in computable
-            ),
-            None,
-        )
-        if name is None:  # validate_join keeps this from happening
-            raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
-        if cooperative is None:
-            cooperative = self.cooperative
-        spec = GroupSpec(
-            members={
-                m.member_id: MemberSpec(
-                    m.member_id,
-                    m.topics,
-                    frozenset(m.may_own if cooperative else m.assignment),
-                    m.user_data,
-                )
-                for m in members
-            },
-            partitions={t: n for t, n in partitions.items() if n > 0},
-        )
-        leader = None
-        if name not in available:
-            leader = next(m.member_id for m in members if name in m.client_assignors)
-        return AssignmentInput(name, spec, leader)
-
-    def compute_assignment(
-        self, input: AssignmentInput, available: Mapping[str, Assignor]
-    ) -> Assignment:
-        """Run a broker-side assignor on ``input`` and check what it returned."""
-        with collector_paused():  # (see the assignors module's docstring)
-            return self.check_assignment(input, available[input.assignor].assign(input.spec))
-
-    def check_assignment(
-        self, input: AssignmentInput, assignment: object, *, complete: bool = True
-    ) -> Assignment:
-        """Return ``assignment`` (from an assignor or a leader), sorted, or raise ValueError.
-
-        ``complete=False`` accepts partitions given to nobody (a Kafka leader's
-        cooperative assignor holds back what it revokes for one round);
-        exclusivity and subscriptions are checked all the same.
-        """
-        try:
-            validate_assignment(input.spec, assignment, complete=complete)  # type: ignore[arg-type]
-        except ValueError as exc:
-            by = f" (computed by leader {input.leader})" if input.leader else ""
-            raise ValueError(
-                f"assignor {input.assignor!r}{by} returned a bad assignment: {exc}"
-            ) from None
-        assert isinstance(assignment, Mapping)
-        return {m: sorted(assignment.get(m, [])) for m in sorted(input.spec.members)}
-
-    def revocations(self, assignment: Assignment) -> dict[str, list[TopicPartition]]:
-        """Cooperative: per member, what it may be fetching that it must give up."""
-        revoke = {}
-        for member in self.members.values():
-            gone = member.may_own.difference(assignment.get(member.member_id, []))
-            if gone:
-                revoke[member.member_id] = sorted(gone)
-        return revoke
-
-    def plan_assignment(
-        self,
-        now: float,
-        *,
-        partitions: Mapping[str, int],
-        available: Mapping[str, Assignor],
-        log_offsets: Callable[[TopicPartition], tuple[int, int]],
-        computed: tuple[AssignmentInput, Assignment] | None = None,
-        cooperative: bool | None = None,
-        created_since: Collection[str] = (),
-    ) -> AssignmentPlan:
-        """Enter ASSIGNING and plan the next generation: its record and its starts.
-
-        ``partitions`` maps each existing topic to its partition count;
-        ``log_offsets`` gives a partition's (log start, log end) for members
-        whose group has no committed offset there. ``computed`` is an
-        assignment made already (a cooperative plan, or a leader's);
-        otherwise a broker-side assignor computes it now. In a cooperative
-        rebalance (``cooperative``, default :attr:`cooperative`) the starts
-        are incremental, and only the partitions a member does not have yet
-        wait for fences. A partition under a fence waits for that fence
-        only: each member is started in stages (:class:`AssignmentPlan`).
-        ``created_since`` names topics that a ``re:`` entry the group had
-        already subscribed to (in its last generation) matches only now: they
-        were created since, and all their partitions count as new
-        (:meth:`_start_offset`). Nothing changes until the returned record is
-        replayed (after it is durable).
-        """
-        self.fire(Trigger.STOPPED)
-        self.expire_fences(now)
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
-        if computed is None:
-            input = self.assignment_input(
-                partitions=partitions, available=available, cooperative=cooperative
-            )
-            if input.leader is not None:
-                raise InconsistentAssignorError(
-                    f"assignor {input.assignor!r} runs on the group's leader, not the broker"
-                )
-            assignment = self.compute_assignment(input, available)
-        else:
-            input, assignment = computed
-        record = self._next_record(
-            self.generation + 1, input.assignor, members, assignment, partitions, created_since
-        )
-        starts = []
-        if cooperative is None:
-            cooperative = self.cooperative
-        fenced = self._fence_ends(now)
-        for m in members:
-            mine = assignment.get(m.member_id, [])
-            if cooperative and m.may_own == m.assignment and m.assignment.issuperset(mine):
-                if len(mine) == len(m.assignment):  # (the same partitions, and still fetched)
-                    starts.append(StartPlan(m.member_id, [], now, True, unchanged=True))
-                    continue
-            owned = sorted(mine)
-            offsets = [
-                self._start_offset(tp, m.offset_reset, log_offsets, record.topics) for tp in owned
-            ]
-            # When each partition is free for this member: at once if it fetches it
-            # already (cooperative), else when the last fence over it ends.
-            free_at = [
-                now if cooperative and tp in m.may_own else fenced.get(tp, now) for tp in owned
-            ]
-            times = sorted(set(free_at)) or [now]
-            for stage, at in enumerate(times):
-                starts.append(
-                    StartPlan(
-                        m.member_id,
-                        [o for o, t in zip(offsets, free_at, strict=True) if t <= at],
-                        at,
-                        cooperative or stage > 0,
-                    )
-                )
-        return AssignmentPlan(record, starts)
-
-    def unchanged_by(
-        self,
-        now: float,
-        assignment: Assignment,
-        *,
-        assignor: str,
-        partitions: Mapping[str, int],
-        created_since: Collection[str] = (),
-    ) -> bool:
-        """True if a rebalance to ``assignment`` would change nothing, so none is needed.
-
-        The check of the coordinator-driven design before an eager rebalance
-        (stop fetchers only if the new ownership differs from the current
-        one): the group is STABLE, every member was started in the current
-        generation and fetches what it was told, and the next generation's
-        record would be the current one but for its number (same members,
-        subscriptions, timeouts, assignor, partitions per member, fences and
-        topics). Then the coordinator bumps no generation and stops no one.
-        """
-        if not self.may_be_unchanged():
-            return False
-        self.expire_fences(now)
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
-        record = self._next_record(
-            self.generation, assignor, members, assignment, partitions, created_since
-        )
-        return record == self.record
-
-    def may_be_unchanged(self) -> bool:
-        """The cheap half of :meth:`unchanged_by` (O(members), no assignor run): False if a
-        rebalance certainly changes something (not STABLE, a member not started in the
-        current generation, members or subscriptions other than the current record's)."""
-        record = self.record
-        if self.state is not GroupState.STABLE or record is None:
-            return False
-        if len(record.members) != len(self.members):
-            return False
-        for persisted in record.members:
-            m = self.members.get(persisted.member_id)
-            if (
-                m is None
-                or m.generation != self.generation
-                or m.may_own != m.assignment
-                or len(persisted.topics) != len(m.topics)
-                or not m.topics.issuperset(persisted.topics)
-            ):
-                return False
-        return True
-
-    def _next_record(
-        self,
-        generation: int,
-        assignor: str,
-        members: list[Member],
-        assignment: Assignment,
-        partitions: Mapping[str, int],
-        created_since: Collection[str],
-    ) -> GroupRecord:
-        """The group record of a generation with ``members`` owning ``assignment``."""
-        return GroupRecord(
-            self.group_id,
-            generation,
-            assignor,
-            [
-                MemberRecord(
-                    m.member_id,
-                    m.client_id,
-                    m.host,
-                    sorted(m.topics),
-                    round(m.session_timeout * 1000),
-                    round(m.rebalance_timeout * 1000),
-                    sorted(assignment.get(m.member_id, [])),
-                )
-                for m in members
-            ],
-            [
-                MemberRecord(
-                    member_id,
-                    "",
-                    "",
-                    [],
-                    round(fence.session_timeout * 1000),
-                    0,
-                    sorted(fence.partitions),
-                )
-                for member_id, fence in sorted(self.fences.items())
-            ],
-            self._topics_seen(members, partitions, created_since),
-        )
-
-    def _fence_ends(self, now: float) -> dict[TopicPartition, float]:
-        """Per fenced partition, when the last fence over it ends (only those after ``now``)."""
-        ends: dict[TopicPartition, float] = {}
-        for fence in self.fences.values():
-            if fence.until > now:
-                for tp in fence.partitions:
-                    if fence.until > ends.get(tp, now):
-                        ends[tp] = fence.until
-        return ends
-
-    def _topics_seen(
-        self,
-        members: Iterable[Member],
-        partitions: Mapping[str, int],
-        created_since: Collection[str],
-    ) -> dict[str, int]:
-        """Per topic the group subscribes to, how many partitions it had when it subscribed.
-
-        A topic keeps the count it was first seen with (0 if it did not
-        exist yet, or if a pattern already subscribed matched it only once it
-        was created: ``created_since``); so a partition above it stays "new"
-        until the group commits an offset for it, whatever happens in
-        between (a crash of its first owner, a restart). ``re:`` entries are
-        kept too (with 0), to tell later which patterns came first. A topic
-        the group no longer subscribes to keeps its entry (a resubscription
-        is not a first subscription); a subscribed topic that is gone is
-        reset to 0, so that a topic created again under its name counts as
-        created after the subscription.
-        """
-        seen = dict(self.record.topics) if self.record is not None else {}
-        subscribed = {t for m in members for t in m.topics}
-        for entry in subscribed:
-            count = partitions.get(entry)
-            if entry.startswith(PATTERN_PREFIX):
-                seen.setdefault(entry, 0)
-            elif count is None:
-                seen[entry] = 0  # not there (yet, or any more): all its partitions are new
-            elif entry in created_since:
-                seen.setdefault(entry, 0)
-            else:
-                seen.setdefault(entry, count)
-        return seen
-
-    def _start_offset(
-        self,
-        tp: TopicPartition,
-        reset: str,
-        log_offsets: Callable[[TopicPartition], tuple[int, int]],
-        seen: Mapping[str, int] | None = None,
-    ) -> PartitionOffset:
-        """Where a member starts ``tp``: its committed offset, else the reset policy's.
-
-        A partition with no committed offset that was created after the group
-        subscribed to its topic starts at its log start, whatever the policy:
-        its records were written for this group, and ``latest`` would skip
-        those written before the partition's first assignment (seed 000's
-        rule; the Spark source does the same). It is "new" while the group
-        has no committed offset for it; ``seen`` is the generation's
-        ``GroupRecord.topics`` (default: the last durable one's).
-        """
-        committed = self.offsets.get(tp)
-        if committed is not None:
-            return PartitionOffset(tp.topic, tp.partition, committed.offset, committed.metadata)
-        if seen is None:
-            seen = self.record.topics if self.record is not None else {}
-        first = seen.get(tp.topic)
-        if first is not None and tp.partition >= first:
-            reset = "earliest"  # a partition created since the group subscribed
-        if reset == "none":
-            return PartitionOffset(tp.topic, tp.partition, NO_OFFSET)
-        start, end = log_offsets(tp)
-        return PartitionOffset(tp.topic, tp.partition, start if reset == "earliest" else end)
-
-    def _fenced_until(self, partitions: Iterable[TopicPartition], now: float) -> float:
-        wanted = set(partitions)
-        until = now
-        for fence in self.fences.values():
-            if fence.until > until and not wanted.isdisjoint(fence.partitions):
-                until = fence.until
-        return until
-
-    def resume_plan(
-        self, now: float, member_id: str, log_offsets: Callable[[TopicPartition], tuple[int, int]]
-    ) -> StartPlan:
-        """A static member came back: its own partitions again, in the current generation.
-
-        Incremental, from the committed offsets: if it is the same process
-        that merely reconnected, it keeps fetching what it still has. Not
-        before the fences over them end (a former process's lease, after
-        :meth:`replace_process`).
-        """
-        member = self.members[member_id]
-        return StartPlan(
-            member_id,
-            [
-                self._start_offset(tp, member.offset_reset, log_offsets)
-                for tp in sorted(member.assignment)
-            ],
-            self._fenced_until(member.assignment - member.may_own, now),
-            True,
-        )
 
     def begin_starting(self) -> None:
         """Enter STARTING: the new generation is durable and replayed."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import random
 import socket
 import ssl
 import time
@@ -38,6 +37,7 @@ from typing import TypeVar
 
 import msgspec
 
+from .._retry import RetryPolicy
 from ..client._bootstrap import parse_bootstrap
 from ..protocol.errors import (
     ConnectionClosedError,
@@ -308,7 +308,7 @@ class BlockingClient:
         """
         if deadline is None:
             deadline = time.monotonic() + self.timeout
-        delay = 0.05
+        backoff = RetryPolicy(initial=0.05, maximum=1.0)
         while True:
             try:
                 address = route()
@@ -317,13 +317,12 @@ class BlockingClient:
                 else:
                     answer = self._call_once(address, body)
             except CoordError as exc:
-                if not exc.retriable or time.monotonic() + delay > deadline:
+                if not exc.retriable or time.monotonic() + backoff.current > deadline:
                     raise
                 log.debug("retrying %s after %s", type(body).__name__, exc)
                 if isinstance(exc, NotLeaderForPartitionError | ConnectionClosedError):
                     self._topics.clear()  # the leaders may have moved: ask again
-                time.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 1.0)
+                time.sleep(backoff.next_delay())
                 continue
             if not isinstance(answer, expected):
                 raise CorruptMessageError(

@@ -5,21 +5,19 @@ Its one job is to give a broker that runs without ZooKeeper a crash-safe
 every write to an in-memory tree, makes it durable through a checksummed,
 group-committed append-only log with periodic snapshots, recovers from that
 log after a crash, and keeps ephemeral nodes (which belong to this process's
-session) off disk. Open it with :func:`open_embedded_store`.
+session) off disk. Open it with :func:`open_embedded_store`. The log's format is
+``_wal.py`` and the tree with its transactions ``_tree.py``; this module keeps the
+durable files (log, snapshot, lock), recovery, the flusher and the store's API.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
-import struct
-import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -31,16 +29,40 @@ from .._files import fdatasync as _fdatasync
 from .._files import fsync_dir as _fsync_dir  # (tests replace it to simulate crashes)
 from .._files import lock_directory, mkdir_durably
 from .._files import write_file as _write_durably
+from ._tree import (
+    _SEQ_DIGITS,
+    _apply,
+    _apply_atomically,
+    _copy_node,
+    _CreateSequential,
+    _InternalOp,
+    _name,
+    _Node,
+    _Stage,
+)
+from ._wal import (
+    _FORMAT,
+    _encoder,
+    _frame,
+    _LogCreate,
+    _LogMeta,
+    _LogOp,
+    _LogSet,
+    _next_intact_record,
+    _Record,
+    _record_decoder,
+    _scan_frames,
+    _SnapNode,
+    _Snapshot,
+    _snapshot_decoder,
+)
 from ._watch import Registry, WatchIterator, notify, notify_all, registered
 from .base import (
-    BadVersionError,
     Check,
     Create,
     Delete,
     MetadataStore,
-    NodeExistsError,
     NoNodeError,
-    NotEmptyError,
     Op,
     SetData,
     Stat,
@@ -69,383 +91,13 @@ LOCK_FILE: Final = "LOCK"
 LOG_FILE: Final = "log"
 SNAPSHOT_FILE: Final = "snapshot"
 _SNAPSHOT_TMP: Final = "snapshot.tmp"
-_FORMAT: Final = 1
-_FRAME: Final = struct.Struct("<II")  # payload length, CRC32 of payload
-_SEQ_DIGITS: Final = 10
 
 # Store life cycle.
 _NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
 
 
-# --------------------------------------------------------------------------
-# On-disk records. Each transaction is one ``_Record`` holding fully resolved
-# operations with absolute values, so replay needs no decisions. The same
-# operation types are applied to the in-memory tree for live writes, so the
-# replay path is exercised by every write.
-
-
-class _LogCreate(msgspec.Struct, array_like=True, frozen=True, tag="c"):
-    """Create ``path``; set the parent's cversion/seq/neph to the given values."""
-
-    path: str
-    data: bytes
-    owner: int  # session id for an ephemeral node (never on disk), else 0
-    pcv: int
-    pseq: int
-    pneph: int
-
-
-class _LogSet(msgspec.Struct, array_like=True, frozen=True, tag="s"):
-    """Replace the data of ``path`` and set its version."""
-
-    path: str
-    data: bytes
-    version: int
-
-
-class _LogDelete(msgspec.Struct, array_like=True, frozen=True, tag="d"):
-    """Delete the leaf ``path``; set the parent's cversion/seq/neph."""
-
-    path: str
-    pcv: int
-    pseq: int
-    pneph: int
-
-
-class _LogMeta(msgspec.Struct, array_like=True, frozen=True, tag="m"):
-    """Set a node's child bookkeeping (written instead of ephemeral creates/deletes)."""
-
-    path: str
-    cversion: int
-    seq: int
-    neph: int
-
-
-_LogOp = _LogCreate | _LogSet | _LogDelete | _LogMeta
-
-
-class _Record(msgspec.Struct, array_like=True, frozen=True):
-    """One transaction in the log."""
-
-    lsn: int
-    ops: list[_LogOp]
-
-
-class _SnapNode(msgspec.Struct, array_like=True, frozen=True):
-    """One persistent node in a snapshot (parents always precede children)."""
-
-    path: str
-    data: bytes
-    version: int
-    cversion: int
-    seq: int
-    neph: int
-
-
-class _Snapshot(msgspec.Struct, frozen=True):
-    """The persistent tree as of log sequence number ``lsn``."""
-
-    format: int
-    lsn: int
-    nodes: list[_SnapNode]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_record_decoder = msgspec.msgpack.Decoder(_Record)
-_snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
-
-
-def _frame(payload: bytes) -> bytes:
-    """Length-prefix and checksum one payload."""
-    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def _next_intact_record(buf: bytes, pos: int, after_lsn: int) -> int | None:
-    """Where the first intact, decodable record with an lsn above ``after_lsn`` starts.
-
-    Searched byte by byte from ``pos`` (only after a frame failed its
-    checks): None means nothing intact follows, a torn tail; a position
-    means damage in the middle of the log, which must not be cut.
-    """
-    header = _FRAME.size
-    while pos + header <= len(buf):
-        length, crc = _FRAME.unpack_from(buf, pos)
-        end = pos + header + length
-        if 0 < length and end <= len(buf) and zlib.crc32(buf[pos + header : end]) == crc:
-            try:
-                if _record_decoder.decode(buf[pos + header : end]).lsn > after_lsn:
-                    return pos
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                pass
-        pos += 1
-    return None
-
-
-def _scan_frames(buf: bytes) -> tuple[list[bytes], int]:
-    """Split ``buf`` into framed payloads.
-
-    Returns the payloads of the leading run of intact frames and the offset
-    where that run ends; after it is a torn tail, or damage (see ``_next_intact_record``).
-    """
-    payloads: list[bytes] = []
-    pos = 0
-    header = _FRAME.size
-    while pos + header <= len(buf):
-        length, crc = _FRAME.unpack_from(buf, pos)
-        end = pos + header + length
-        if length == 0 or end > len(buf):  # zero-filled or cut short
-            break
-        payload = buf[pos + header : end]
-        if zlib.crc32(payload) != crc:
-            break
-        payloads.append(payload)
-        pos = end
-    return payloads, pos
-
-
-# --------------------------------------------------------------------------
-# The in-memory tree.
-
-
-@dataclass(slots=True, eq=False)
-class _Fields:
-    """A node's own fields: everything but its children."""
-
-    data: bytes
-    owner: int = 0  # ephemeral owner session, 0 if persistent
-    version: int = 0
-    cversion: int = 0
-    seq: int = 0  # next sequential-child suffix
-    neph: int = 0  # how many children are ephemeral
-
-
-@dataclass(slots=True, eq=False)
-class _Node(_Fields):
-    """A node of the in-memory tree; children are names, looked up in the flat path map."""
-
-    children: set[str] = field(default_factory=set)
-
-    def stat(self) -> Stat:
-        """The public stat of this node."""
-        return Stat(self.version, self.cversion, self.owner, len(self.children))
-
-
-def _name(path: str) -> str:
-    return path.rpartition("/")[2]
-
-
-def _apply(nodes: dict[str, _Node], op: _LogOp) -> None:
-    """Apply one resolved operation to a tree (live writes and replay alike)."""
-    if isinstance(op, _LogSet):
-        node = nodes[op.path]
-        node.data = op.data
-        node.version = op.version
-    elif isinstance(op, _LogCreate):
-        if op.path in nodes:
-            raise ValueError(f"node {op.path!r} already exists")
-        parent = nodes[parent_path(op.path)]
-        nodes[op.path] = _Node(op.data, op.owner)
-        parent.children.add(_name(op.path))
-        parent.cversion, parent.seq, parent.neph = op.pcv, op.pseq, op.pneph
-    elif isinstance(op, _LogDelete):
-        if nodes[op.path].children:
-            raise ValueError(f"node {op.path!r} has children")
-        del nodes[op.path]
-        parent = nodes[parent_path(op.path)]
-        parent.children.remove(_name(op.path))
-        parent.cversion, parent.seq, parent.neph = op.pcv, op.pseq, op.pneph
-    else:
-        node = nodes[op.path]
-        node.cversion, node.seq, node.neph = op.cversion, op.seq, op.neph
-
-
 class _SnapshotNotWritten(Exception):
     """A snapshot could not be written, and nothing on disk changed (see ``__cause__``)."""
-
-
-def _copy_node(node: _Node) -> _Node:
-    return dataclasses.replace(node, children=set(node.children))
-
-
-def _apply_atomically(nodes: dict[str, _Node], ops: Sequence[_LogOp]) -> bool:
-    """Apply a record's operations, all or none; False (tree unchanged) if one fails."""
-    saved: dict[str, _Node | None] = {}
-    try:
-        for op in ops:
-            for path in (op.path, parent_path(op.path) if op.path != "/" else "/"):
-                if path not in saved:
-                    node = nodes.get(path)
-                    saved[path] = None if node is None else _copy_node(node)
-            _apply(nodes, op)
-    except (KeyError, ValueError):
-        for path, node in saved.items():
-            if node is None:
-                nodes.pop(path, None)
-            else:
-                nodes[path] = node
-        return False
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class _CreateSequential:
-    """Internal op: a :class:`Create` whose name gets the parent's sequence suffix."""
-
-    path: str
-    data: bytes
-    ephemeral: bool
-
-
-_InternalOp = Op | _CreateSequential
-
-
-@dataclass(slots=True, eq=False)
-class _Staged(_Fields):
-    """A mutable copy of one node's fields, private to a transaction being validated.
-
-    It counts the children instead of copying their names: validating a
-    transaction costs nothing per child.
-    """
-
-    nchildren: int = 0
-
-    def stat(self) -> Stat:
-        return Stat(self.version, self.cversion, self.owner, self.nchildren)
-
-
-def _check_version(path: str, actual: int, expected: int) -> None:
-    if expected != -1 and actual != expected:
-        raise BadVersionError(
-            f"version mismatch at {path!r}: expected version {expected}, node is at {actual}"
-        )
-
-
-class _Stage:
-    """A copy-on-write view of the tree that a transaction is validated against.
-
-    Each op sees the effects of the earlier ops of the same transaction. The
-    live tree is not touched; validation produces the resolved operations to
-    apply in memory (``mem_ops``) and to log (``disk_ops``, which leave out
-    ephemeral nodes and keep only their parents' bookkeeping).
-    """
-
-    def __init__(self, nodes: dict[str, _Node], session_id: int) -> None:
-        self._nodes = nodes
-        self._session_id = session_id
-        self._over: dict[str, _Staged | None] = {}
-        self.mem_ops: list[_LogOp] = []
-        self.disk_ops: list[_LogOp] = []
-
-    def _get(self, path: str) -> _Staged | None:
-        try:
-            return self._over[path]
-        except KeyError:
-            pass
-        node = self._nodes.get(path)
-        staged = None
-        if node is not None:
-            staged = _Staged(
-                node.data,
-                node.owner,
-                node.version,
-                node.cversion,
-                node.seq,
-                node.neph,
-                nchildren=len(node.children),
-            )
-        self._over[path] = staged
-        return staged
-
-    def run(self, op: _InternalOp) -> str | Stat | None:
-        """Validate and stage one op; return its multi result or raise."""
-        if isinstance(op, Create):
-            return self._create(op.path, op.data, op.ephemeral, sequential=False)
-        if isinstance(op, _CreateSequential):
-            return self._create(op.path, op.data, op.ephemeral, sequential=True)
-        if isinstance(op, SetData):
-            return self._set(op.path, op.data, op.version)
-        if isinstance(op, Delete):
-            self._delete(op.path, op.version)
-            return None
-        self._check(op.path, op.version)
-        return None
-
-    def _create(self, path: str, data: bytes, ephemeral: bool, *, sequential: bool) -> str:
-        if path == "/" and not sequential:
-            raise NodeExistsError("cannot create '/': node already exists")
-        parent = parent_path(path)
-        p = self._get(parent)
-        if p is None:
-            raise NoNodeError(f"cannot create {path!r}: parent node {parent!r} does not exist")
-        if p.owner:
-            raise StoreError(
-                f"cannot create {path!r}: parent {parent!r} is an ephemeral node, "
-                "and ephemeral nodes cannot have children"
-            )
-        if sequential:
-            path = f"{path}{p.seq:0{_SEQ_DIGITS}d}"
-            p.seq += 1
-        if self._get(path) is not None:
-            raise NodeExistsError(f"cannot create {path!r}: node already exists")
-        owner = self._session_id if ephemeral else 0
-        p.cversion += 1
-        p.nchildren += 1
-        if owner:
-            p.neph += 1
-        self._over[path] = _Staged(data, owner)
-        op = _LogCreate(path, data, owner, p.cversion, p.seq, p.neph)
-        self.mem_ops.append(op)
-        if owner:
-            self.disk_ops.append(_LogMeta(parent, p.cversion, p.seq, p.neph))
-        else:
-            self.disk_ops.append(op)
-        return path
-
-    def _set(self, path: str, data: bytes, version: int) -> Stat:
-        s = self._get(path)
-        if s is None:
-            raise NoNodeError(f"cannot set {path!r}: no node at that path")
-        _check_version(path, s.version, version)
-        s.data = data
-        s.version += 1
-        op = _LogSet(path, data, s.version)
-        self.mem_ops.append(op)
-        if not s.owner:
-            self.disk_ops.append(op)
-        return s.stat()
-
-    def _delete(self, path: str, version: int) -> None:
-        if path == "/":
-            raise StoreError("cannot delete the root node '/'")
-        s = self._get(path)
-        if s is None:
-            raise NoNodeError(f"cannot delete {path!r}: no node at that path")
-        _check_version(path, s.version, version)
-        if s.nchildren:
-            raise NotEmptyError(
-                f"cannot delete {path!r}: it has {s.nchildren} children "
-                "(delete them first or pass recursive=True)"
-            )
-        parent = parent_path(path)
-        p = self._get(parent)
-        assert p is not None  # a node's parent always exists
-        p.cversion += 1
-        p.nchildren -= 1
-        if s.owner:
-            p.neph -= 1
-        self._over[path] = None
-        op = _LogDelete(path, p.cversion, p.seq, p.neph)
-        self.mem_ops.append(op)
-        if s.owner:
-            self.disk_ops.append(_LogMeta(parent, p.cversion, p.seq, p.neph))
-        else:
-            self.disk_ops.append(op)
-
-    def _check(self, path: str, version: int) -> None:
-        s = self._get(path)
-        if s is None:
-            raise NoNodeError(f"check of {path!r} failed: no node at that path")
-        _check_version(path, s.version, version)
 
 
 _T = TypeVar("_T")
