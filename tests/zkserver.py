@@ -139,11 +139,14 @@ class ZooKeeperServer:
         tick_time: float = 0.2,
         port: int | None = None,
         start_timeout: float = 30.0,
+        heap: str = "256m",
     ) -> None:
         """Prepare a server whose data and log live in ``base_dir``; nothing starts yet.
 
         ``port=None`` picks a free port on the first :meth:`start`; every later
         start reuses it, so clients can reconnect to the same address.
+        ``heap`` is the JVM's ``-Xmx`` (a benchmark that stores a million
+        nodes needs more than the tests' default).
         """
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
@@ -152,6 +155,7 @@ class ZooKeeperServer:
         self.tick_time = tick_time
         self.port = port
         self.start_timeout = start_timeout
+        self.heap = heap
         self._fixed_port = port is not None
         self._process: subprocess.Popen[bytes] | None = None
         self._classpath = zookeeper_classpath()
@@ -225,7 +229,7 @@ class ZooKeeperServer:
         )
         command = [
             self._java,
-            "-Xmx256m",
+            f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",  # start fast; tests do not run long enough for C2
             "-Djava.net.preferIPv4Stack=true",

@@ -115,7 +115,7 @@ def chunk_paths(head: GroupHead) -> list[str]:
 
 def _chunk_dir_of(path: str) -> str | None:
     """The chunk directory ``path`` is a chunk in, or None."""
-    if not path.startswith(GROUPS + "/"):
+    if "/chunks/" not in path or not path.startswith(GROUPS + "/"):
         return None
     parent, _, _ = path.rpartition("/")
     return parent if parent.endswith("/chunks") and parent.count("/") == 3 else None
@@ -445,7 +445,7 @@ class RecordWriter:
     async def _flush(self, batches: list[_Batch]) -> None:
         records = [r for b in batches for r in b.records]
         error: StoreError | None = None
-        for segment in _segments(records):
+        for segment in _segments(records, self._chunk_bytes):
             error = await self._flush_records(segment)
             if error is not None:
                 break
@@ -554,8 +554,10 @@ class RecordWriter:
         for path in sorted(self._uncertain):
             if await self.store.exists(path) is None:
                 self._paths.discard(path)
+                self._index({path}, present=False)
             else:
                 self._paths.add(path)
+                self._index({path}, present=True)
             self._uncertain.discard(path)
 
     def _ops(self, records: list[Record]) -> tuple[list[Create], list[Op], set[str], set[str]]:
@@ -637,8 +639,8 @@ class RecordWriter:
         return chunks, ops, created, doomed
 
 
-def _segments(records: list[Record]) -> list[list[Record]]:
-    """``records`` cut after each group tombstone followed by a record of that group.
+def _segments(records: list[Record], chunk_bytes: int) -> list[list[Record]]:
+    """``records`` cut after a group tombstone followed by a split record of that group.
 
     The chunks of a split generation are written before the transaction
     that would delete the group's old subtree, so a group deleted and
@@ -649,7 +651,11 @@ def _segments(records: list[Record]) -> list[list[Record]]:
     tombstoned: set[str] = set()
     for record in records:
         group = getattr(record, "group_id", None)
-        if group in tombstoned and not isinstance(record, GroupTombstone):
+        if (
+            group in tombstoned
+            and isinstance(record, GroupRecord)
+            and len(encode_record(record)) > chunk_bytes
+        ):
             segments.append(current)
             current, tombstoned = [], set()
         current.append(record)
