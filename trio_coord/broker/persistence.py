@@ -612,7 +612,7 @@ class RecordWriter:
                 directory = chunk_dir(record.group_id)
                 keep: set[str] = set()
                 if len(data) > self._chunk_bytes:
-                    head, pieces = split_record(record, self._chunk_bytes)
+                    head, pieces = split_record(record, self._chunk_bytes, encoded=data)
                     data = encode_record(head)  # type: ignore[arg-type]
                     for chunk, piece in zip(chunk_paths(head), pieces, strict=True):
                         keep.add(chunk)

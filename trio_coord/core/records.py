@@ -199,16 +199,17 @@ encoding is longer is split (ZooKeeper refuses nodes, and whole transactions, be
 
 
 def split_record(
-    record: GroupRecord, chunk_bytes: int = CHUNK_BYTES
+    record: GroupRecord, chunk_bytes: int = CHUNK_BYTES, *, encoded: bytes | None = None
 ) -> tuple[GroupHead, list[bytes]]:
     """The head and the pieces of ``record``'s encoding, each at most ``chunk_bytes`` long.
 
     A record that fits in one piece has one chunk; callers store such a
-    record whole instead (see :func:`encode_record`).
+    record whole instead (see :func:`encode_record`). ``encoded``, if given,
+    is ``encode_record(record)`` already made (3 MB at 20,000 members).
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
-    data = encode_record(record)
+    data = encode_record(record) if encoded is None else encoded
     chunks = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)] or [b""]
     head = GroupHead(
         record.group_id,
