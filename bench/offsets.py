@@ -97,7 +97,7 @@ def _private_zookeeper(base: Path, heap: str = "256m") -> Any:
     finally:
         sys.path.pop(0)
     try:
-        server = zkserver.ZooKeeperServer(base, heap=heap)
+        server = zkserver.ZooKeeperServer(base, heap=heap, fixed_heap=heap != "256m")
         server.start()
     except zkserver.ZooKeeperUnavailable as exc:
         raise BenchError(f"{exc} (or pass --zk zk://host:port)") from None
@@ -237,7 +237,7 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
         url = params.zk
         if url is None:
             base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-zk-")))
-            heap = f"{256 + params.stored // 1000}m"  # (about 1 KiB of heap per stored node)
+            heap = f"{256 + params.stored * 5 // 2000}m"  # (~0.8 KiB live per node, and room)
             server = stack.enter_context(_private_zookeeper(base, heap))
             url = server.url()
         chroot = f"/bench-offsets-{int(time.time() * 1000)}"
@@ -250,9 +250,10 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
             for mode in order:
                 run = _run_group if mode == "group" else _run_single
                 runs[mode].append(await run(store, params, epoch, stored))
-        for path in ("/groups", "/topics", EPOCH):  # (leave an empty chroot behind)
-            if await store.exists(path) is not None:
-                await store.delete(path, recursive=True)
+        if params.zk is not None:  # (leave an empty chroot behind; a private server just goes)
+            for path in ("/groups", "/topics", EPOCH):
+                if await store.exists(path) is not None:
+                    await store.delete(path, recursive=True)
     ratios = {
         name: statistics.median(
             ratio(g[key], s[key]) for g, s in zip(runs["group"], runs["single"], strict=True)
