@@ -139,11 +139,19 @@ class ZooKeeperServer:
         tick_time: float = 0.2,
         port: int | None = None,
         start_timeout: float = 30.0,
+        heap: str = "256m",
+        fixed_heap: bool = False,
     ) -> None:
         """Prepare a server whose data and log live in ``base_dir``; nothing starts yet.
 
         ``port=None`` picks a free port on the first :meth:`start`; every later
         start reuses it, so clients can reconnect to the same address.
+        ``heap`` is the JVM's ``-Xmx`` (a benchmark that stores a million
+        nodes needs more than the tests' default); ``fixed_heap`` takes it
+        all at start (``-Xms``), so that the young generation is large from
+        the start and a server holding a million nodes is not paused by a
+        young collection every second (with a growing heap those took 100 ms
+        each on two shared cores).
         """
         self.base_dir = Path(base_dir)
         self.data_dir = self.base_dir / "data"
@@ -152,6 +160,8 @@ class ZooKeeperServer:
         self.tick_time = tick_time
         self.port = port
         self.start_timeout = start_timeout
+        self.heap = heap
+        self.fixed_heap = fixed_heap
         self._fixed_port = port is not None
         self._process: subprocess.Popen[bytes] | None = None
         self._classpath = zookeeper_classpath()
@@ -225,8 +235,9 @@ class ZooKeeperServer:
         )
         command = [
             self._java,
-            "-Xmx256m",
+            f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
+            *([f"-Xms{self.heap}"] if self.fixed_heap else []),
             "-XX:TieredStopAtLevel=1",  # start fast; tests do not run long enough for C2
             "-Djava.net.preferIPv4Stack=true",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",

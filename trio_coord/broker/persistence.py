@@ -15,8 +15,20 @@ durable, and the in-memory state always equals what a restart would load
 The store layout::
 
     /topics/<topic>                        TopicRecord (a TopicTombstone deletes the node)
-    /groups/<group>                        GroupRecord (empty data: only a parent of offsets)
+    /groups/<group>                        GroupRecord, or the GroupHead of a split one
+                                           (empty data: only a parent of offsets)
     /groups/<group>/offsets/<topic>~<p>    OffsetRecord
+    /groups/<group>/chunks/<gen>.<digest>.<i>  piece i of a split GroupRecord
+
+A generation record longer than ``CHUNK_BYTES`` (thousands of members) is
+written in two phases: its chunks first, in transactions of their own (no
+store node, and no transaction, may exceed ZooKeeper's ``jute.maxbuffer``),
+then, in the batch's transaction, a small :class:`GroupHead` naming them in
+the group's node, which makes the generation current, together with the
+deletion of the chunks of every older generation. Loading follows the head
+and joins the chunks it names. A crash between the phases leaves chunks no
+head names: loading ignores them (the previous generation loads) and the
+group's next generation write deletes them.
 """
 
 from __future__ import annotations
@@ -32,6 +44,8 @@ from typing import Any, Literal, overload
 import trio
 
 from ..core.records import (
+    CHUNK_BYTES,
+    GroupHead,
     GroupRecord,
     GroupTombstone,
     OffsetRecord,
@@ -40,7 +54,10 @@ from ..core.records import (
     TopicRecord,
     TopicTombstone,
     decode_record,
+    decode_stored,
     encode_record,
+    join_record,
+    split_record,
     supersedes,
 )
 from ..protocol.messages import TopicPartition
@@ -60,6 +77,7 @@ from ..store.base import (
 
 __all__ = [
     "RecordWriter",
+    "chunk_dir",
     "group_path",
     "load_records",
     "offset_path",
@@ -81,6 +99,26 @@ def topic_path(topic: str) -> str:
 def group_path(group_id: str) -> str:
     """Where a group's generation record lives (the root of its subtree)."""
     return f"{GROUPS}/{group_id}"
+
+
+def chunk_dir(group_id: str) -> str:
+    """Where the chunks of a group's split generation records live."""
+    return f"{GROUPS}/{group_id}/chunks"
+
+
+def chunk_paths(head: GroupHead) -> list[str]:
+    """The paths of the chunks ``head`` names, in order (named by generation and digest, so
+    that the chunks of two different records never share a path)."""
+    base = chunk_dir(head.group_id)
+    return [f"{base}/{head.generation}.{head.digest[:16]}.{i}" for i in range(head.chunks)]
+
+
+def _chunk_dir_of(path: str) -> str | None:
+    """The chunk directory ``path`` is a chunk in, or None."""
+    if "/chunks/" not in path or not path.startswith(GROUPS + "/"):
+        return None
+    parent, _, _ = path.rpartition("/")
+    return parent if parent.endswith("/chunks") and parent.count("/") == 3 else None
 
 
 def offset_path(group_id: str, tp: TopicPartition) -> str:
@@ -110,7 +148,12 @@ async def load_records(
     Topics come first (unless ``topics=False``), then each group's record
     followed by its offsets, the order in which replay needs them. ``groups``
     picks the groups to read (default: all; a cluster coordinator reads the
-    groups of one slot).
+    groups of one slot). A split generation record is joined from the chunks
+    its head names; chunks no head names (left by a crash between the two
+    phases of a write) are not read; those beside a head have their paths
+    returned, so that the writer deletes them (the writer looks for those of
+    a group whose record is whole when it first splits one of its records).
+    Raises ValueError if a head's chunks are missing or altered.
     """
     records: list[Record] = []
     paths: set[str] = set()
@@ -139,12 +182,30 @@ async def load_records(
     }
     flat = [path for group in offset_paths.values() for path in group]
     offset_data = dict(zip(flat, await _read_all(store, flat), strict=True))
-    for base, data in zip(bases, group_data, strict=True):
+    stored = [decode_stored(data) if data else None for data in group_data]
+    heads = [head for head in stored if isinstance(head, GroupHead)]
+    chunk_names = await _read_all(store, [chunk_dir(h.group_id) for h in heads], children=True)
+    named = [path for head in heads for path in chunk_paths(head)]
+    chunk_data = dict(zip(named, await _read_all(store, named), strict=True))
+    for head, listed in zip(heads, chunk_names, strict=True):
+        base = chunk_dir(head.group_id)
+        paths.add(base)  # (it exists: the head's chunks were written first)
+        paths.update(f"{base}/{name}" for name in listed or ())
+    for base, data, record in zip(bases, group_data, stored, strict=True):
         if data is None:  # deleted by its coordinator meanwhile
             continue
         paths.add(base)
-        if data:
-            records.append(decode_record(data))
+        if isinstance(record, GroupHead):
+            pieces = [chunk_data[path] for path in chunk_paths(record)]
+            if any(piece is None for piece in pieces):
+                raise ValueError(
+                    f"group {record.group_id!r} generation {record.generation}: a chunk its "
+                    f"head names is missing under {chunk_dir(record.group_id)} (the store was "
+                    "altered); restore the store from a backup, or delete the group"
+                )
+            records.append(join_record(record, [p for p in pieces if p is not None]))
+        elif record is not None:
+            records.append(record)
         if base not in offset_paths:
             continue
         paths.add(f"{base}/offsets")
@@ -264,6 +325,7 @@ class RecordWriter:
         max_batch_records: int = 5000,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         guard: Sequence[Op] = (),
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.store = store
         """The store written to (a cluster broker swaps it after a new ZooKeeper session)."""
@@ -271,10 +333,13 @@ class RecordWriter:
         self.fenced = trio.Event()
         """Set when a guarded write failed its check: this writer may never write again."""
         self._paths = existing_paths
+        self._chunks: dict[str, set[str]] = {}  # chunk directory -> its chunks in _paths
+        self._index(existing_paths, present=True)
         self._replay = replay
         self._current = current
         self._max_batch = max_batch_records
         self._max_bytes = max_batch_bytes
+        self._chunk_bytes = chunk_bytes
         self._queue: deque[_Batch] = deque()
         self._in_flight: list[_Batch] = []
         self._stopped: StoreError | None = None
@@ -311,10 +376,23 @@ class RecordWriter:
     def add_existing_paths(self, paths: set[str]) -> None:
         """Tell the writer which store paths exist already (after loading)."""
         self._paths |= paths
+        self._index(paths, present=True)
 
     def forget_paths(self, paths: set[str]) -> None:
         """Tell the writer that these paths are gone (another broker deleted them)."""
         self._paths -= paths
+        self._index(paths, present=False)
+
+    def _index(self, paths: set[str], *, present: bool) -> None:
+        """Keep ``_chunks`` (the chunk paths among ``_paths``, by directory) in step."""
+        for path in paths:
+            directory = _chunk_dir_of(path)
+            if directory is None:
+                continue
+            if present:
+                self._chunks.setdefault(directory, set()).add(path)
+            else:
+                self._chunks.get(directory, set()).discard(path)
 
     async def drain(self) -> None:
         """Return once every record queued before this call is durable (or failed)."""
@@ -377,13 +455,27 @@ class RecordWriter:
     async def _flush(self, batches: list[_Batch]) -> None:
         records = [r for b in batches for r in b.records]
         error: StoreError | None = None
+        for segment in _segments(records, self._chunk_bytes):
+            error = await self._flush_records(segment)
+            if error is not None:
+                break
+        for batch in batches:
+            batch.error = error
+            batch.done.set()
+
+    async def _flush_records(self, records: list[Record]) -> StoreError | None:
+        """Make ``records`` durable (chunks of split generations first), then replay them."""
+        error: StoreError | None = None
         created: set[str] = set()
         deleted: set[str] = set()
         try:
             await self._settle_uncertain()
-            ops, created, deleted = self._ops(records)
+            await self._look_for_chunks(records)
+            chunks, ops, created, deleted = self._ops(records)
             if self.fenced.is_set():
                 raise BadVersionError("this coordinator was deposed; its writes are fenced")
+            await self._write_chunks(chunks)
+            created -= {op.path for op in chunks}
             if ops:
                 began = time.perf_counter()
                 await self.store.multi([*self._guard, *ops])
@@ -407,11 +499,58 @@ class RecordWriter:
         else:
             self._paths -= deleted
             self._paths |= created
+            self._index(deleted, present=False)
+            self._index(created, present=True)
             for record in records:
                 self._replay(record)
-        for batch in batches:
-            batch.error = error
-            batch.done.set()
+        return error
+
+    async def _look_for_chunks(self, records: list[Record]) -> None:
+        """Learn which chunks exist for each group a split record of ``records`` is for.
+
+        Loading lists the chunk directories of groups with a split record only;
+        a crash in the first split write of a group leaves chunks beside a
+        whole record, which this finds before the group's next split write
+        (once per group and writer).
+        """
+        for record in records:
+            if not isinstance(record, GroupRecord):
+                continue
+            directory = chunk_dir(record.group_id)
+            if directory in self._paths or len(encode_record(record)) <= self._chunk_bytes:
+                continue
+            with contextlib.suppress(NoNodeError):
+                names = await self.store.children(directory)
+                found = {directory, *(f"{directory}/{name}" for name in names)}
+                self._paths |= found
+                self._index(found, present=True)
+
+    async def _write_chunks(self, chunks: list[Create]) -> None:
+        """Phase one: create ``chunks`` (and their parents) in transactions of their own.
+
+        Each transaction is guarded like the batch's and carries about
+        ``max_batch_bytes`` at most. What each creates is durable at once,
+        whatever becomes of the rest: a failure leaves chunks that no head
+        names, which the group's next generation write deletes.
+        """
+        pending: list[Create] = []
+        nbytes = 0
+        for op in [*chunks, None]:
+            size = 0 if op is None else _OP_BYTES + len(op.path) + len(op.data)
+            if pending and (op is None or nbytes + size > self._max_bytes):
+                paths = {p.path for p in pending}
+                try:
+                    await self.store.multi([*self._guard, *pending])
+                except StoreConnectionError:
+                    self._uncertain |= paths
+                    raise
+                self.writes += 1
+                self._paths |= paths
+                self._index(paths, present=True)
+                pending, nbytes = [], 0
+            if op is not None:
+                pending.append(op)
+                nbytes += size
 
     async def _settle_uncertain(self) -> None:
         """Learn whether the paths of a write whose answer was lost exist.
@@ -425,19 +564,24 @@ class RecordWriter:
         for path in sorted(self._uncertain):
             if await self.store.exists(path) is None:
                 self._paths.discard(path)
+                self._index({path}, present=False)
             else:
                 self._paths.add(path)
+                self._index({path}, present=True)
             self._uncertain.discard(path)
 
-    def _ops(self, records: list[Record]) -> tuple[list[Op], set[str], set[str]]:
+    def _ops(self, records: list[Record]) -> tuple[list[Create], list[Op], set[str], set[str]]:
         """The store operations that leave the store as replaying ``records`` leaves memory.
 
-        Returns the operations, the paths they create and the paths they
-        delete. A group tombstone deletes its group's existing subtree first;
-        what later records in the batch write for that group is then created
-        anew. An offset tombstone deletes one offset node unless a later
-        record in the batch writes it again; so does a topic tombstone its
-        topic's node.
+        Returns the chunks to create first (phase one, with the parents they
+        need), the operations of the batch's transaction, the paths both
+        create and the paths they delete. A generation record longer than
+        ``CHUNK_BYTES`` is written as chunks and a head; the transaction that
+        writes a group's generation deletes the chunks of its older ones. A
+        group tombstone deletes its group's existing subtree first; what later
+        records in the batch write for that group is then created anew. An
+        offset tombstone deletes one offset node unless a later record in the
+        batch writes it again; so does a topic tombstone its topic's node.
         """
         writes: dict[str, Record] = {}  # path -> the record replay will leave there
         doomed: set[str] = set()  # existing paths that a tombstone deletes
@@ -471,18 +615,64 @@ class RecordWriter:
         ops: list[Op] = [Delete(p) for p in sorted(doomed, key=len, reverse=True)]
         known = self._paths  # (not copied: a batch costs its own records, not the store's size)
         created: set[str] = set()
+        chunks: list[Create] = []
         for path, record in writes.items():
+            data = encode_record(record)
+            if isinstance(record, GroupRecord):
+                directory = chunk_dir(record.group_id)
+                keep: set[str] = set()
+                if len(data) > self._chunk_bytes:
+                    head, pieces = split_record(record, self._chunk_bytes, encoded=data)
+                    data = encode_record(head)  # type: ignore[arg-type]
+                    for chunk, piece in zip(chunk_paths(head), pieces, strict=True):
+                        keep.add(chunk)
+                        if chunk in known and chunk not in doomed:
+                            continue  # (written by a write that failed after: same bytes)
+                        for parent in _ancestors(chunk):
+                            if parent not in created and (parent not in known or parent in doomed):
+                                chunks.append(Create(parent))
+                                created.add(parent)
+                        chunks.append(Create(chunk, piece))
+                        created.add(chunk)
+                stale = self._chunks.get(directory, set()) - keep - doomed
+                ops.extend(Delete(chunk) for chunk in sorted(stale))
+                doomed |= stale
             for parent in _ancestors(path):
                 if parent not in created and (parent not in known or parent in doomed):
                     ops.append(Create(parent))
                     created.add(parent)
-            data = encode_record(record)
             if path in created or (path in known and path not in doomed):
                 ops.append(SetData(path, data))
             else:
                 ops.append(Create(path, data))
                 created.add(path)
-        return ops, created, doomed
+        return chunks, ops, created, doomed
+
+
+def _segments(records: list[Record], chunk_bytes: int) -> list[list[Record]]:
+    """``records`` cut after a group tombstone followed by a split record of that group.
+
+    The chunks of a split generation are written before the transaction
+    that would delete the group's old subtree, so a group deleted and
+    written again in one batch takes two transactions, in order.
+    """
+    segments: list[list[Record]] = []
+    current: list[Record] = []
+    tombstoned: set[str] = set()
+    for record in records:
+        group = getattr(record, "group_id", None)
+        if (
+            group in tombstoned
+            and isinstance(record, GroupRecord)
+            and len(encode_record(record)) > chunk_bytes
+        ):
+            segments.append(current)
+            current, tombstoned = [], set()
+        current.append(record)
+        if isinstance(record, GroupTombstone):
+            tombstoned.add(record.group_id)
+    segments.append(current)
+    return segments
 
 
 def _under(path: str, base: str) -> bool:

@@ -11,6 +11,7 @@ messages, their fields are only ever appended, with defaults.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import msgspec
@@ -18,6 +19,8 @@ import msgspec
 from ..protocol.messages import TopicPartition
 
 __all__ = [
+    "CHUNK_BYTES",
+    "GroupHead",
     "GroupRecord",
     "GroupTombstone",
     "MemberRecord",
@@ -27,7 +30,10 @@ __all__ = [
     "TopicRecord",
     "TopicTombstone",
     "decode_record",
+    "decode_stored",
     "encode_record",
+    "join_record",
+    "split_record",
     "supersedes",
     "topic_id_of",
 ]
@@ -168,8 +174,80 @@ def supersedes(new: Record, old: Record | None) -> bool:
     return True
 
 
+class GroupHead(_Rec, tag="group-head"):
+    """The stored head of a generation record too large for one store node.
+
+    The record's encoding is cut into ``chunks`` pieces, stored beside the
+    head (see ``broker.persistence``) and written *before* it, so that the
+    head, written last and atomically, is what makes the generation current.
+    ``digest`` (SHA-256 of the whole encoding, hex) names the chunks and lets a
+    reader tell that it joined the pieces the head wrote. It is never
+    replayed: loading turns it back into its :class:`GroupRecord`.
+    """
+
+    group_id: str
+    generation: int
+    chunks: int
+    size: int
+    digest: str
+
+
+CHUNK_BYTES = 256 * 1024
+"""The largest piece of a generation record one store node holds. A record whose
+encoding is longer is split (ZooKeeper refuses nodes, and whole transactions, beyond
+``jute.maxbuffer``, 1 MiB by default; #14 bounds every node at 512 KB)."""
+
+
+def split_record(
+    record: GroupRecord, chunk_bytes: int = CHUNK_BYTES, *, encoded: bytes | None = None
+) -> tuple[GroupHead, list[bytes]]:
+    """The head and the pieces of ``record``'s encoding, each at most ``chunk_bytes`` long.
+
+    A record that fits in one piece has one chunk; callers store such a
+    record whole instead (see :func:`encode_record`). ``encoded``, if given,
+    is ``encode_record(record)`` already made (3 MB at 20,000 members).
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
+    data = encode_record(record) if encoded is None else encoded
+    chunks = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)] or [b""]
+    head = GroupHead(
+        record.group_id,
+        record.generation,
+        len(chunks),
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+    )
+    return head, chunks
+
+
+def join_record(head: GroupHead, chunks: list[bytes]) -> GroupRecord:
+    """The generation record ``head`` names, from its ``chunks`` in order.
+
+    Raises ValueError if the pieces are not the ones the head was written
+    with (missing, extra, or other bytes): the store was changed behind the
+    coordinator's back, and loading such a group must not guess.
+    """
+    data = b"".join(chunks)
+    if len(chunks) != head.chunks or len(data) != head.size:
+        raise ValueError(
+            f"group {head.group_id!r} generation {head.generation}: {len(chunks)} chunk(s) of "
+            f"{len(data)} bytes found, but its head names {head.chunks} of {head.size} bytes"
+        )
+    if hashlib.sha256(data).hexdigest() != head.digest:
+        raise ValueError(
+            f"group {head.group_id!r} generation {head.generation}: its chunks do not match "
+            "the digest in its head (the store was altered)"
+        )
+    record = decode_record(data)
+    if not isinstance(record, GroupRecord) or record.group_id != head.group_id:
+        raise ValueError(f"group {head.group_id!r}: its chunks hold another record")
+    return record
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
+_stored_decoder = msgspec.msgpack.Decoder(Record | GroupHead)
 
 
 def encode_record(record: Record) -> bytes:
@@ -180,3 +258,8 @@ def encode_record(record: Record) -> bytes:
 def decode_record(data: bytes) -> Record:
     """Decode a record written by :func:`encode_record` (raises msgspec.DecodeError)."""
     return _decoder.decode(data)
+
+
+def decode_stored(data: bytes) -> Record | GroupHead:
+    """Decode a store node's data: a record, or the head of a split generation record."""
+    return _stored_decoder.decode(data)
