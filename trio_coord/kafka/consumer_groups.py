@@ -62,9 +62,9 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..security.acl import ANONYMOUS
-from ._links import ConnectionWatch
+from ._links import ConnectionWatch, LinkBase
 from .codec import KafkaCode, make, ms, nested, response_schema
-from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
+from .dispatch import Api, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
 from .metadata import TopicIds, topic_id
 
@@ -131,23 +131,17 @@ class _Stop:
     """A heartbeat answer without ``partitions`` reached the member: its next report counts."""
 
 
-class ConsumerMemberLink:
+class ConsumerMemberLink(LinkBase):
     """One KIP-848 member as the group engine reaches it (see the module docstring)."""
 
-    max_frame_size: Final = 1 << 30
-    """A heartbeat answer carries any assignment: the engine never splits one."""
-
     def __init__(self, groups: ConsumerGroups, group_id: str, member_id: str) -> None:
-        self._groups = groups
-        self.group_id = group_id
+        super().__init__(groups, group_id)
+        self._groups: ConsumerGroups = groups
         self.member_id = member_id
         """The member id the client chose (Kafka's); the engine's is :attr:`engine_id`."""
         self.engine_id = ""
         self.instance_id = ""
         self.rack_id = ""
-        self.conn: ClientConnection | None = None
-        self.peer = ""
-        self.dropped = False
         self.topics: tuple[str, ...] = ()
         self.regex: str | None = None
         self.assignor = SERVER_ASSIGNORS[0]
@@ -179,36 +173,9 @@ class ConsumerMemberLink:
         return self.epoch
 
     @property
-    def closed(self) -> bool:
-        """True once the member left, or the connection it heartbeats on ended."""
-        return self.dropped or self.conn is None or self.conn.closed
-
-    def bind(self, conn: ClientConnection | None, peer: str) -> None:
-        """The member now heartbeats on ``conn``: its end is the member's end (as classic)."""
-        if conn is None or conn is self.conn:
-            return
-        old, self.conn, self.peer = self.conn, conn, peer
-        self._groups.conns.move(self, old, conn)
-
-    def _conn_closed(self, conn: ClientConnection) -> None:
-        if conn is not self.conn or self.dropped:
-            return
-        self._wake()
-        try:
-            self._groups.front.service.coordinator.connection_lost(self)
-        except CoordError:
-            pass  # (not the coordinator any more)
-        if not self.instance_id:
-            self._groups.drop(self)
-
-    def released(self, member_id: str) -> None:
-        """The engine no longer reaches its member ``member_id`` through this link (it was
-        removed: its session ended, it left, it was fenced; or a static member stepped out,
-        disconnected or was replaced). A dynamic member's link is forgotten then, so that
-        members that go silent do not stay in the tables; a static one's is kept for its
-        successor (see :meth:`ConsumerGroups.step_out`)."""
-        if member_id == self.engine_id and member_id and not self.instance_id:
-            self._groups.drop(self)
+    def engine_member_id(self) -> str:
+        """The engine's id of the member (not the one the client chose)."""
+        return self.engine_id
 
     def _wake(self) -> None:
         if self.stopping is not None:

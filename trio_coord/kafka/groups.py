@@ -95,9 +95,9 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ..security.acl import ANONYMOUS
-from ._links import ConnectionWatch
+from ._links import ConnectionWatch, LinkBase
 from .codec import KafkaCode, make, ms, nested, response_schema
-from .dispatch import Api, ClientConnection, FrontEnd, RequestContext
+from .dispatch import Api, FrontEnd, RequestContext
 from .errors import KafkaError, kafka_code
 
 __all__ = ["APIS", "KafkaGroups", "KafkaMemberLink", "decode_assignment", "decode_subscription"]
@@ -293,22 +293,16 @@ class _LeaderRound:
     assignments: dict[str, bytes] = field(default_factory=dict)
 
 
-class KafkaMemberLink:
+class KafkaMemberLink(LinkBase):
     """One Kafka member as the group engine reaches it (see the module docstring)."""
 
-    max_frame_size: Final = 1 << 30
-    """A Kafka SyncGroup answer carries any assignment: the engine never splits one."""
-
     def __init__(self, groups: KafkaGroups, group_id: str, instance_id: str) -> None:
-        self._groups = groups
-        self.group_id = group_id
+        super().__init__(groups, group_id)
+        self._groups: KafkaGroups = groups
         self.member_id = ""
         self.instance_id = instance_id
-        self.conn: ClientConnection | None = None
-        self.peer = ""
         self.principal = ANONYMOUS
         """The principal that joined as this member (only it may act as the member)."""
-        self.dropped = False
         self.rebalancing = False
         """The engine began a rebalance: the member must join again (Heartbeat says so)."""
         self.generation = -1
@@ -333,35 +327,9 @@ class KafkaMemberLink:
         return f"<KafkaMemberLink {self.group_id}/{self.member_id}>"
 
     @property
-    def closed(self) -> bool:
-        """True once the member's Kafka connection ended (or it left)."""
-        return self.dropped or self.conn is None or self.conn.closed
-
-    def bind(self, conn: ClientConnection | None, peer: str) -> None:
-        """The member now talks on ``conn``: its end is the member's end."""
-        if conn is None or conn is self.conn:
-            return
-        old, self.conn, self.peer = self.conn, conn, peer
-        self._groups.conns.move(self, old, conn)
-
-    def _conn_closed(self, conn: ClientConnection) -> None:
-        if conn is not self.conn or self.dropped:
-            return
-        self._wake()
-        try:
-            self._groups.front.service.coordinator.connection_lost(self)
-        except CoordError:
-            pass  # (not the coordinator any more: nothing to tell)
-        if not self.instance_id:
-            self._groups.drop(self)
-
-    def released(self, member_id: str) -> None:
-        """The engine no longer reaches its member ``member_id`` through this link (removed:
-        its session ended, it left, it was fenced). A dynamic member's link is forgotten
-        then, so that members that go silent on an open connection do not stay in the
-        tables; a static one's is kept for its successor."""
-        if member_id and member_id == self.member_id and not self.instance_id:
-            self._groups.drop(self)
+    def engine_member_id(self) -> str:
+        """The engine's id of the member: the one the Kafka client uses too."""
+        return self.member_id
 
     def _wake(self) -> None:
         """Wake every engine push and every request waiting on the member (it is gone)."""
