@@ -33,6 +33,10 @@ subscribers of count(member, topic) ** 2``, keeps the assignment balanced and
 keeps at least as many owned partitions in place; on the mixed path it
 alternates with ``give_back`` until neither changes anything.
 
+With racks (some member's and some partition's known), :func:`_match_racks`
+runs last: it exchanges two partitions of one topic between two members while
+that gives more partitions to a member of their rack, which changes no count.
+
 "Balanced" is checked per topic: the most loaded member holding a partition
 of the topic has at most one more partition in all than the least loaded
 member subscribing to it. That is the same as "no member could take a
@@ -84,6 +88,13 @@ def balanced_assignment(spec: GroupSpec, *, spread: bool) -> Assignment:
         if spread:
             while _even_out(state) and state.give_back():
                 pass
+    if spec.rack_aware():
+        _match_racks(
+            state,
+            [spec.members[m].rack for m in ids],
+            [[spec.rack_of(n, p) for p in range(spec.partitions[n])] for n in names],
+            any_owner=identical,
+        )
     for i, member_id in enumerate(ids):
         result[member_id] = [
             TopicPartition(names[t], p)
@@ -634,6 +645,56 @@ def _improve(state: _State, a: int, t: int) -> bool:
                     _exchange(state, a, t, p, b, u, q)
                     return True
     return False
+
+
+def _match_racks(
+    state: _State, member_racks: list[str], part_racks: list[list[str]], *, any_owner: bool
+) -> None:
+    """Exchange two partitions of one topic between two members while that gives more
+    partitions to a member of their rack (KIP-881; see the assignors' module docstring).
+
+    Only partitions not kept in place move (``any_owner`` False, the mixed path: only
+    those nobody owned, so that none could go back to an owner), and an exchange within
+    one topic changes no count: balance, per-topic counts and the owned partitions kept
+    stay as they are. Each exchange gives one more partition (or two) to a member of its
+    rack, so the loop ends; it is deterministic (partitions in order, lowest first).
+    """
+    for t, racks in enumerate(part_racks):
+        if not any(racks):
+            continue
+        holders, owners = state.holder[t], state.owner[t]
+
+        def movable(p: int) -> bool:
+            o = owners[p]  # noqa: B023 (used within this iteration only)
+            return o != holders[p] and (any_owner or o < 0)  # noqa: B023
+
+        def misplaced(p: int) -> bool:
+            return movable(p) and member_racks[holders[p]] != racks[p]  # noqa: B023
+
+        changed = True
+        while changed:
+            changed = False
+            # pools[r]: movable partitions of rack r held by a member of another rack,
+            # highest first (pop() gives the lowest); stale entries are skipped.
+            pools: dict[str, list[int]] = {}
+            for p in range(len(racks) - 1, -1, -1):
+                if racks[p] and misplaced(p):
+                    pools.setdefault(racks[p], []).append(p)
+            for p in range(len(racks)):
+                a = holders[p]
+                want = member_racks[a]
+                if not want or not misplaced(p):
+                    continue
+                pool = pools.get(want)
+                while pool and not misplaced(pool[-1]):
+                    pool.pop()
+                if not pool:
+                    continue
+                q = pool.pop()
+                b = holders[q]
+                state.move(t, p, a, b)
+                state.move(t, q, b, a)
+                changed = True
 
 
 def _exchange(state: _State, a: int, t: int, p: int, b: int, u: int, q: int = -1) -> None:
