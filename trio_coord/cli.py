@@ -211,6 +211,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         repair=args.repair,
         tune_gc=True,  # this process runs a broker: its state is long-lived
         kafka_port=args.kafka_port,
+        rack=args.rack,
         metrics_port=args.metrics_port,
         kafka_max_request_bytes=args.max_request_bytes,
         kafka_consumer_session_timeout=args.kafka_consumer_session_timeout,
@@ -1336,6 +1337,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="also listen for Kafka clients on this port; 0 picks a free one (default: no "
         "Kafka listener; see docs/kafka.md)",
+    )
+    p.add_argument(
+        "--rack",
+        default="",
+        metavar="NAME",
+        help="the rack (availability zone) this broker runs in: Kafka Metadata tells "
+        "clients, and the server assignors prefer giving each member partitions held by "
+        "brokers of its own rack (client.rack; default: none; docs/assignment.md)",
     )
     p.add_argument(
         "--max-request-bytes",

@@ -27,7 +27,7 @@ stages, one per fence end).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..protocol.errors import (
@@ -150,6 +150,8 @@ class Member:
     """Opaque bytes it gave for a leader-side assignor."""
     client_assignors: tuple[str, ...] = ()
     """The assignors it can compute itself, as the group's leader."""
+    rack: str = ""
+    """The rack it runs in ("": none), for rack-aware assignors."""
 
     @property
     def lease_end(self) -> float:
@@ -321,6 +323,7 @@ class Group:
         user_data: bytes = b"",
         client_id: str = "",
         instance_id: str = "",
+        rack: str = "",
     ) -> None:
         """Raise the error a JoinGroup with these values deserves, if any.
 
@@ -352,7 +355,7 @@ class Group:
                 f"offset reset policy {offset_reset!r} is not one of "
                 f"{', '.join(OFFSET_RESET_POLICIES)}"
             )
-        for what, name in (("client id", client_id), ("instance id", instance_id)):
+        for what, name in (("client id", client_id), ("instance id", instance_id), ("rack", rack)):
             if len(name) > MAX_NAME_LENGTH:
                 raise InvalidRequestError(
                     f"{what} {name[:40]!r}... is {len(name)} characters, more than the "
@@ -441,6 +444,7 @@ class Group:
         instance_id: str = "",
         user_data: bytes = b"",
         client_assignors: Iterable[str] = (),
+        rack: str = "",
     ) -> Member:
         """Admit a member (validated by :meth:`validate_join`); replaces one with the same id.
 
@@ -468,6 +472,7 @@ class Group:
             instance_id=instance_id,
             user_data=user_data,
             client_assignors=tuple(client_assignors),
+            rack=rack,
         )
         if old is not None:
             member.may_own = old.may_own
@@ -631,6 +636,7 @@ class Group:
         partitions: Mapping[str, int],
         available: Mapping[str, Assignor],
         cooperative: bool | None = None,
+        racks: Mapping[str, Sequence[str]] | None = None,
     ) -> AssignmentInput:
         """The assignor to use, its input, and who computes it (the broker, or a leader).
 
@@ -642,6 +648,7 @@ class Group:
         (a cooperative plan is made before anything stops). ``cooperative``
         None means :attr:`cooperative`; the broker passes False for a
         rebalance it runs eagerly in a cooperative group (an offset reset).
+        ``racks`` gives each topic's partitions' racks (:class:`GroupSpec`).
         """
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         # choose_assignor over every member's list, from the running counts:
@@ -665,10 +672,12 @@ class Group:
                     m.topics,
                     frozenset(m.may_own if cooperative else m.assignment),
                     m.user_data,
+                    m.rack,
                 )
                 for m in members
             },
             partitions={t: n for t, n in partitions.items() if n > 0},
+            racks={t: racks[t] for t in partitions if t in racks} if racks else {},
         )
         leader = None
         if name not in available:
@@ -720,6 +729,7 @@ class Group:
         computed: tuple[AssignmentInput, Assignment] | None = None,
         cooperative: bool | None = None,
         created_since: Collection[str] = (),
+        racks: Mapping[str, Sequence[str]] | None = None,
     ) -> AssignmentPlan:
         """Enter ASSIGNING and plan the next generation: its record and its starts.
 
@@ -743,7 +753,7 @@ class Group:
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         if computed is None:
             input = self.assignment_input(
-                partitions=partitions, available=available, cooperative=cooperative
+                partitions=partitions, available=available, cooperative=cooperative, racks=racks
             )
             if input.leader is not None:
                 raise InconsistentAssignorError(
