@@ -215,6 +215,7 @@ class Consumer(EnterOnce):
         rebalance_protocol: RebalanceProtocol = "eager",
         instance_id: str | None = None,
         user_data: bytes = b"",
+        rack: str = "",
         on_assigned: PartitionsCallback | None = None,
         on_revoked: PartitionsCallback | None = None,
         on_lost: PartitionsCallback | None = None,
@@ -284,6 +285,7 @@ class Consumer(EnterOnce):
         self.rebalance_protocol = rebalance_protocol
         self.instance_id = instance_id or ""
         self.user_data = user_data
+        self.rack = rack
         self.client_id = client_id
         self.max_poll_interval = max_poll_interval
         self.request_timeout = request_timeout
@@ -996,6 +998,7 @@ class Consumer(EnterOnce):
                         self.instance_id,
                         self.user_data,
                         sorted(self._local_assignors),
+                        self.rack,
                     ),
                 )
             except UnknownMemberError as exc:
@@ -1167,6 +1170,7 @@ def open_consumer(
     rebalance_protocol: RebalanceProtocol = "eager",
     instance_id: str | None = None,
     user_data: bytes = b"",
+    rack: str = "",
     on_assigned: PartitionsCallback | None = None,
     on_revoked: PartitionsCallback | None = None,
     on_lost: PartitionsCallback | None = None,
@@ -1210,6 +1214,8 @@ def open_consumer(
     this consumer runs if it becomes the group's leader; default ``("range",
     "roundrobin")``, or ``("uniform", "sticky", "range", "roundrobin")`` when
     cooperative), ``user_data`` (bytes handed to such an assignor),
+    ``rack`` (the rack this consumer runs in: the broker's assignors prefer
+    giving it partitions held by brokers of that rack, their ``--rack``),
     ``instance_id`` (a static member: see docs/assignment.md), ``client_id``,
     and the callbacks ``on_assigned``, ``on_revoked`` and ``on_lost`` (each
     called with a sorted list of partitions; plain or async functions);
@@ -1241,6 +1247,7 @@ def open_consumer(
         rebalance_protocol=rebalance_protocol,
         instance_id=instance_id,
         user_data=user_data,
+        rack=rack,
         on_assigned=on_assigned,
         on_revoked=on_revoked,
         on_lost=on_lost,
