@@ -155,7 +155,7 @@ async def test_the_names_a_join_brings_are_bounded(autojump_clock):
                 await member.join()
             member.assignors = ["range"]
             member.rack = "r" * 250
-            with pytest.raises(InvalidRequestError, match="rack 'rrr.*is 250 characters"):
+            with pytest.raises(InvalidRequestError, match=r"rack 'rrr.*is 250 characters"):
                 await member.join()
             member.rack = "r1"
             await member.join()
