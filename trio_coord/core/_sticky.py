@@ -658,43 +658,56 @@ def _match_racks(
     one topic changes no count: balance, per-topic counts and the owned partitions kept
     stay as they are. Each exchange gives one more partition (or two) to a member of its
     rack, so the loop ends; it is deterministic (partitions in order, lowest first).
+
+    The last step of an assignment: it keeps only ``holder`` and ``parts`` up to date
+    (an exchange within a topic changes none of the counts the other tables keep, but
+    it would change which partitions are free; nothing reads them after this).
     """
     for t, racks in enumerate(part_racks):
         if not any(racks):
             continue
         holders, owners = state.holder[t], state.owner[t]
-
-        def movable(p: int) -> bool:
-            o = owners[p]  # noqa: B023 (used within this iteration only)
-            return o != holders[p] and (any_owner or o < 0)  # noqa: B023
-
-        def misplaced(p: int) -> bool:
-            return movable(p) and member_racks[holders[p]] != racks[p]  # noqa: B023
-
-        changed = True
+        # Partitions that may move: not held by their owner (and, unless any_owner,
+        # owned by nobody). An exchange gives one to a member that did not own it, or
+        # back to its owner; either way the rest stay movable or become kept.
+        movable = [o != h and (any_owner or o < 0) for o, h in zip(owners, holders, strict=True)]
+        changed, swapped = True, False
         while changed:
             changed = False
             # pools[r]: movable partitions of rack r held by a member of another rack,
             # highest first (pop() gives the lowest); stale entries are skipped.
             pools: dict[str, list[int]] = {}
             for p in range(len(racks) - 1, -1, -1):
-                if racks[p] and misplaced(p):
-                    pools.setdefault(racks[p], []).append(p)
+                rack = racks[p]
+                if rack and movable[p] and member_racks[holders[p]] != rack:
+                    pools.setdefault(rack, []).append(p)
+            if not pools:
+                break
             for p in range(len(racks)):
+                if not movable[p]:
+                    continue
                 a = holders[p]
                 want = member_racks[a]
-                if not want or not misplaced(p):
+                if not want or want == racks[p]:
                     continue
                 pool = pools.get(want)
-                while pool and not misplaced(pool[-1]):
+                while pool and (not movable[pool[-1]] or member_racks[holders[pool[-1]]] == want):
                     pool.pop()
                 if not pool:
                     continue
                 q = pool.pop()
                 b = holders[q]
-                state.move(t, p, a, b)
-                state.move(t, q, b, a)
-                changed = True
+                holders[p], holders[q] = b, a
+                movable[p] = owners[p] != b
+                movable[q] = owners[q] != a
+                changed = swapped = True
+        if swapped:
+            held: dict[int, list[int]] = {}
+            for p, i in enumerate(holders):
+                if i >= 0:
+                    held.setdefault(i, []).append(p)
+            for i, parts in held.items():
+                state.parts[i][t] = parts
 
 
 def _exchange(state: _State, a: int, t: int, p: int, b: int, u: int, q: int = -1) -> None:
