@@ -46,7 +46,7 @@ partition it subscribes to from a member that has at least two more".
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..protocol.messages import TopicPartition
 from .assignment import Assignment, GroupSpec
@@ -92,7 +92,7 @@ def balanced_assignment(spec: GroupSpec, *, spread: bool) -> Assignment:
         _match_racks(
             state,
             [spec.members[m].rack for m in ids],
-            [[spec.rack_of(n, p) for p in range(spec.partitions[n])] for n in names],
+            [_padded(spec.racks.get(n, ()), size) for n, size in zip(names, sizes, strict=True)],
             any_owner=identical,
         )
     for i, member_id in enumerate(ids):
@@ -645,6 +645,12 @@ def _improve(state: _State, a: int, t: int) -> bool:
                     _exchange(state, a, t, p, b, u, q)
                     return True
     return False
+
+
+def _padded(racks: Sequence[str], size: int) -> list[str]:
+    """``racks`` cut or padded with ``""`` (unknown) to ``size`` entries."""
+    out = list(racks[:size])
+    return out + [""] * (size - len(out))
 
 
 def _match_racks(
