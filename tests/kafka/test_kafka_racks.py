@@ -5,7 +5,8 @@ rack, and a partition's rack is its leader's. Two confluent-kafka consumers
 with ``group.protocol=consumer``, one per rack, share a topic whose
 partitions are spread over both brokers: the server assignor gives each one
 exactly the partitions led by the broker of its rack (and, balance first, two
-each).
+each). Both join the group's first generation: the assignors put stickiness
+before racks, so partitions a member already owns stay with it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ SETTINGS = dict(
     kafka_port=0,
     kafka_consumer_session_timeout=3.0,
     kafka_consumer_heartbeat_interval=0.25,
+    # Both members must be in the group's first generation: stickiness comes before
+    # racks, so a member that joined alone first would keep half of what it owned,
+    # whatever its rack (a shared machine can delay the second join that long). Each
+    # join re-arms the delay, so the first rebalance waits for both.
+    initial_rebalance_delay=3.0,
 )
 TOPIC = "racked"
 
