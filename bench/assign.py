@@ -14,7 +14,11 @@ assignors are pure functions: no broker, no I/O), with the cyclic collector
 paused as a coordinator runs an assignor (``collector_paused``); the
 baseline too. ``--collector`` runs them with it on instead, as an
 application calling ``assign`` itself would. Issue #14's goal is 100 ms
-at 10,000 members x 100,000 partitions.
+at 10,000 members x 100,000 partitions. ``--racks K`` (default 3; 0: none)
+also times the ``fresh`` and ``join`` cases with racks (KIP-881): every
+member and every partition in one of K racks (partitions by a CRC of their
+number), as ``fresh+racks`` and ``join+racks``, so the cost of
+rack-awareness is a ratio to the rack-less case of the same run.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -57,6 +62,7 @@ __all__ = ["Params", "main", "run_benchmark"]
 TOPIC = "t"
 ASSIGNORS = (RangeAssignor(), UniformAssignor())
 CASES = ("fresh", "leave", "join")
+RACK_CASES = ("fresh+racks", "join+racks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,8 @@ class Params:
     partitions: int = 100_000
     rounds: int = 5
     quick: bool = False
+    racks: int = 3
+    """Racks for the ``+racks`` cases (0: no such cases)."""
     collector: bool = False
     """Leave the cyclic collector on while timing (a coordinator pauses it)."""
 
@@ -79,12 +87,23 @@ def _member_ids(count: int, prefix: str = "m") -> list[str]:
     return [f"{prefix}-{i:06d}" for i in range(count)]
 
 
-def _spec(ids: Sequence[str], partitions: int, owned: Assignment | None = None) -> GroupSpec:
+def _spec(
+    ids: Sequence[str], partitions: int, owned: Assignment | None = None, racks: int = 0
+) -> GroupSpec:
     topics = frozenset({TOPIC})
     members = {
-        m: MemberSpec(m, topics, frozenset(owned.get(m, ())) if owned else frozenset()) for m in ids
+        m: MemberSpec(
+            m,
+            topics,
+            frozenset(owned.get(m, ())) if owned else frozenset(),
+            rack=f"r{k % racks}" if racks else "",
+        )
+        for k, m in enumerate(ids)
     }
-    return GroupSpec(members, {TOPIC: partitions})
+    if not racks:
+        return GroupSpec(members, {TOPIC: partitions})
+    where = [f"r{zlib.crc32(b'%d' % p) % racks}" for p in range(partitions)]
+    return GroupSpec(members, {TOPIC: partitions}, {TOPIC: where})
 
 
 def _baseline(ids: Sequence[str], partitions: int) -> Assignment:
@@ -124,12 +143,18 @@ def measure(params: Params) -> dict[str, Any]:
             "leave": _spec(ids[1:], params.partitions, first),
             "join": _spec([*ids, "n-000000"], params.partitions, first),
         }
+        if params.racks:
+            racked = _spec(ids, params.partitions, racks=params.racks)
+            specs["fresh+racks"] = racked
+            specs["join+racks"] = _spec(
+                [*ids, "n-000000"], params.partitions, assignor.assign(racked), params.racks
+            )
         figures[assignor.name] = {
             case: _median_seconds(
                 partial(assignor.assign, specs[case]), params.rounds, params.collector
             )
             * 1000
-            for case in CASES
+            for case in specs
         }
     return {
         "bench": "assign",
@@ -158,11 +183,12 @@ def render(result: dict[str, Any]) -> str:
         f"baseline (building the answer alone): {result['baseline_ms']:.1f} ms",
         "",
     ]
+    cases = [c for c in (*CASES, *RACK_CASES) if c in next(iter(result["ms"].values()))]
     rows = [
-        [name, *(f"{cases[c]:.1f} ({result['ratio'][name][c]:.1f}x)" for c in CASES)]
-        for name, cases in result["ms"].items()
+        [name, *(f"{figures[c]:.1f} ({result['ratio'][name][c]:.1f}x)" for c in cases)]
+        for name, figures in result["ms"].items()
     ]
-    lines.append(format_table(["assignor", *(f"{c} ms (x baseline)" for c in CASES)], rows))
+    lines.append(format_table(["assignor", *(f"{c} ms (x baseline)" for c in cases)], rows))
     return "\n".join(lines)
 
 
@@ -190,16 +216,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="leave the cyclic garbage collector on while timing (a coordinator pauses it)",
     )
+    parser.add_argument(
+        "--racks",
+        type=int,
+        help=f"racks for the +racks cases (default {defaults.racks}; 0: no such cases)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     params = chosen_params(
         args,
         QUICK if args.quick else Params(),
-        ("members", "partitions", "rounds"),
+        ("members", "partitions", "rounds", "racks"),
         collector=args.collector,
     )
-    if params.members < 2 or params.partitions < 1 or params.rounds < 1:
-        print("members must be >= 2, partitions and rounds >= 1", file=sys.stderr)
+    if params.members < 2 or params.partitions < 1 or params.rounds < 1 or params.racks < 0:
+        print("members must be >= 2, partitions and rounds >= 1, racks >= 0", file=sys.stderr)
         return 2
     return run_and_report("assign", run_benchmark, params, as_json=args.json, render=render)
 

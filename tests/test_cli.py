@@ -406,3 +406,22 @@ def test_the_shell_completes_commands_and_options(tmp_path):
             check=True,
         )
         assert expected in out.read_text().split()
+
+
+def test_the_brokers_rack_is_a_setting_and_is_bounded(tmp_path, monkeypatch, capsys):
+    """``--rack`` comes from the flag, TRIO_COORD_RACK or the config file like any setting;
+    a rack longer than 249 characters, or with control characters, is refused by name."""
+    from trio_coord.broker.server import BrokerConfig
+    from trio_coord.cli import main
+
+    config = tmp_path / "broker.toml"
+    config.write_text('rack = "eu-west-1a"\n')
+    assert main(["broker", "--config", str(config), "--print-config", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rack"] == "eu-west-1a"
+    monkeypatch.setenv("TRIO_COORD_RACK", "eu-west-1b")
+    assert main(["broker", "--config", str(config), "--print-config", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rack"] == "eu-west-1b"
+    BrokerConfig(rack="eu-west-1a").validate()
+    for bad in ("z" * 250, "zone\n1"):
+        with pytest.raises(ValueError, match="--rack"):
+            BrokerConfig(rack=bad).validate()

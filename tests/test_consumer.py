@@ -369,3 +369,21 @@ async def test_a_drop_waits_for_a_running_revoke_and_loses_nothing_twice(autojum
         assert revoked == [[TopicPartition("t", 0)]]
         assert lost == []  # revoked once, never also lost
         nursery.cancel_scope.cancel()
+
+
+async def test_a_native_member_with_the_brokers_rack_gets_its_range_first(tmp_path):
+    """With racks, ``range`` gives each member the partitions of its own rack first: on a
+    broker in rack r1, member b (rack r1) gets t-0..2, which without racks go to member a
+    (rack r2, first in member-id order); each still gets three."""
+    async with open_broker(tmp_path / "data", min_session_timeout=0.05, rack="r1") as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 6)
+        opts = dict(session_timeout=S, assignors=["range"])
+        async with (
+            open_consumer(broker.bootstrap, "g", ["t"], client_id="a", rack="r2", **opts) as a,
+            open_consumer(broker.bootstrap, "g", ["t"], client_id="b", rack="r1", **opts) as b,
+        ):
+            await wait_until(lambda: complete_and_exclusive([a, b], 6))
+            assert a.member_id < b.member_id
+            assert sorted(b.assignment) == [TopicPartition("t", p) for p in (0, 1, 2)]
+            assert sorted(a.assignment) == [TopicPartition("t", p) for p in (3, 4, 5)]

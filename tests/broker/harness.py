@@ -118,6 +118,7 @@ class FakeMember(RequestHandler):
         self.rebalance_timeout = rebalance_timeout
         self.timeline = timeline if timeline is not None else Timeline()
         self.name = name
+        self.rack = ""
         self.member_id = ""
         self.generation = -1
         self.owned: list[TopicPartition] = []
@@ -227,6 +228,7 @@ class FakeMember(RequestHandler):
                 rebalance_protocol=self.protocol,
                 instance_id=self.instance_id,
                 client_assignors=[self.compute.name] if self.compute is not None else [],
+                rack=self.rack,
             )
         )
         assert isinstance(response, JoinGroupResponse)

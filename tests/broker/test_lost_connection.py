@@ -154,4 +154,8 @@ async def test_the_names_a_join_brings_are_bounded(autojump_clock):
             with pytest.raises(InvalidRequestError, match="at most 32 assignors"):
                 await member.join()
             member.assignors = ["range"]
+            member.rack = "r" * 250
+            with pytest.raises(InvalidRequestError, match=r"rack 'rrr.*is 250 characters"):
+                await member.join()
+            member.rack = "r1"
             await member.join()

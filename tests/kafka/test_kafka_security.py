@@ -533,3 +533,209 @@ async def test_a_member_id_belongs_to_the_principal_that_joined(
                 await conn.request(join)
             await conn.request(MetadataRequest([name]))  # (the connection is still fine)
         assert consumer.member_id == victim  # alice's consumer kept its membership
+
+
+def test_kafka_classic_member_impersonation_is_refused(secured: Secured, name: str) -> None:
+    """bob, allowed in the group, sends classic Heartbeat, OffsetCommit and JoinGroup with
+    the member id of alice's live aiokafka consumer: each is GROUP_AUTHORIZATION_FAILED,
+    and alice's consumer keeps its membership and its partition."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.helpers import create_ssl_context
+    from aiokafka.protocol.commit import OffsetCommitRequest
+    from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest
+
+    from trio_coord.kafka.groups import encode_subscription
+
+    secured.prepare(
+        name,
+        1,
+        *[(user, "read", kind, name) for user in ("alice", "bob") for kind in ("topic", "group")],
+    )
+
+    def options(user: str) -> dict[str, object]:
+        return {
+            "bootstrap_servers": secured.broker.kafka,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user],
+            "ssl_context": create_ssl_context(cafile=secured.ca),
+        }
+
+    async def run() -> tuple[list[int], str, str, set[int]]:
+        alice = AIOKafkaConsumer(name, group_id=name, session_timeout_ms=10_000, **options("alice"))
+        await alice.start()
+        bob = AIOKafkaClient(**options("bob"))
+        try:
+            async with asyncio.timeout(30):
+                while not alice.assignment():
+                    await alice.getmany(timeout_ms=100)
+            # (aiokafka keeps the member id and generation on its coordinator; no public API)
+            victim, generation = alice._coordinator.member_id, alice._coordinator.generation
+            await bob.bootstrap()
+            node = next(iter(bob.cluster.brokers())).nodeId
+            requests = [
+                HeartbeatRequest(name, generation, victim),
+                OffsetCommitRequest(name, generation, victim, -1, [(name, [(0, 0, "")])]),
+                JoinGroupRequest(
+                    name,
+                    10_000,
+                    10_000,
+                    victim,
+                    None,
+                    "consumer",
+                    [("range", encode_subscription([name]))],
+                ),
+            ]
+            codes = []
+            for request in requests:
+                answer = await bob.send(node, request)
+                if hasattr(answer, "topics"):  # OffsetCommit: a code per partition
+                    codes += [code for _, parts in answer.topics for _, code in parts]
+                else:
+                    codes.append(answer.error_code)
+            await alice.getmany(timeout_ms=500)  # (alice still heartbeats, as herself)
+            after = alice._coordinator.member_id
+            return codes, victim, after, {tp.partition for tp in alice.assignment()}
+        finally:
+            await bob.close()
+            await alice.stop()
+
+    codes, victim, after, partitions = asyncio.run(run())
+    assert codes == [30, 30, 30]  # GROUP_AUTHORIZATION_FAILED, each
+    assert after == victim and partitions == {0}
+
+
+def test_kip848_consumer_over_sasl_ssl_needs_read_on_the_group(secured: Secured, name: str) -> None:
+    """confluent-kafka with ``group.protocol=consumer`` over SASL_SSL + SCRAM: bob, without
+    READ on the group, is refused (GROUP_AUTHORIZATION_FAILED); alice, with READ on the
+    group and topic, consumes; bob heartbeating with alice's member id is refused."""
+    from confluent_kafka import Consumer, KafkaError, Producer
+
+    secured.prepare(
+        name,
+        1,
+        ("admin", "write", "topic", name),
+        ("alice", "read", "topic", name),
+        ("alice", "read", "group", name),
+        ("bob", "read", "topic", name),
+    )
+    producer = Producer(secured.confluent("admin"))
+    for i in range(5):
+        producer.produce(name, b"c%d" % i)
+    assert producer.flush(15) == 0
+
+    def consumer(user: str) -> Consumer:
+        return Consumer(
+            {
+                **secured.confluent(user),
+                "group.id": name,
+                "group.protocol": "consumer",
+                "auto.offset.reset": "earliest",
+            }
+        )
+
+    refused = consumer("bob")
+    refused.subscribe([name])
+    seen = None
+    deadline = time.monotonic() + 20
+    while seen is None and time.monotonic() < deadline:
+        message = refused.poll(0.2)
+        if message is not None and message.error() is not None:
+            seen = message.error()
+    refused.close()
+    # librdkafka makes a heartbeat's GROUP_AUTHORIZATION_FAILED fatal (_FATAL, naming it).
+    assert seen is not None and seen.code() == KafkaError._FATAL, seen
+    assert "ConsumerGroupHeartbeat fatal error: Broker: Group authorization failed" in seen.str()
+
+    alice = consumer("alice")
+    alice.subscribe([name])
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            message = alice.poll(0.2)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append(message.value())
+        assert sorted(got) == [b"c%d" % i for i in range(5)]
+        victim = alice.memberid()
+        assert victim
+        # bob, now allowed in the group, heartbeats as alice's member: refused.
+        secured.prepare(None, 0, ("bob", "read", "group", name))
+        assert (
+            _kip848_heartbeat(secured, "bob", name, victim) == KafkaError.GROUP_AUTHORIZATION_FAILED
+        )
+        alice.poll(0.5)
+        assert alice.memberid() == victim and {tp.partition for tp in alice.assignment()} == {0}
+    finally:
+        alice.close()
+
+
+def _kip848_heartbeat(secured: Secured, user: str, group: str, member_id: str) -> int:
+    """One ConsumerGroupHeartbeat (v0) as ``user`` (TLS, SCRAM-SHA-256 over SaslHandshake and
+    SaslAuthenticate, written with kio) for ``member_id``: the answer's error code."""
+    import io
+    import socket
+    import struct
+    from datetime import timedelta
+
+    from kio.index import load_request_schema
+    from kio.serial import entity_reader, entity_writer
+
+    from trio_coord.kafka.codec import response_schema
+    from trio_coord.security.scram import ScramClient
+
+    host, port = secured.broker.kafka.rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=15)
+    with client_ssl_context(secured.ca).wrap_socket(raw, server_hostname=host) as sock:
+        corr = itertools.count(1)
+
+        def recv(size: int) -> bytes:
+            data = b""
+            while len(data) < size:
+                chunk = sock.recv(size - len(data))
+                assert chunk, "the broker closed the connection"
+                data += chunk
+            return data
+
+        def call(key: int, version: int, **fields: object) -> object:
+            schema = load_request_schema(key, version)
+            out = io.BytesIO()
+            header = schema.__header_schema__
+            entity_writer(header)(
+                out,
+                header(
+                    request_api_key=key,
+                    request_api_version=version,
+                    correlation_id=next(corr),
+                    client_id="t",
+                ),
+            )
+            entity_writer(schema)(out, schema(**fields))
+            sock.sendall(struct.pack(">i", out.tell()) + out.getvalue())
+            frame = recv(struct.unpack(">i", recv(4))[0])
+            answer = response_schema(key, version)
+            _, used = entity_reader(answer.__header_schema__)(frame, 0)
+            return entity_reader(answer)(frame, used)[0]
+
+        assert call(17, 1, mechanism="SCRAM-SHA-256").error_code == 0
+        scram = ScramClient("SCRAM-SHA-256", user, PASSWORDS[user])
+        first = call(36, 2, auth_bytes=scram.first())
+        final = call(36, 2, auth_bytes=scram.final(first.auth_bytes))
+        assert final.error_code == 0, final.error_message
+        answer = call(
+            68,
+            0,
+            group_id=group,
+            member_id=member_id,
+            member_epoch=1,
+            instance_id=None,
+            rack_id=None,
+            rebalance_timeout=timedelta(milliseconds=-1),
+            subscribed_topic_names=None,
+            server_assignor=None,
+            topic_partitions=None,
+        )
+        return int(answer.error_code)

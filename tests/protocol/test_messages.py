@@ -69,7 +69,7 @@ from trio_coord.protocol.messages import (
     TopicPartition,
 )
 
-BROKER = BrokerInfo(7, "10.0.0.7", 9093, 9092)
+BROKER = BrokerInfo(7, "10.0.0.7", 9093, 9092, rack="eu-west-1a")
 OFFSET = PartitionOffset("orders", 3, 1234, "checkpoint-9")
 TOPIC = TopicInfo(
     "orders", 12, leaders=[7] * 12, topic_id="9f" * 16, configs={"retention.ms": "604800000"}
@@ -109,6 +109,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         instance_id="host-7",
         user_data=b"rack-1",
         client_assignors=["my-assignor"],
+        rack="eu-west-1b",
     ),
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
     LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),

@@ -26,7 +26,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -315,6 +315,7 @@ class GroupRunner:
             user_data=request.user_data,
             client_id=request.client_id,
             instance_id=request.instance_id,
+            rack=request.rack,
         )
         if not member_id:
             prefix = request.instance_id or request.client_id or "member"
@@ -350,6 +351,7 @@ class GroupRunner:
             instance_id=request.instance_id,
             user_data=request.user_data,
             client_assignors=request.client_assignors,
+            rack=request.rack,
         )
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)
@@ -908,7 +910,10 @@ class GroupRunner:
         self._match_patterns()
         partitions = self._subscribed_partitions()
         input = group.assignment_input(
-            partitions=partitions, available=self._assignors, cooperative=False
+            partitions=partitions,
+            available=self._assignors,
+            cooperative=False,
+            racks=self._partition_racks(partitions),
         )
         if input.leader is not None:
             return False
@@ -931,10 +936,12 @@ class GroupRunner:
         """
         group = self.group
         self._match_patterns()
+        partitions = self._subscribed_partitions()
         input = group.assignment_input(
-            partitions=self._subscribed_partitions(),
+            partitions=partitions,
             available=self._assignors,
             cooperative=cooperative,
+            racks=self._partition_racks(partitions),
         )
         if input.leader is None:
             return input, group.compute_assignment(input, self._assignors)
@@ -1026,6 +1033,13 @@ class GroupRunner:
             matched = self._topics.matching(member.topics)
             if not matched <= member.topics:
                 member.topics = member.topics | matched
+
+    def _partition_racks(self, partitions: Mapping[str, int]) -> dict[str, list[str]]:
+        """The rack of each partition of ``partitions``' topics (its broker's), if some
+        member has a rack; else nothing (racks would change no assignment)."""
+        if not any(m.rack for m in self.group.members.values()):
+            return {}
+        return {t: self._topics.partition_racks(t) for t in sorted(partitions)}
 
     def _subscribed_partitions(self) -> dict[str, int]:
         topics: set[str] = set()

@@ -40,6 +40,7 @@ from .._aio import unwrap_lone_exception
 from ..core.assignors import Assignor, make_registry
 from ..core.group import GroupLimits
 from ..core.records import Record, TopicRecord, TopicTombstone
+from ..core.validation import MAX_NAME_LENGTH as MAX_RACK_LENGTH
 from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
 from ..protocol.budget import ByteBudget
@@ -150,6 +151,10 @@ class BrokerConfig:
     """The same for all connections together (Kafka's queued.max.request.bytes)."""
     max_batch_bytes: int | None = None
     max_fetch_bytes: int = 16 * 1024 * 1024
+    rack: str = ""
+    """The rack (availability zone) this broker runs in ("": none). Kafka Metadata
+    tells clients; the rack of a partition is its broker's, and the server
+    assignors prefer giving members partitions of their own rack (KIP-881)."""
     kafka_port: int | None = None
     """The port of the Kafka listener (0: a free one; None: no Kafka listener). See
     docs/kafka.md."""
@@ -251,6 +256,11 @@ class BrokerConfig:
             raise ValueError(f"metrics_port {self.metrics_port} is not between 0 and 65535")
         if self.kafka_port is not None and not 0 <= self.kafka_port <= 65535:
             raise ValueError(f"kafka_port {self.kafka_port} is not between 0 and 65535")
+        if len(self.rack) > MAX_RACK_LENGTH or not self.rack.isprintable():
+            raise ValueError(
+                f"rack (--rack) must be at most {MAX_RACK_LENGTH} printable characters; "
+                f"got {self.rack[:40]!r}"
+            )
         if not 0 < self.kafka_consumer_heartbeat_interval < self.kafka_consumer_session_timeout:
             raise ValueError(
                 "kafka_consumer_heartbeat_interval "
@@ -405,6 +415,7 @@ class Broker:
             self.writer,
             max_partitions=config.max_partitions,
             placement=None if self.cluster is None else placement(self.cluster),
+            rack_of=self.rack_of,
         )
         self.topics.add_listener(self._topic_changed)
         self.partitions: PartitionService = PartitionService(
@@ -592,7 +603,9 @@ class Broker:
     def info(self) -> BrokerInfo:
         """This broker as Metadata describes it."""
         kafka_port = 0 if self.kafka_address is None else self.kafka_address[1]
-        return BrokerInfo(self.config.broker_id, self.address[0], self.address[1], kafka_port)
+        return BrokerInfo(
+            self.config.broker_id, self.address[0], self.address[1], kafka_port, self.config.rack
+        )
 
     # -- what the Kafka front end uses (trio_coord.kafka.service.KafkaService) -------------
 
@@ -606,14 +619,23 @@ class Broker:
         """The cluster id Kafka clients are told."""
         return "trio-coord"
 
+    def rack_of(self, broker_id: int | None) -> str:
+        """The rack of a broker (None: this one); "" if it has none or is not known."""
+        if broker_id is None or broker_id == self.config.broker_id:
+            return self.config.rack
+        info = None if self.cluster is None else self.cluster.brokers.get(broker_id)
+        return "" if info is None else info.rack
+
     def kafka_nodes(self) -> list[KafkaNode]:
         """Every live broker with a Kafka listener, as Kafka Metadata lists them."""
         if self.cluster is None:
             if self.kafka_address is None:
                 return []
-            return [KafkaNode(self.broker_id, self.config.host, self.kafka_address[1])]
+            return [
+                KafkaNode(self.broker_id, self.config.host, self.kafka_address[1], self.config.rack)
+            ]
         return [
-            KafkaNode(b.broker_id, b.host, b.kafka_port)
+            KafkaNode(b.broker_id, b.host, b.kafka_port, b.rack)
             for _, b in sorted(self.cluster.brokers.items())
             if b.kafka_port
         ]
@@ -628,7 +650,7 @@ class Broker:
         info = self.cluster.coordinator_of(self.coordinator.slot_of(group))
         if info is None or not info.kafka_port:
             return None
-        return KafkaNode(info.broker_id, info.host, info.kafka_port)
+        return KafkaNode(info.broker_id, info.host, info.kafka_port, info.rack)
 
     async def read_topics(self, names: list[str]) -> None:
         """In a cluster, read topics another broker just made (a no-op on a single broker)."""

@@ -100,10 +100,12 @@ class TopicManager:
         *,
         max_partitions: int = 10_000,
         placement: Callable[[], list[int]] | None = None,
+        rack_of: Callable[[int | None], str] | None = None,
     ) -> None:
         self._writer = writer
         self._max_partitions = max_partitions
         self._placement = placement
+        self._rack_of = rack_of
         self.partitions: dict[str, int] = {}
         """topic → partition count (the durable, replayed state)."""
         self.leaders: dict[str, list[int]] = {}
@@ -170,6 +172,21 @@ class TopicManager:
         """The id of the broker holding a partition (None: this one, on a single broker)."""
         leaders = self.leaders.get(topic)
         return leaders[partition] if leaders and partition < len(leaders) else None
+
+    def partition_racks(self, topic: str) -> list[str]:
+        """The rack of each partition of ``topic``: its broker's ("": none, or no such
+        topic). One replica per partition, so a partition's racks are its leader's."""
+        count = self.partitions.get(topic, 0)
+        if self._rack_of is None:
+            return [""] * count
+        racks: dict[int | None, str] = {}
+        out = []
+        for p in range(count):
+            leader = self.leader(topic, p)
+            if leader not in racks:
+                racks[leader] = self._rack_of(leader)
+            out.append(racks[leader])
+        return out
 
     def _place(self, name: str, old: list[int], total: int) -> list[int]:
         """Leaders for partitions ``len(old)..total-1`` on the live brokers, round-robin."""

@@ -45,6 +45,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         repair=args.repair,
         tune_gc=True,  # this process runs a broker: its state is long-lived
         kafka_port=args.kafka_port,
+        rack=args.rack,
         metrics_port=args.metrics_port,
         kafka_max_request_bytes=args.max_request_bytes,
         kafka_consumer_session_timeout=args.kafka_consumer_session_timeout,

@@ -395,6 +395,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Kafka listener; see docs/kafka.md)",
     )
     p.add_argument(
+        "--rack",
+        default="",
+        metavar="NAME",
+        help="the rack (availability zone) this broker runs in: Kafka Metadata tells "
+        "clients, and the server assignors prefer giving each member partitions held by "
+        "brokers of its own rack (client.rack; default: none; docs/assignment.md)",
+    )
+    p.add_argument(
         "--max-request-bytes",
         type=int,
         default=BrokerConfig().kafka_max_request_bytes,

@@ -156,6 +156,7 @@ class GroupMembership:
     rebalance_protocol: RebalanceProtocol
     assignors: list[str]
     user_data: bytes
+    rack: str
     _local_assignors: dict[str, Assignor]
     _on_assigned: PartitionsCallback | None
     _on_revoked: PartitionsCallback | None
@@ -517,6 +518,7 @@ class GroupMembership:
                         self.instance_id,
                         self.user_data,
                         sorted(self._local_assignors),
+                        self.rack,
                     ),
                 )
             except UnknownMemberError as exc:

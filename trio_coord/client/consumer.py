@@ -133,6 +133,7 @@ class Consumer(GroupMembership, EnterOnce):
         rebalance_protocol: RebalanceProtocol = "eager",
         instance_id: str | None = None,
         user_data: bytes = b"",
+        rack: str = "",
         on_assigned: PartitionsCallback | None = None,
         on_revoked: PartitionsCallback | None = None,
         on_lost: PartitionsCallback | None = None,
@@ -202,6 +203,7 @@ class Consumer(GroupMembership, EnterOnce):
         self.rebalance_protocol = rebalance_protocol
         self.instance_id = instance_id or ""
         self.user_data = user_data
+        self.rack = rack
         self.client_id = client_id
         self.max_poll_interval = max_poll_interval
         self.request_timeout = request_timeout
@@ -618,6 +620,7 @@ def open_consumer(
     rebalance_protocol: RebalanceProtocol = "eager",
     instance_id: str | None = None,
     user_data: bytes = b"",
+    rack: str = "",
     on_assigned: PartitionsCallback | None = None,
     on_revoked: PartitionsCallback | None = None,
     on_lost: PartitionsCallback | None = None,
@@ -661,6 +664,8 @@ def open_consumer(
     this consumer runs if it becomes the group's leader; default ``("range",
     "roundrobin")``, or ``("uniform", "sticky", "range", "roundrobin")`` when
     cooperative), ``user_data`` (bytes handed to such an assignor),
+    ``rack`` (the rack this consumer runs in: the broker's assignors prefer
+    giving it partitions held by brokers of that rack, their ``--rack``),
     ``instance_id`` (a static member: see docs/assignment.md), ``client_id``,
     and the callbacks ``on_assigned``, ``on_revoked`` and ``on_lost`` (each
     called with a sorted list of partitions; plain or async functions);
@@ -692,6 +697,7 @@ def open_consumer(
         rebalance_protocol=rebalance_protocol,
         instance_id=instance_id,
         user_data=user_data,
+        rack=rack,
         on_assigned=on_assigned,
         on_revoked=on_revoked,
         on_lost=on_lost,

@@ -44,6 +44,8 @@ class Member:
     """Opaque bytes it gave for a leader-side assignor."""
     client_assignors: tuple[str, ...] = ()
     """The assignors it can compute itself, as the group's leader."""
+    rack: str = ""
+    """The rack it runs in ("": none), for rack-aware assignors."""
 
     @property
     def lease_end(self) -> float:

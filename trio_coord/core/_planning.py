@@ -11,7 +11,7 @@ heartbeat, leave, fences) and replay stay in ``group.py``. Pure, like all of ``c
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,6 +126,7 @@ class AssignmentPlanning:
         partitions: Mapping[str, int],
         available: Mapping[str, Assignor],
         cooperative: bool | None = None,
+        racks: Mapping[str, Sequence[str]] | None = None,
     ) -> AssignmentInput:
         """The assignor to use, its input, and who computes it (the broker, or a leader).
 
@@ -137,6 +138,7 @@ class AssignmentPlanning:
         (a cooperative plan is made before anything stops). ``cooperative``
         None means :attr:`cooperative`; the broker passes False for a
         rebalance it runs eagerly in a cooperative group (an offset reset).
+        ``racks`` gives each topic's partitions' racks (:class:`GroupSpec`).
         """
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         # choose_assignor over every member's list, from the running counts:
@@ -160,10 +162,12 @@ class AssignmentPlanning:
                     m.topics,
                     frozenset(m.may_own if cooperative else m.assignment),
                     m.user_data,
+                    m.rack,
                 )
                 for m in members
             },
             partitions={t: n for t, n in partitions.items() if n > 0},
+            racks={t: racks[t] for t in partitions if t in racks} if racks else {},
         )
         leader = None
         if name not in available:
@@ -215,6 +219,7 @@ class AssignmentPlanning:
         computed: tuple[AssignmentInput, Assignment] | None = None,
         cooperative: bool | None = None,
         created_since: Collection[str] = (),
+        racks: Mapping[str, Sequence[str]] | None = None,
     ) -> AssignmentPlan:
         """Enter ASSIGNING and plan the next generation: its record and its starts.
 
@@ -238,7 +243,7 @@ class AssignmentPlanning:
         members = sorted(self.members.values(), key=lambda m: m.member_id)
         if computed is None:
             input = self.assignment_input(
-                partitions=partitions, available=available, cooperative=cooperative
+                partitions=partitions, available=available, cooperative=cooperative, racks=racks
             )
             if input.leader is not None:
                 raise InconsistentAssignorError(

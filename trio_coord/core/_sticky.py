@@ -33,6 +33,10 @@ subscribers of count(member, topic) ** 2``, keeps the assignment balanced and
 keeps at least as many owned partitions in place; on the mixed path it
 alternates with ``give_back`` until neither changes anything.
 
+With racks (some member's and some partition's known), :func:`_match_racks`
+runs last: it exchanges two partitions of one topic between two members while
+that gives more partitions to a member of their rack, which changes no count.
+
 "Balanced" is checked per topic: the most loaded member holding a partition
 of the topic has at most one more partition in all than the least loaded
 member subscribing to it. That is the same as "no member could take a
@@ -42,7 +46,7 @@ partition it subscribes to from a member that has at least two more".
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..protocol.messages import TopicPartition
 from .assignment import Assignment, GroupSpec
@@ -84,6 +88,13 @@ def balanced_assignment(spec: GroupSpec, *, spread: bool) -> Assignment:
         if spread:
             while _even_out(state) and state.give_back():
                 pass
+    if spec.rack_aware():
+        _match_racks(
+            state,
+            [spec.members[m].rack for m in ids],
+            [_padded(spec.racks.get(n, ()), size) for n, size in zip(names, sizes, strict=True)],
+            any_owner=identical,
+        )
     for i, member_id in enumerate(ids):
         result[member_id] = [
             TopicPartition(names[t], p)
@@ -634,6 +645,75 @@ def _improve(state: _State, a: int, t: int) -> bool:
                     _exchange(state, a, t, p, b, u, q)
                     return True
     return False
+
+
+def _padded(racks: Sequence[str], size: int) -> list[str]:
+    """``racks`` cut or padded with ``""`` (unknown) to ``size`` entries."""
+    out = list(racks[:size])
+    return out + [""] * (size - len(out))
+
+
+def _match_racks(
+    state: _State, member_racks: list[str], part_racks: list[list[str]], *, any_owner: bool
+) -> None:
+    """Exchange two partitions of one topic between two members while that gives more
+    partitions to a member of their rack (KIP-881; see the assignors' module docstring).
+
+    Only partitions not kept in place move (``any_owner`` False, the mixed path: only
+    those nobody owned, so that none could go back to an owner), and an exchange within
+    one topic changes no count: balance, per-topic counts and the owned partitions kept
+    stay as they are. Each exchange gives one more partition (or two) to a member of its
+    rack, so the loop ends; it is deterministic (partitions in order, lowest first).
+
+    The last step of an assignment: it keeps only ``holder`` and ``parts`` up to date
+    (an exchange within a topic changes none of the counts the other tables keep, but
+    it would change which partitions are free; nothing reads them after this).
+    """
+    for t, racks in enumerate(part_racks):
+        if not any(racks):
+            continue
+        holders, owners = state.holder[t], state.owner[t]
+        # Partitions that may move: not held by their owner (and, unless any_owner,
+        # owned by nobody). An exchange gives one to a member that did not own it, or
+        # back to its owner; either way the rest stay movable or become kept.
+        movable = [o != h and (any_owner or o < 0) for o, h in zip(owners, holders, strict=True)]
+        changed, swapped = True, False
+        while changed:
+            changed = False
+            # pools[r]: movable partitions of rack r held by a member of another rack,
+            # highest first (pop() gives the lowest); stale entries are skipped.
+            pools: dict[str, list[int]] = {}
+            for p in range(len(racks) - 1, -1, -1):
+                rack = racks[p]
+                if rack and movable[p] and member_racks[holders[p]] != rack:
+                    pools.setdefault(rack, []).append(p)
+            if not pools:
+                break
+            for p in range(len(racks)):
+                if not movable[p]:
+                    continue
+                a = holders[p]
+                want = member_racks[a]
+                if not want or want == racks[p]:
+                    continue
+                pool = pools.get(want)
+                while pool and (not movable[pool[-1]] or member_racks[holders[pool[-1]]] == want):
+                    pool.pop()
+                if not pool:
+                    continue
+                q = pool.pop()
+                b = holders[q]
+                holders[p], holders[q] = b, a
+                movable[p] = owners[p] != b
+                movable[q] = owners[q] != a
+                changed = swapped = True
+        if swapped:
+            held: dict[int, list[int]] = {}
+            for p, i in enumerate(holders):
+                if i >= 0:
+                    held.setdefault(i, []).append(p)
+            for i, parts in held.items():
+                state.parts[i][t] = parts
 
 
 def _exchange(state: _State, a: int, t: int, p: int, b: int, u: int, q: int = -1) -> None:

@@ -1,16 +1,17 @@
 """What an assignor takes and gives: the shared types of the assignors.
 
 Its one job is the assignment's vocabulary: :class:`GroupSpec` (the members,
-what each subscribes to and owns, and each topic's partition count),
-:data:`Assignment` (member id -> its partitions) and the :class:`Assignor`
-protocol a custom assignor implements. The built-in assignors
-(``core.assignors``) and the balancing algorithm (``core._sticky``) both
-import it, and it imports neither, so there is no import circle. Pure.
+what each subscribes to and owns, each topic's partition count and, where
+known, the racks of members and partitions), :data:`Assignment` (member id ->
+its partitions) and the :class:`Assignor` protocol a custom assignor
+implements. The built-in assignors (``core.assignors``) and the balancing
+algorithm (``core._sticky``) both import it, and it imports neither, so there
+is no import circle. Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,14 +32,34 @@ class MemberSpec:
     owned: frozenset[TopicPartition] = field(default_factory=frozenset)
     user_data: bytes = b""
     """Opaque bytes the member gave in JoinGroup (for assignors of the application's own)."""
+    rack: str = ""
+    """The rack (availability zone) the member runs in; empty: unknown."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
-    """The input of an assignor: members and the partition count of each topic."""
+    """The input of an assignor: members and the partition count of each topic.
+
+    ``racks`` maps a topic to the rack of each of its partitions (that of the
+    broker holding it; ``""``: unknown). A topic missing from it, or a
+    partition beyond its list, has no known rack. Rack-aware assignors use it
+    with :attr:`MemberSpec.rack` (:meth:`rack_of`); without racks they ignore it.
+    """
 
     members: Mapping[str, MemberSpec]
     partitions: Mapping[str, int]
+    racks: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def rack_of(self, topic: str, partition: int) -> str:
+        """The rack of a partition (``""``: unknown)."""
+        racks = self.racks.get(topic)
+        return racks[partition] if racks is not None and 0 <= partition < len(racks) else ""
+
+    def rack_aware(self) -> bool:
+        """Whether some member and some partition have a rack (else racks change nothing)."""
+        return any(m.rack for m in self.members.values()) and any(
+            any(r) for r in self.racks.values()
+        )
 
     def subscribers(self, topic: str) -> list[str]:
         """The sorted ids of the members subscribed to ``topic``."""

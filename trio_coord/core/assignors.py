@@ -17,7 +17,9 @@ wherever it ran.
 
 ``range`` (per topic, consecutive blocks, as Kafka's RangeAssignor): with
 topic ``t`` of 5 partitions and members ``a``, ``b``: ``a`` gets t-0, t-1,
-t-2 and ``b`` gets t-3, t-4. ``roundrobin`` (all partitions of all topics,
+t-2 and ``b`` gets t-3, t-4. With racks (below) each member first takes, up
+to that same count, the lowest-numbered partitions of its own rack, and the
+partitions left fill the members in order. ``roundrobin`` (all partitions of all topics,
 dealt one at a time to the next member that subscribes): with topics ``t``
 (3 partitions) and ``u`` (2) and members ``a``, ``b``: ``a`` gets t-0, t-2,
 u-1 and ``b`` gets t-1, u-0. Neither looks at what members owned.
@@ -46,6 +48,18 @@ keeping the assignment balanced and at least as many owned partitions in
 place. So with identical subscriptions and nothing owned, every topic's
 partitions differ by at most one between members; per-topic balance yields
 to overall balance and to stickiness.
+
+*Racks* (Kafka's KIP-881): when some member has a rack (:attr:`MemberSpec.rack`)
+and some partition has one (:attr:`GroupSpec.racks`, the rack of the broker
+holding it), ``range``, ``sticky`` and ``uniform`` prefer giving a member
+partitions of its own rack, never at the price of balance: each member gets
+exactly as many partitions of each topic as without racks. ``sticky`` and
+``uniform`` exchange two partitions of one topic between two members while
+that gives more partitions to a member of their rack, moving only partitions
+that are not kept in place (on the mixed path, only partitions nobody owned),
+so balance, per-topic counts and the owned partitions kept are as without
+racks. Without racks every assignor gives exactly what it gave before racks.
+``roundrobin`` ignores racks.
 docs/assignment.md explains the choices, with worked examples.
 
 An assignment of a large group builds tens of thousands of containers, all
@@ -114,18 +128,53 @@ class RangeAssignor:
     def assign(self, spec: GroupSpec) -> Assignment:
         """See the module docstring."""
         result = _empty(spec)
+        aware = spec.rack_aware()
         for topic in spec.topics():
             members = spec.subscribers(topic)
             count = spec.partitions[topic]
             quota, extra = divmod(count, len(members))
+            sizes = [quota + (1 if index < extra else 0) for index in range(len(members))]
+            if aware and any(spec.racks.get(topic, ())):
+                for member_id, share in zip(
+                    members, _racked_ranges(spec, topic, members, sizes), strict=True
+                ):
+                    result[member_id].extend(TopicPartition(topic, p) for p in share)
+                continue
             start = 0
-            for index, member_id in enumerate(members):
-                size = quota + (1 if index < extra else 0)
+            for member_id, size in zip(members, sizes, strict=True):
                 result[member_id].extend(
                     TopicPartition(topic, p) for p in range(start, start + size)
                 )
                 start += size
         return result
+
+
+def _racked_ranges(
+    spec: GroupSpec, topic: str, members: list[str], sizes: list[int]
+) -> list[list[int]]:
+    """``range`` with racks (as Kafka's KIP-881): each member, in order, first takes the
+    lowest-numbered partitions of its own rack, up to its size; then the partitions
+    left are dealt in order to the members in order, each up to its size. The sizes
+    are those without racks, so the balance is the same."""
+    by_rack: dict[str, list[int]] = {}
+    for p in range(spec.partitions[topic] - 1, -1, -1):  # (descending: pop() is the lowest)
+        rack = spec.rack_of(topic, p)
+        if rack:
+            by_rack.setdefault(rack, []).append(p)
+    shares: list[list[int]] = [[] for _ in members]
+    taken: set[int] = set()
+    for share, member_id, size in zip(shares, members, sizes, strict=True):
+        rack = spec.members[member_id].rack
+        pool = by_rack.get(rack) if rack else None
+        while pool and len(share) < size:
+            share.append(pool.pop())
+            taken.add(share[-1])
+    left = (p for p in range(spec.partitions[topic]) if p not in taken)
+    for share, size in zip(shares, sizes, strict=True):
+        while len(share) < size:
+            share.append(next(left))
+        share.sort()
+    return shares
 
 
 class RoundRobinAssignor:

@@ -219,6 +219,7 @@ class Group(AssignmentPlanning):
         user_data: bytes = b"",
         client_id: str = "",
         instance_id: str = "",
+        rack: str = "",
     ) -> None:
         """Raise the error a JoinGroup with these values deserves, if any.
 
@@ -250,7 +251,7 @@ class Group(AssignmentPlanning):
                 f"offset reset policy {offset_reset!r} is not one of "
                 f"{', '.join(OFFSET_RESET_POLICIES)}"
             )
-        for what, name in (("client id", client_id), ("instance id", instance_id)):
+        for what, name in (("client id", client_id), ("instance id", instance_id), ("rack", rack)):
             if len(name) > MAX_NAME_LENGTH:
                 raise InvalidRequestError(
                     f"{what} {name[:40]!r}... is {len(name)} characters, more than the "
@@ -339,6 +340,7 @@ class Group(AssignmentPlanning):
         instance_id: str = "",
         user_data: bytes = b"",
         client_assignors: Iterable[str] = (),
+        rack: str = "",
     ) -> Member:
         """Admit a member (validated by :meth:`validate_join`); replaces one with the same id.
 
@@ -366,6 +368,7 @@ class Group(AssignmentPlanning):
             instance_id=instance_id,
             user_data=user_data,
             client_assignors=tuple(client_assignors),
+            rack=rack,
         )
         if old is not None:
             member.may_own = old.may_own

@@ -620,6 +620,7 @@ def _request(
         client_id=(ctx.client_id or "")[:MAX_NAME_LENGTH],
         rebalance_protocol="cooperative",
         instance_id=link.instance_id,
+        rack=link.rack_id,
     )
 
 

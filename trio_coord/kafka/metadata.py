@@ -201,7 +201,8 @@ def _metadata(ctx: RequestContext, names: list[str | uuid.UUID] | None) -> Any:
         schema,
         throttle_time=_NO_THROTTLE,
         brokers=tuple(
-            make(broker_cls, node_id=n.node_id, host=n.host, port=n.port, rack=None) for n in nodes
+            make(broker_cls, node_id=n.node_id, host=n.host, port=n.port, rack=n.rack or None)
+            for n in nodes
         ),
         cluster_id=service.cluster_id,
         controller_id=min(live) if live else -1,

@@ -43,6 +43,8 @@ class KafkaNode:
     node_id: int
     host: str
     port: int
+    rack: str = ""
+    """Its ``--rack`` ("": none; Metadata then says null)."""
 
 
 @dataclass(frozen=True, slots=True)

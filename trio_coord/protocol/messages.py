@@ -156,6 +156,8 @@ class BrokerInfo(_Wire):
     host: str
     port: int
     kafka_port: int = 0
+    rack: str = ""
+    """The rack (availability zone) it runs in ("": none; its ``--rack``)."""
 
     @property
     def address(self) -> str:
@@ -287,6 +289,9 @@ class JoinGroupRequest(_Wire, tag=4):
     """Opaque bytes for a leader-side assignor, passed to it with this member's subscription."""
     client_assignors: list[str] = []
     """The names in ``assignors`` that this member can compute itself, as the group's leader."""
+    rack: str = ""
+    """The rack (availability zone) the member runs in ("": none): rack-aware assignors
+    prefer giving it partitions whose broker is in the same rack."""
 
 
 class HeartbeatRequest(_Wire, tag=5):
