@@ -26,6 +26,24 @@ def _scrape(url: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+def _consume_with_kafka(bootstrap: str, count: int) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "metrics-reader"})
+    try:
+        consumer.assign([TopicPartition("orders", 0, 0)])
+        got = 0
+        for _ in range(200):
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                got += 1
+                if got == count:
+                    return
+        raise AssertionError(f"read {got} of {count} records with confluent-kafka")
+    finally:
+        consumer.close()
+
+
 def _produce_with_kafka(bootstrap: str, count: int) -> None:
     from confluent_kafka import Producer
 
@@ -71,6 +89,8 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
             assert broker.kafka_address is not None
             kafka = f"{broker.kafka_address[0]}:{broker.kafka_address[1]}"
             await trio.to_thread.run_sync(_produce_with_kafka, kafka, 4)
+            # ... and a Kafka consumer's fetches count as fetched: partition 0's 5 + 4 records.
+            await trio.to_thread.run_sync(_consume_with_kafka, kafka, 9)
             metrics = await trio.to_thread.run_sync(_scrape, url)
 
     assert _value(metrics["trio_coord_connections"], "trio_coord_connections") >= 1
@@ -99,7 +119,7 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
     produced = metrics["trio_coord_produced_records"]
     assert _value(produced, "trio_coord_produced_records_total", topic="orders") == 14
     fetched = metrics["trio_coord_fetched_records"]
-    assert _value(fetched, "trio_coord_fetched_records_total", topic="orders") >= 10
+    assert _value(fetched, "trio_coord_fetched_records_total", topic="orders") >= 10 + 9
     ends = metrics["trio_coord_log_end_offset"]
     assert [
         _value(ends, "trio_coord_log_end_offset", topic="orders", partition=p) for p in "01"

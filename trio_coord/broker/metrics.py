@@ -265,13 +265,13 @@ class _StateCollector(Collector):
             ("trio_coord_produced_records", "Records appended, by topic.", produced, 1),
             (
                 "trio_coord_fetched_bytes",
-                "Record bytes served to native fetches, by topic.",
+                "Record bytes served to fetches (native and Kafka), by topic.",
                 broker.partitions.traffic,
                 0,
             ),
             (
                 "trio_coord_fetched_records",
-                "Records served to native fetches, by topic.",
+                "Records served to fetches (native and Kafka), by topic.",
                 broker.partitions.traffic,
                 1,
             ),

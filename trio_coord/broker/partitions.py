@@ -114,8 +114,9 @@ class PartitionService:
         self._waiters: defaultdict[TopicPartition, set[trio.Event]] = defaultdict(set)
         self._reported: set[tuple[object, int]] = set()  # damage logged already
         self.traffic: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
-        """Per topic: bytes and records fetched by native requests (for metrics; what is
-        produced, by either front end, each partition log counts: ``PartitionLog.appended``)."""
+        """Per topic: bytes and records fetched, by native requests and (through
+        ``Broker.count_fetched``) Kafka ones, for metrics; what is produced, by either front
+        end, each partition log counts: ``PartitionLog.appended``."""
         logs.on_advance(self._wake)
 
     def _wake(self, topic: str, partition: int) -> None:

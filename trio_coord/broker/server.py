@@ -626,6 +626,12 @@ class Broker:
         info = None if self.cluster is None else self.cluster.brokers.get(broker_id)
         return "" if info is None else info.rack
 
+    def count_fetched(self, topic: str, nbytes: int, records: int) -> None:
+        """Count record bytes and records served to a Kafka fetch (the fetched metrics)."""
+        counts = self.partitions.traffic[topic]
+        counts[0] += nbytes
+        counts[1] += records
+
     def kafka_nodes(self) -> list[KafkaNode]:
         """Every live broker with a Kafka listener, as Kafka Metadata lists them."""
         if self.cluster is None:

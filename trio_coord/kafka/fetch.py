@@ -138,12 +138,12 @@ def _read(
                         KafkaCode.offset_out_of_range,
                         f"{topic}-{p.partition} holds no records; offset {p.fetch_offset}",
                     )
-                start = end = 0
+                start = end = count = 0
                 records = b""
             else:
                 start, end = log.start_offset, log.end_offset
                 room = min(max(p.partition_max_bytes, 1), limit - total)
-                records = _read_partition(log, p.fetch_offset, room, first=total == 0)
+                records, count = _read_partition(log, p.fetch_offset, room, first=total == 0)
         except (KafkaError, LogError, RecordBatchError) as exc:
             failed = True
             answers.append(
@@ -160,6 +160,8 @@ def _read(
             )
             continue
         total += len(records)
+        if count:
+            service.count_fetched(topic, len(records), count)
         answers.append(
             make(
                 part_cls,
@@ -175,15 +177,16 @@ def _read(
     return answers, total, failed
 
 
-def _read_partition(log: PartitionLog, offset: int, room: int, *, first: bool) -> bytes:
-    """The whole batches from ``offset`` within ``room`` bytes, plus the one straddling it.
+def _read_partition(log: PartitionLog, offset: int, room: int, *, first: bool) -> tuple[bytes, int]:
+    """The whole batches from ``offset`` within ``room`` bytes, plus the one straddling it,
+    as Kafka record batches; and how many records they hold.
 
     With room left, the first batch is returned whatever its size (it straddles
     the limit, or the answer would make no progress). Raises
     :class:`~trio_coord.log.LogOffsetOutOfRangeError` outside the log.
     """
     if room <= 0 and not first:
-        return b""
+        return b"", 0
     batches = log.read(offset, max(room, 1))
     used = sum(len(b.payload) for b in batches)
     if batches and used < room:
@@ -191,7 +194,7 @@ def _read_partition(log: PartitionLog, offset: int, room: int, *, first: bool) -
         if following < log.end_offset:
             more = log.read(following, 1)[:1]  # the straddling batch, whole
             batches.extend(more)
-    return b"".join(_as_kafka(b) for b in batches)
+    return b"".join(_as_kafka(b) for b in batches), sum(b.count for b in batches)
 
 
 def _as_kafka(batch: StoredBatch) -> bytes:

@@ -212,6 +212,10 @@ class KafkaService(Protocol):
         """Every live broker with a Kafka listener (in a cluster: as ZooKeeper last said)."""
         ...
 
+    def count_fetched(self, topic: str, nbytes: int, records: int) -> None:
+        """Count record bytes and records served to a Kafka fetch (the broker's metrics)."""
+        ...
+
     def kafka_coordinator(self, group: str) -> KafkaNode | None:
         """The broker coordinating ``group``, or None while no broker does."""
         ...
