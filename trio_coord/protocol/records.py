@@ -198,15 +198,7 @@ def encode_batch(records: Sequence[WireRecord], compression: str | None = None) 
 def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> list[WireRecord]:
     """Unpack a batch payload; raises :class:`InvalidRecordError` if it is malformed
     or decompresses to more than ``max_bytes``."""
-    if not payload:
-        raise InvalidRecordError("empty record batch")
-    unpack = _BY_ID.get(payload[0])
-    if unpack is None:
-        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
-    try:
-        return _decoder.decode(unpack(payload[1:], max_bytes))
-    except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
-        raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
+    return _decode_with(_decoder, payload, max_bytes)
 
 
 def decode_untracked(
@@ -214,13 +206,21 @@ def decode_untracked(
 ) -> list[UntrackedRecord]:
     """The records of a batch payload as :class:`UntrackedRecord`; accepts and refuses
     exactly what :func:`decode_batch` does (raising :class:`InvalidRecordError`)."""
+    return _decode_with(_untracked, payload, max_bytes)
+
+
+def _decode_with(
+    decoder: msgspec.msgpack.Decoder[Any], payload: bytes | memoryview, max_bytes: int
+) -> Any:
+    """Unpack a batch payload (its compression id, then the packed records) and decode it
+    with ``decoder``; :class:`InvalidRecordError` for anything malformed or too large."""
     if not payload:
         raise InvalidRecordError("empty record batch")
     unpack = _BY_ID.get(payload[0])
     if unpack is None:
         raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
     try:
-        return _untracked.decode(unpack(memoryview(payload)[1:], max_bytes))
+        return decoder.decode(unpack(memoryview(payload)[1:], max_bytes))
     except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
         raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
 
