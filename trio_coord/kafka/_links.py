@@ -95,6 +95,13 @@ class LinkBase:
         """The id the engine knows the member by ("" before it joined)."""
         raise NotImplementedError
 
+    def detach(self) -> None:
+        """The member is gone from this link: wake what waits on it, stop watching its
+        connection (its front end then forgets it in its tables)."""
+        self.dropped = True
+        self._wake()
+        self._groups.conns.forget(self, self.conn)
+
     @property
     def closed(self) -> bool:
         """True once the member left, or the connection it talks on ended."""

@@ -284,9 +284,7 @@ class ConsumerGroups:
 
     def drop(self, link: ConsumerMemberLink) -> None:
         """Forget ``link`` (the member left, was fenced, or its connection ended)."""
-        link.dropped = True
-        link._wake()
-        self.conns.forget(link, link.conn)
+        link.detach()
         for table, key in (
             (self.links, (link.group_id, link.member_id)),
             (self.by_engine, (link.group_id, link.engine_id)),
@@ -305,9 +303,7 @@ class ConsumerGroups:
         """A static member stepped out (epoch -2): its process is gone, but the engine keeps
         the member (and its partitions) for a successor with its instance id, who takes
         ``link``'s place in :attr:`by_engine` and :attr:`by_instance` when it joins."""
-        link.dropped = True
-        link._wake()
-        self.conns.forget(link, link.conn)
+        link.detach()
         if self.links.get((link.group_id, link.member_id)) is link:
             del self.links[(link.group_id, link.member_id)]
 

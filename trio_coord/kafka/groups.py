@@ -516,9 +516,7 @@ class KafkaGroups:
 
     def drop(self, link: KafkaMemberLink) -> None:
         """Forget ``link`` (the member left, or its connection ended)."""
-        link.dropped = True
-        link._wake()
-        self.conns.forget(link, link.conn)
+        link.detach()
         if self.links.get((link.group_id, link.member_id)) is link:
             del self.links[(link.group_id, link.member_id)]
         if link.instance_id and self.by_instance.get((link.group_id, link.instance_id)) is link:
