@@ -119,6 +119,12 @@ class PartitionService:
         end, each partition log counts: ``PartitionLog.appended``."""
         logs.on_advance(self._wake)
 
+    def count_fetched(self, topic: str, nbytes: int, records: int) -> None:
+        """Count record bytes and records served to a fetch, native or Kafka (:attr:`traffic`)."""
+        counts = self.traffic[topic]
+        counts[0] += nbytes
+        counts[1] += records
+
     def _wake(self, topic: str, partition: int) -> None:
         for waiter in self._waiters.pop(TopicPartition(topic, partition), ()):
             waiter.set()
@@ -252,12 +258,10 @@ class PartitionService:
                 )
                 continue
             start, end = (0, 0) if log is None else (log.start_offset, log.end_offset)
-            counts = self.traffic[part.topic]
-            for batch in batches:
-                total += len(batch.records)
-                used += len(batch.records) + _BATCH_BYTES
-                counts[0] += len(batch.records)
-                counts[1] += batch.count
+            nbytes = sum(len(batch.records) for batch in batches)
+            total += nbytes
+            used += nbytes + _BATCH_BYTES * len(batches)
+            self.count_fetched(part.topic, nbytes, sum(batch.count for batch in batches))
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches

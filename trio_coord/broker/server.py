@@ -628,9 +628,7 @@ class Broker:
 
     def count_fetched(self, topic: str, nbytes: int, records: int) -> None:
         """Count record bytes and records served to a Kafka fetch (the fetched metrics)."""
-        counts = self.partitions.traffic[topic]
-        counts[0] += nbytes
-        counts[1] += records
+        self.partitions.count_fetched(topic, nbytes, records)
 
     def kafka_nodes(self) -> list[KafkaNode]:
         """Every live broker with a Kafka listener, as Kafka Metadata lists them."""
