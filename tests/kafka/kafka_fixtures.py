@@ -1,4 +1,5 @@
-"""Helpers of the Kafka-protocol tests: a broker process with a Kafka listener, topics.
+"""Helpers of the Kafka-protocol tests: a broker process with a Kafka listener, topics,
+and a fake Kafka connection for handlers called in-process.
 
 (In a module of its own, not the conftest, so that test modules can import
 it by name: ``tests/kafka`` is no package, since a package named ``kafka``
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +79,22 @@ def create_topic(kafka_bootstrap: str, name: str, partitions: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions)]).values():
         future.result(15)
+
+
+class FakeConnection:
+    """A Kafka connection as the handlers see it: closed or not, and who to tell."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        if self.closed:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def close(self) -> None:
+        self.closed = True
+        for callback in self._callbacks:
+            callback()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -26,6 +26,7 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka_fixtures import FakeConnection
 from kio.index import load_request_schema
 from kio.schema.consumer_group_heartbeat.v1.request import TopicPartitions
 
@@ -40,25 +41,6 @@ SESSION = 3.0
 INTERVAL = 0.5
 TOPIC = "t"
 PARTITIONS = 6
-
-
-class FakeConnection:
-    """A Kafka connection as the handlers see it: closed or not, and who to tell."""
-
-    def __init__(self) -> None:
-        self.closed = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def on_close(self, callback: Callable[[], None]) -> None:
-        if self.closed:
-            callback()
-        else:
-            self._callbacks.append(callback)
-
-    def close(self) -> None:
-        self.closed = True
-        for callback in self._callbacks:
-            callback()
 
 
 @asynccontextmanager

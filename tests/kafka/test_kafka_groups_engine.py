@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
 import trio
+from kafka_fixtures import FakeConnection
 from kio.index import load_request_schema
 
 from trio_coord import Broker, open_broker
@@ -33,25 +34,6 @@ from trio_coord.kafka.service import KafkaLimits
 from trio_coord.protocol.messages import TopicPartition
 
 REBALANCE_TIMEOUT = 300.0
-
-
-class FakeConnection:
-    """A Kafka connection as the handlers see it: closed or not, and who to tell."""
-
-    def __init__(self) -> None:
-        self.closed = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def on_close(self, callback: Callable[[], None]) -> None:
-        if self.closed:
-            callback()
-        else:
-            self._callbacks.append(callback)
-
-    def close(self) -> None:
-        self.closed = True
-        for callback in self._callbacks:
-            callback()
 
 
 class Recorder:
