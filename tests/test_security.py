@@ -66,6 +66,27 @@ def test_scram_client_matches_rfc_7677_example() -> None:
         client.verify(b"v=" + base64.b64encode(b"x" * 32))
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"n,,n=alice,r=" + b"x" * 5000,  # oversized: more than MAX_MESSAGE
+        b"\xff\xfe not utf-8",
+        b"no header at all",
+        b"n,,n=,r=nonce",  # no user
+        b"n,,n=alice",  # no nonce
+        b"n,,n=al=ice,r=nonce",  # a bare '=' in the name
+        b"n,,m=ext,n=alice,r=nonce",  # an extension
+    ],
+)
+def test_scram_server_refuses_malformed_and_oversized_first_messages(message: bytes) -> None:
+    """A login message that is too long or malformed is refused with AuthenticationError
+    (the connection is then closed), never an exception of another kind."""
+    stored = ScramCredential.make("SCRAM-SHA-256", "pw", iterations=4096)
+    server = ScramServer("SCRAM-SHA-256", lambda u, m: stored)
+    with pytest.raises(AuthenticationError):
+        server.step(message)
+
+
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_scram_server_accepts_the_password_and_nothing_else(mechanism: str) -> None:
     """A stored credential (no password kept) verifies the right password only; an unknown
