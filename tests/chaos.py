@@ -80,7 +80,7 @@ CONSUMER = textwrap.dedent(
 
         async def on_lost(tps):
             # The end of the lease (private; the consumer keeps it on Trio's clock).
-            lease_end = consumer._lease_end - trio.current_time() + time.monotonic()
+            lease_end = consumer._membership._lease_end - trio.current_time() + time.monotonic()
             async with busy:
                 emit("lost", partitions=[tp.partition for tp in tps], lease_end=lease_end)
 

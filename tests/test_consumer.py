@@ -269,14 +269,14 @@ async def test_a_start_arriving_after_the_lease_ran_out_is_refused(autojump_cloc
     # over once its fence ends.
     consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._watchdog)
-        consumer.member_id = "m"
-        consumer._member_ready.set()
-        consumer._renew_lease(trio.current_time())  # the last accepted heartbeat
+        nursery.start_soon(consumer._membership._watchdog)
+        consumer._membership.member_id = "m"
+        consumer._membership._member_ready.set()
+        consumer._membership._renew_lease(trio.current_time())  # the last accepted heartbeat
         await trio.sleep(S * 1.5)
         start = StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         with pytest.raises(CoordError, match="lease"):
-            await consumer._handler.handle(start)
+            await consumer._membership._handler.handle(start)
         await trio.sleep(S)
         assert consumer.assignment == {}
         nursery.cancel_scope.cancel()
@@ -297,7 +297,8 @@ async def test_commit_while_reconnecting_is_retriable_and_after_leaving_is_not(t
         async with open_consumer(bootstrap, "g", ["t"], session_timeout=5.0) as consumer:
             await consumer.wait_assigned()
             stop_broker.set()  # the consumer keeps its partitions and tries to reconnect
-            await wait_until(lambda: consumer._conn is None or consumer._conn.closed)
+            membership = consumer._membership  # (private: its connection to the coordinator)
+            await wait_until(lambda: membership._conn is None or membership._conn.closed)
             with pytest.raises(CoordError, match="retry") as info:
                 await consumer.commit({("t", 0): 1})
             assert info.value.retriable
@@ -318,21 +319,21 @@ async def test_the_watchdog_still_watches_a_lease_renewed_while_on_lost_ran(auto
         lost.append(partitions)
         if len(lost) > 1:
             return
-        consumer._renew_lease(trio.current_time())
+        consumer._membership._renew_lease(trio.current_time())
         # The push is handled once on_lost returns (pushes and drops take turns).
         nursery.start_soon(
-            consumer._handler.handle,
+            consumer._membership._handler.handle,
             StartFetchersRequest("g", "m", 3, [PartitionOffset("t", 1, 0)]),
         )
         await trio.sleep(S / 10)
 
     consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S, on_lost=slow_on_lost)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._watchdog)
-        consumer.member_id = "m"
-        consumer._member_ready.set()
-        consumer._renew_lease(trio.current_time())
-        await consumer._handler.handle(
+        nursery.start_soon(consumer._membership._watchdog)
+        consumer._membership.member_id = "m"
+        consumer._membership._member_ready.set()
+        consumer._membership._renew_lease(trio.current_time())
+        await consumer._membership._handler.handle(
             StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         )
         await trio.sleep(S * 1.5)
@@ -357,14 +358,14 @@ async def test_a_drop_waits_for_a_running_revoke_and_loses_nothing_twice(autojum
         "127.0.0.1:1", "g", ["t"], session_timeout=S, on_revoked=slow_revoke, on_lost=lost.append
     )
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._watchdog)
-        consumer.member_id = "m"
-        consumer._member_ready.set()
-        consumer._renew_lease(trio.current_time())
-        await consumer._handler.handle(
+        nursery.start_soon(consumer._membership._watchdog)
+        consumer._membership.member_id = "m"
+        consumer._membership._member_ready.set()
+        consumer._membership._renew_lease(trio.current_time())
+        await consumer._membership._handler.handle(
             StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         )
-        await consumer._handler.handle(StopFetchersRequest("g", "m", 2))
+        await consumer._membership._handler.handle(StopFetchersRequest("g", "m", 2))
         await trio.sleep(S)
         assert revoked == [[TopicPartition("t", 0)]]
         assert lost == []  # revoked once, never also lost

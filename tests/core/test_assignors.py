@@ -500,7 +500,7 @@ def test_a_coordinator_runs_an_assignor_with_the_collector_paused() -> None:
     spec = GroupSpec({"a": MemberSpec("a", frozenset({"t"}))}, {"t": 3})
     group = Group("g", now=0.0)
     assert gc.isenabled()
-    assignment = group.compute_assignment(AssignmentInput("spy", spec), {"spy": Spy()})
+    assignment = group.planning.compute_assignment(AssignmentInput("spy", spec), {"spy": Spy()})
     assert assignment == {"a": [TP("t", 0), TP("t", 1), TP("t", 2)]}
     assert seen == [False] and gc.isenabled()
     gc.disable()  # an application that runs with the collector off keeps it off

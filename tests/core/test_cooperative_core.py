@@ -62,10 +62,10 @@ def stable(group: Group, now: float) -> None:
     """Run a whole rebalance the way the broker does for a cooperative group."""
     group.begin_rebalance()
     computed = (
-        (inp := group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)),
-        group.compute_assignment(inp, ASSIGNORS),
+        (inp := group.planning.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)),
+        group.planning.compute_assignment(inp, ASSIGNORS),
     )
-    for member_id, tps in group.revocations(computed[1]).items():
+    for member_id, tps in group.planning.revocations(computed[1]).items():
         group.member_stopped(member_id, [], tps)
     plan = group.plan_assignment(
         now,
@@ -90,10 +90,10 @@ def test_a_cooperative_plan_revokes_only_what_moves_and_starts_incrementally():
     join(group, "b", 1.0)
     assert group.cooperative
     group.begin_rebalance()
-    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    inp = group.planning.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
     assert inp.spec.members["a"].owned == frozenset(t(0, 1, 2, 3, 4, 5))  # what it fetches
-    assignment = group.compute_assignment(inp, ASSIGNORS)
-    revoke = group.revocations(assignment)
+    assignment = group.planning.compute_assignment(inp, ASSIGNORS)
+    revoke = group.planning.revocations(assignment)
     assert list(revoke) == ["a"] and revoke["a"] == assignment["b"]
     assert len(revoke["a"]) == 3
     group.member_stopped("a", [PartitionOffset("t", revoke["a"][0].partition, 7)], revoke["a"])
@@ -118,9 +118,9 @@ def test_only_new_partitions_wait_for_a_departed_owners_lease():
     victim = sorted(group.members["c"].may_own)
     group.remove_member(3.0, "c", stopped=False)  # crashed: fenced until 0 + 10
     group.begin_rebalance()
-    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
-    assignment = group.compute_assignment(inp, ASSIGNORS)
-    assert group.revocations(assignment) == {}  # nobody gives anything up
+    inp = group.planning.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    assignment = group.planning.compute_assignment(inp, ASSIGNORS)
+    assert group.planning.revocations(assignment) == {}  # nobody gives anything up
     plan = group.plan_assignment(
         3.0,
         partitions=PARTITIONS,
@@ -178,12 +178,12 @@ def test_an_assignor_only_a_member_has_makes_it_the_leader():
     join(group, "b", assignors=("mine", "uniform"), client_assignors=("mine",))
     join(group, "a", assignors=("mine", "uniform"))
     join(group, "c", assignors=("mine", "uniform"), client_assignors=("mine",))
-    inp = group.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    inp = group.planning.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
     assert (inp.assignor, inp.leader) == ("mine", "b")  # the first that can compute it
     with pytest.raises(InconsistentAssignorError):
         join(group, "d", assignors=("theirs",))
     with pytest.raises(ValueError, match=r"assignor 'mine' \(computed by leader b\)"):
-        group.check_assignment(inp, {"a": t(0, 1, 2, 3, 4)})  # t-5 assigned to no one
+        group.planning.check_assignment(inp, {"a": t(0, 1, 2, 3, 4)})  # t-5 assigned to no one
 
 
 def test_a_static_member_is_found_by_its_instance_id():

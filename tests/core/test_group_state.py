@@ -766,7 +766,7 @@ def test_a_static_members_new_process_leaves_the_old_ones_partitions_fenced() ->
     assert group.fences == {key: Fence(frozenset({TP("t", 0)}), 14.0)}
     assert a.may_own == set()
     assert not group.knows_former_member(key)  # not a member id anyone may join with
-    resumed = group.resume_plan(6.0, "a", log_offsets)
+    resumed = group.planning.resume_plan(6.0, "a", log_offsets)
     assert resumed.not_before == 14.0  # the successor itself waits for the old lease
     join(group, "c", 7.0)
     stop_all(group)  # "a" (the new process) acknowledges: it had nothing
@@ -801,7 +801,7 @@ def test_the_same_process_reconnecting_keeps_what_it_fetches() -> None:
     group = Group("g", now=0.0)
     join(group, "a", 0.0, session_timeout=10.0)
     rebalance(group, 0.0, {"t": 2})
-    assert group.resume_plan(3.0, "a", log_offsets).not_before == 3.0
+    assert group.planning.resume_plan(3.0, "a", log_offsets).not_before == 3.0
     assert group.fences == {}
 
 

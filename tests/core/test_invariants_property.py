@@ -197,11 +197,11 @@ class GroupProtocol(RuleBasedStateMachine):
             self.to_stop = {m.member_id for m in self.group.begin_rebalance()}
             assert self.to_stop == set(self.group.members)
             if self.group.cooperative:
-                given = self.group.assignment_input(
+                given = self.group.planning.assignment_input(
                     partitions=self.subscribed_partitions(), available=ASSIGNORS
                 )
-                self.computed = (given, self.group.compute_assignment(given, ASSIGNORS))
-                self.revoke = self.group.revocations(self.computed[1])
+                self.computed = (given, self.group.planning.compute_assignment(given, ASSIGNORS))
+                self.revoke = self.group.planning.revocations(self.computed[1])
                 self.to_stop = set(self.revoke)
         else:
             assert self.group.state is S.EMPTY
@@ -317,7 +317,7 @@ class GroupProtocol(RuleBasedStateMachine):
             member.session_timeout = consumer.session_timeout
             consumer.generation = group.generation
             self.consumers[member_id] = consumer
-            plan = group.resume_plan(self.now, member_id, log_offsets)
+            plan = group.planning.resume_plan(self.now, member_id, log_offsets)
             self.resumes[member_id] = (plan, group.generation)
         else:
             del self.consumers[member_id]

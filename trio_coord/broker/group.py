@@ -429,7 +429,7 @@ class GroupRunner:
         self._conns[member.member_id] = conn
         self._bind(conn, member.member_id, self.group_id)
         self._liveness.watch(member.member_id, member.session_timeout)
-        plan = group.resume_plan(now, member.member_id, self._log_offsets)
+        plan = group.planning.resume_plan(now, member.member_id, self._log_offsets)
         generation = group.generation
         self._emit(ev.Resumed, member_id=member.member_id, instance_id=member.instance_id)
 
@@ -810,7 +810,7 @@ class GroupRunner:
             # Plan first, from what everyone is fetching; then only what moves stops:
             # phase 1 reaches just the members that give partitions up.
             computed = await self._compute_assignment(cooperative=True)
-            revoke = group.revocations(computed[1])
+            revoke = group.planning.revocations(computed[1])
             self._emit(
                 ev.Revoking,
                 partitions={m: [str(tp) for tp in r] for m, r in revoke.items()}
@@ -902,14 +902,14 @@ class GroupRunner:
         """Whether an eager rebalance now would change nothing (seed 000, section 9 step 3).
 
         Only a broker-side assignor is asked (a leader's runs in its client,
-        which expects a new generation); see :meth:`Group.unchanged_by`.
+        which expects a new generation); see :meth:`AssignmentPlanner.unchanged_by`.
         """
-        group = self.group
-        if not group.may_be_unchanged():  # (a join, a leave: no assignor run to learn it)
+        planning = self.group.planning
+        if not planning.may_be_unchanged():  # (a join, a leave: no assignor run to learn it)
             return False
         self._match_patterns()
         partitions = self._subscribed_partitions()
-        input = group.assignment_input(
+        input = planning.assignment_input(
             partitions=partitions,
             available=self._assignors,
             cooperative=False,
@@ -917,9 +917,11 @@ class GroupRunner:
         )
         if input.leader is not None:
             return False
-        return group.unchanged_by(
-            trio.current_time(),
-            group.compute_assignment(input, self._assignors),
+        now = trio.current_time()
+        self.group.expire_fences(now)
+        return planning.unchanged_by(
+            now,
+            planning.compute_assignment(input, self._assignors),
             assignor=input.assignor,
             partitions=partitions,
             created_since=self._created_since(),
@@ -935,16 +937,17 @@ class GroupRunner:
         :class:`LeaderAssignmentError`, naming it and the error.
         """
         group = self.group
+        planning = group.planning
         self._match_patterns()
         partitions = self._subscribed_partitions()
-        input = group.assignment_input(
+        input = planning.assignment_input(
             partitions=partitions,
             available=self._assignors,
             cooperative=cooperative,
             racks=self._partition_racks(partitions),
         )
         if input.leader is None:
-            return input, group.compute_assignment(input, self._assignors)
+            return input, planning.compute_assignment(input, self._assignors)
         leader = group.members[input.leader]
         answers: list[ComputeAssignmentResponse] = []
         refusals: list[CoordError] = []
@@ -976,7 +979,7 @@ class GroupRunner:
         # partitions unassigned for a round (cooperative-sticky holds back what it revokes).
         complete = not input.assignor.startswith(KAFKA_ASSIGNOR_PREFIX)
         try:
-            return input, group.check_assignment(input, given, complete=complete)
+            return input, planning.check_assignment(input, given, complete=complete)
         except ValueError as exc:  # a leader's mistake (or a hostile one), not a bug here
             raise LeaderAssignmentError(str(exc)) from None
 
@@ -1011,7 +1014,7 @@ class GroupRunner:
         """Topics that ``re:`` entries of the group's last generation match only now.
 
         The last generation's record lists every topic its patterns matched
-        then (:meth:`Group._topics_seen`): a topic they match now that is not
+        then (:meth:`AssignmentPlanner._topics_seen`): a topic they match now that is not
         listed was created since, after the group subscribed to it.
         """
         record = self.group.record

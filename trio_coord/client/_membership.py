@@ -1,13 +1,20 @@
 """A consumer's group membership: join, heartbeat, lease, answer the coordinator's pushes.
 
 The Kafka consumer keeps this apart from the user API (its ConsumerCoordinator and
-AbstractCoordinator, aiokafka's GroupCoordinator); here :class:`GroupMembership` holds
-the half of :class:`~trio_coord.client.consumer.Consumer` that speaks to the coordinator:
-the session task (find the coordinator, JoinGroup, heartbeat every third of the session
-timeout, rejoin after a lost connection), the watchdogs (the member's side of the lease,
-and ``max_poll_interval``), StopFetchers/StartFetchers/ComputeAssignment as the
-coordinator pushes them, and leaving. ``consumer.py`` keeps what the application calls
-(records, positions, commits, subscribe) and inherits this.
+AbstractCoordinator, aiokafka's GroupCoordinator), and so does this package: a
+:class:`~trio_coord.client.consumer.Consumer` of a group owns one
+:class:`GroupMembership`, the object that speaks to the coordinator: the session task
+(find the coordinator, JoinGroup, heartbeat every third of the session timeout, rejoin
+after a lost connection), the watchdogs (the member's side of the lease, and
+``max_poll_interval``), StopFetchers/StartFetchers/ComputeAssignment as the coordinator
+pushes them, and leaving. It holds the member's id, generation, subscription, state and
+assignment. What it needs of the consumer is handed to it explicitly: the group
+settings (:class:`MembershipSettings`), the application's callbacks
+(:class:`RebalanceListener`), the bootstrap list, and the fetcher's side of ownership
+(:class:`FetchControl`: own, freeze, give up partitions, their consumed positions). What
+the consumer asks of it is its public methods: state, assignment, subscribe, the poll
+clock, the connection commits go over, leave. ``consumer.py`` keeps what the
+application calls (records, positions, commits).
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 import msgspec
 import trio
@@ -26,6 +36,7 @@ from .._aio import unwrap_lone_exception
 from ..core.assignors import Assignor, GroupSpec, MemberSpec
 from ..protocol.connection import Connection, RequestHandler, serving
 from ..protocol.errors import (
+    ConnectionClosedError,
     CoordError,
     FencedInstanceIdError,
     GroupNotFoundError,
@@ -53,7 +64,7 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ._bootstrap import Backoff, Bootstrap
-from ._fetcher import Fetcher
+from ._cluster import ClusterView
 
 # (The consumer's logger: what a user configures for the consumer covers its membership.)
 log = logging.getLogger("trio_coord.client.consumer")
@@ -79,6 +90,124 @@ class ConsumerState(enum.StrEnum):
     STABLE = "STABLE"
 
 
+@dataclass(frozen=True, slots=True)
+class MembershipSettings:
+    """What a member tells its coordinator, and how it keeps its session: the consumer's
+    options that concern its group (checked by the consumer)."""
+
+    group_id: str
+    client_id: str
+    instance_id: str
+    session_timeout: float
+    rebalance_timeout: float
+    max_poll_interval: float
+    request_timeout: float
+    api_timeout: float
+    auto_commit: bool
+    offset_reset: OffsetReset
+    rebalance_protocol: RebalanceProtocol
+    assignors: list[str]
+    user_data: bytes = b""
+    rack: str = ""
+    local_assignors: Mapping[str, Assignor] = field(default_factory=dict)
+    """The application's own assignors, by name: computed here when this member leads."""
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceListener:
+    """The application's rebalance callbacks (Kafka's ConsumerRebalanceListener).
+
+    Each is called with a sorted list of partitions and may be a plain or an
+    async function; one that raises is logged, and the rebalance goes on.
+    """
+
+    on_assigned: PartitionsCallback | None = None
+    on_revoked: PartitionsCallback | None = None
+    on_lost: PartitionsCallback | None = None
+
+    async def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Tell the application these partitions are its own now."""
+        await _call(self.on_assigned, partitions)
+
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Tell the application it gives these up cleanly (it may still commit them)."""
+        await _call(self.on_revoked, partitions)
+
+    async def lost(self, partitions: list[TopicPartition]) -> None:
+        """Tell the application these are gone without a clean revoke (``on_lost``, or
+        ``on_revoked`` if it has none)."""
+        await _call(self.on_lost or self.on_revoked, partitions)
+
+
+async def _call(callback: PartitionsCallback | None, partitions: list[TopicPartition]) -> None:
+    if callback is None:
+        return
+    try:
+        result = callback(partitions)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("rebalance callback %r failed", callback)
+
+
+class FetchControl(Protocol):
+    """What a membership needs of its consumer's fetcher (``_fetcher.Fetcher`` is one):
+    to own, freeze and give up partitions, and the positions consumed on them."""
+
+    @property
+    def cluster(self) -> ClusterView:
+        """Where partitions' leaders are learnt (the consumer's cluster view)."""
+        ...
+
+    def assign(self, offsets: dict[TopicPartition, int]) -> None:
+        """Own exactly these partitions, from these offsets."""
+        ...
+
+    def add(self, offsets: dict[TopicPartition, int]) -> None:
+        """Own these partitions too."""
+        ...
+
+    def remove(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget these partitions."""
+        ...
+
+    def freeze(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        """Stop handing out these partitions' records (default: all); a revoke begins."""
+        ...
+
+    def drop(self) -> list[TopicPartition]:
+        """Forget every partition; return what was owned."""
+        ...
+
+    def consumed(self, tps: Iterable[TopicPartition] | None = None) -> list[PartitionOffset]:
+        """The consumed offsets of ``tps`` (default: all owned) that are known."""
+        ...
+
+    def take_dirty(self) -> list[PartitionOffset]:
+        """Consumed offsets that moved since the last call (for auto-commit)."""
+        ...
+
+    def return_dirty(self, positions: Iterable[PartitionOffset]) -> None:
+        """Report these again next time."""
+        ...
+
+    def wake(self) -> None:
+        """Wake the application tasks waiting for records, to look again."""
+        ...
+
+
+async def request_in_time(
+    conn: Connection, body: RequestBody, request_timeout: float
+) -> ResponseBody | None:
+    """``conn.request(body)``, waiting at most ``request_timeout`` for the answer."""
+    with trio.move_on_after(request_timeout):
+        return await conn.request(body)
+    raise RequestTimedOutError(
+        f"{conn.name} did not answer {type(body).__name__} within request_timeout "
+        f"({request_timeout:g}s); retry, and see the broker's log if it persists"
+    )
+
+
 class _Reconnect(Exception):
     """Internal: end the current session and start a new one."""
 
@@ -98,119 +227,224 @@ class _AssignorFailed(Exception):
 class _PushHandler(RequestHandler):
     """Answers what the coordinator pushes: StopFetchers and StartFetchers."""
 
-    def __init__(self, consumer: GroupMembership) -> None:
-        self._consumer = consumer
+    def __init__(self, membership: GroupMembership) -> None:
+        self._membership = membership
 
     async def handle(self, body: RequestBody) -> ResponseBody:
-        consumer = self._consumer
-        if isinstance(body, ComputeAssignmentRequest):
-            await consumer._member_ready.wait()
-            return consumer._compute_assignment(body)
-        if isinstance(body, StopFetchersRequest | StartFetchersRequest):
-            await consumer._member_ready.wait()  # a push may overtake our JoinGroup answer
-            if body.member_id != consumer.member_id or body.group != consumer.group_id:
-                raise UnknownMemberError(
-                    f"this consumer is member {consumer.member_id!r} of {consumer.group_id!r}, "
-                    f"not {body.member_id!r} of {body.group!r}"
-                )
-            # One push at a time: a restarted rebalance may send a second StopFetchers
-            # while on_revoked still runs for the first; it then finds nothing to revoke.
-            async with consumer._push_lock:
-                if consumer._left:
-                    raise UnknownMemberError(f"member {body.member_id!r} has left the group")
-                if isinstance(body, StopFetchersRequest):
-                    consumer._start_parts.clear()  # (a restarted rebalance voids them)
-                    if body.partitions is not None:
-                        return StopFetchersResponse(await consumer._revoke_some(body.partitions))
-                    return StopFetchersResponse(await consumer._stop_fetchers())
-                whole = consumer._collect_part(body)
-                if whole is None:  # more parts of this assignment follow
-                    return StartFetchersResponse()
-                if whole.unchanged:
-                    consumer._keep_assignment(whole)
-                elif whole.incremental:
-                    await consumer._start_incremental(whole)
-                else:
-                    await consumer._start_fetchers(whole)
-                return StartFetchersResponse()
+        if isinstance(body, ComputeAssignmentRequest | StopFetchersRequest | StartFetchersRequest):
+            return await self._membership._answer_push(body)
         return await super().handle(body)
 
 
 class GroupMembership:
-    """The group-membership half of a Consumer (which inherits it): see the module doc."""
+    """A consumer's membership of its group: see the module doc.
 
-    # State that Consumer.__init__ sets: the membership reads and moves it.
-    topics: list[str]
-    static_partitions: list[TopicPartition] | None
-    group_id: str
-    member_id: str
-    generation: int
-    instance_id: str
-    client_id: str
-    session_timeout: float
-    rebalance_timeout: float
-    max_poll_interval: float
-    api_timeout: float
-    auto_commit: bool
-    offset_reset: OffsetReset
-    rebalance_protocol: RebalanceProtocol
-    assignors: list[str]
-    user_data: bytes
-    rack: str
-    _local_assignors: dict[str, Assignor]
-    _on_assigned: PartitionsCallback | None
-    _on_revoked: PartitionsCallback | None
-    _on_lost: PartitionsCallback | None
-    _bootstrap: Bootstrap
-    _backoff: Backoff
-    _fetcher: Fetcher
-    _handler: _PushHandler
-    _conn: Connection | None
-    _state: AsyncValue[ConsumerState]
-    _assignment: dict[TopicPartition, int]
-    _handed_back: list[PartitionOffset]
-    _start_parts: list[StartFetchersRequest]
-    _member_ready: trio.Event
-    _push_lock: trio.Lock
-    _left: bool
-    _started: bool
-    _tasks: trio.CancelScope
-    _session_scope: trio.CancelScope | None
-    _granted_session: float
-    _lease_end: float
-    _lease_moved: trio.Event
-    _fenced_since: float | None
-    _poll_deadline: float
-    _poll_left: bool
-    _poll_moved: trio.Event
-    _asked_again: trio.Event
-    _assignor_failed: trio.Event
-    _assignor_failure: Exception | None
+    ``member_id`` and ``generation`` are the membership's (the consumer reads
+    them for its commits); so are the subscription (:attr:`topics`), the
+    state and the assignment.
+    """
 
-    if TYPE_CHECKING:  # the Consumer's own, which the membership calls
+    def __init__(
+        self,
+        settings: MembershipSettings,
+        topics: list[str],
+        *,
+        listener: RebalanceListener,
+        bootstrap: Bootstrap,
+        fetcher: FetchControl,
+    ) -> None:
+        self._settings = settings
+        self._topics = topics
+        self._listener = listener
+        self._bootstrap = bootstrap
+        self._fetcher = fetcher
+        self.member_id = ""
+        self.generation = -1
+        self._state = AsyncValue(ConsumerState.UNJOINED)
+        self._assignment: dict[TopicPartition, int] = {}
+        # The positions of the last clean revoke, until the next start: the answer that
+        # carried them may have been dropped by a rebalance restarted meanwhile.
+        self._handed_back: list[PartitionOffset] = []
+        self._granted_session = settings.session_timeout
+        self._lease_end = -math.inf
+        self._lease_moved = trio.Event()
+        self._member_ready = trio.Event()
+        self._conn: Connection | None = None
+        self._session_scope: trio.CancelScope | None = None
+        self._handler = _PushHandler(self)
+        self._push_lock = trio.Lock()
+        self._start_parts: list[StartFetchersRequest] = []
+        self._left = False
+        self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
+        self._assignor_failure: Exception | None = None  # what our assignor raised as leader
+        self._assignor_failed = trio.Event()
+        self._backoff = Backoff(initial=0.05, maximum=min(2.0, settings.session_timeout / 3))
+        self._started = False
+        self._tasks = trio.CancelScope()
+        # The poll clock (max_poll_interval): while no application task is asking for
+        # records, it must ask again by _poll_deadline, or the consumer leaves the group.
+        self._asking = 0  # application calls waiting for records right now
+        self._poll_deadline = math.inf
+        self._poll_moved = trio.Event()
+        self._poll_left = False  # left for the poll interval; rejoins when asked again
+        self._asked_again = trio.Event()
 
-        def _engine(self) -> Fetcher: ...
+    # -- what the consumer asks ------------------------------------------------------------
 
-        async def _request(self, conn: Connection, body: RequestBody) -> ResponseBody | None: ...
+    @property
+    def topics(self) -> list[str]:
+        """The subscription (sorted), as last given."""
+        return self._topics
 
-        async def commit(
-            self,
-            offsets: Mapping[TopicPartition, int] | Mapping[tuple[str, int], int] | None = None,
-            *,
-            allow_regression: bool = False,
-        ) -> None: ...
+    @property
+    def state(self) -> ConsumerState:
+        """UNJOINED, REBALANCING or STABLE."""
+        return self._state.value
+
+    async def wait_state(self, state: ConsumerState) -> None:
+        """Return once the membership is in ``state`` (at once if it is already)."""
+        await self._state.wait_value(state)
+
+    async def wait_state_change(self) -> ConsumerState:
+        """Wait for :attr:`state` to change and return the new state."""
+        new, _old = await self._state.wait_transition()
+        return new
+
+    @property
+    def assignment(self) -> Mapping[TopicPartition, int]:
+        """The partitions owned, with the offset each started from (a live view)."""
+        return self._assignment
+
+    @property
+    def left(self) -> bool:
+        """True once the member left (closing, or for ``max_poll_interval``)."""
+        return self._left
+
+    def holds_lease(self) -> bool:
+        """True while a heartbeat sent less than a session timeout ago was accepted:
+        only then may records be handed out."""
+        return trio.current_time() < self._lease_end
+
+    async def subscribe(self, topics: list[str]) -> None:
+        """Take ``topics`` (sorted, checked by the consumer) as the subscription, and tell
+        the coordinator now if connected (a JoinGroup with the same member id); else the
+        next join carries them."""
+        if topics == self._topics:
+            return
+        self._topics = topics
+        conn = self._conn
+        if conn is None or conn.closed or not self._member_ready.is_set() or self._left:
+            return  # the next join carries the new topics
+        try:
+            await self._join(conn)
+        except (_Reconnect, CoordError) as exc:
+            # The session will rejoin (with the new topics) once its connection is gone.
+            log.info("consumer %s: resubscribing failed: %s; rejoining", self.member_id, exc)
+            await conn.aclose()
+        except BaseException:
+            # Cancelled with the join maybe on its way: whether the coordinator has the new
+            # topics is unknown (and asking again with them would be a no-op), so the
+            # session rejoins with them, as above. (aclose works under cancellation.)
+            await conn.aclose()
+            raise
+
+    def start_poll_clock(self) -> None:
+        """The block is entered: from now on the application must ask for records within
+        ``max_poll_interval`` (while none of its tasks is asking)."""
+        self._move_poll_deadline(trio.current_time() + self._settings.max_poll_interval)
+
+    @contextmanager
+    def asking(self) -> Iterator[None]:
+        """Around each wait of the application for records: the poll clock stands still
+        meanwhile, and restarts when no task asks any more. Asking again after the member
+        left for ``max_poll_interval`` makes it rejoin."""
+        if self._poll_left and not self._asked_again.is_set():
+            log.info(
+                "consumer of %s: the application asks for records again; rejoining the group",
+                self._settings.group_id,
+            )
+            self._asked_again.set()
+        self._asking += 1
+        self._move_poll_deadline(math.inf)
+        try:
+            yield
+        finally:
+            self._asking -= 1
+            if not self._asking:
+                self.start_poll_clock()
+
+    def _move_poll_deadline(self, when: float) -> None:
+        self._poll_deadline = when
+        self._poll_moved.set()
+        self._poll_moved = trio.Event()
+
+    def check_poll_membership(self) -> None:
+        """Commits after leaving for ``max_poll_interval`` fail, saying so (as Kafka's do)."""
+        if self._poll_left and self._left:
+            raise UnknownMemberError(
+                f"this consumer left group {self._settings.group_id!r} because the application "
+                "did not ask for records within max_poll_interval "
+                f"({self._settings.max_poll_interval:g}s): its partitions may belong to "
+                "another member now, which delivers the records not handed back again. Ask "
+                "for records to rejoin; to stay in the group, process each batch faster, "
+                "lower the batch (getmany(max_records=...)) or raise max_poll_interval"
+            )
+
+    def coordinator(self) -> Connection:
+        """The connection to the coordinator, for commits; raises what the application
+        should hear if there is none (left, or reconnecting: retriable)."""
+        self.check_poll_membership()
+        if self._left:
+            raise UnknownMemberError(
+                "the consumer has left its group (or has not joined it yet): use it inside "
+                "its async with block"
+            )
+        conn = self._conn
+        if conn is None or conn.closed or not self.member_id:
+            raise ConnectionClosedError(
+                "the consumer is not connected to its coordinator right now; retry shortly"
+            )
+        return conn
+
+    def close(self) -> None:
+        """After :meth:`leave`: the member is gone for good; its session tasks end."""
+        self._left = True
+        self._tasks.cancel()
 
     # -- answering the coordinator -----------------------------------------------------------
 
-    async def _call(self, callback: PartitionsCallback | None, partitions: list[TopicPartition]):
-        if callback is None:
-            return
-        try:
-            result = callback(partitions)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("rebalance callback %r failed", callback)
+    async def _answer_push(
+        self, body: ComputeAssignmentRequest | StopFetchersRequest | StartFetchersRequest
+    ) -> ResponseBody:
+        if isinstance(body, ComputeAssignmentRequest):
+            await self._member_ready.wait()
+            return self._compute_assignment(body)
+        await self._member_ready.wait()  # a push may overtake our JoinGroup answer
+        if body.member_id != self.member_id or body.group != self._settings.group_id:
+            raise UnknownMemberError(
+                f"this consumer is member {self.member_id!r} of {self._settings.group_id!r}, "
+                f"not {body.member_id!r} of {body.group!r}"
+            )
+        # One push at a time: a restarted rebalance may send a second StopFetchers
+        # while on_revoked still runs for the first; it then finds nothing to revoke.
+        async with self._push_lock:
+            if self._left:
+                raise UnknownMemberError(f"member {body.member_id!r} has left the group")
+            if isinstance(body, StopFetchersRequest):
+                self._start_parts.clear()  # (a restarted rebalance voids them)
+                if body.partitions is not None:
+                    return StopFetchersResponse(await self._revoke_some(body.partitions))
+                return StopFetchersResponse(await self._stop_fetchers())
+            whole = self._collect_part(body)
+            if whole is None:  # more parts of this assignment follow
+                return StartFetchersResponse()
+            if whole.unchanged:
+                self._keep_assignment(whole)
+            elif whole.incremental:
+                await self._start_incremental(whole)
+            else:
+                await self._start_fetchers(whole)
+            return StartFetchersResponse()
 
     async def _stop_fetchers(self) -> list[PartitionOffset]:
         self._state.value = ConsumerState.REBALANCING
@@ -226,10 +460,10 @@ class GroupMembership:
             # way forgot it, so say the same again: committing a position twice is
             # harmless, losing it makes the next owner repeat records.
             return list(self._handed_back)
-        engine = self._engine()
+        engine = self._fetcher
         engine.freeze()
-        await self._call(self._on_revoked, revoked)
-        positions = engine.consumed(revoked) if self.auto_commit else []
+        await self._listener.revoked(revoked)
+        positions = engine.consumed(revoked) if self._settings.auto_commit else []
         self._drop()
         self._handed_back = positions
         return positions
@@ -245,10 +479,10 @@ class GroupMembership:
         again = [p for p in self._handed_back if p.tp in wanted and p.tp not in owned]
         positions: list[PartitionOffset] = []
         if owned:
-            engine = self._engine()
+            engine = self._fetcher
             engine.freeze(owned)
-            await self._call(self._on_revoked, owned)
-            positions = engine.consumed(owned) if self.auto_commit else []
+            await self._listener.revoked(owned)
+            positions = engine.consumed(owned) if self._settings.auto_commit else []
             engine.remove(owned)
             for tp in owned:
                 del self._assignment[tp]
@@ -280,7 +514,7 @@ class GroupMembership:
     def _learn_leaders(self, request: StartFetchersRequest) -> None:
         """Where the partitions of a start are: the coordinator said, no Metadata needed."""
         if request.brokers and len(request.leaders) == len(request.partitions):
-            self._engine().cluster.learn(
+            self._fetcher.cluster.learn(
                 request.brokers,
                 {p.tp: b for p, b in zip(request.partitions, request.leaders, strict=True)},
             )
@@ -306,17 +540,17 @@ class GroupMembership:
         wanted = {p.tp: p.offset for p in request.partitions}
         gone = sorted(self._assignment.keys() - wanted.keys())
         added = {tp: off for tp, off in wanted.items() if tp not in self._assignment}
-        engine = self._engine()
+        engine = self._fetcher
         if gone:
             engine.remove(gone)
             for tp in gone:
                 del self._assignment[tp]
-            await self._call(self._on_lost or self._on_revoked, gone)
+            await self._listener.lost(gone)
         engine.add(added)
         self._assignment.update(added)
         self._state.value = ConsumerState.STABLE
         if added:
-            await self._call(self._on_assigned, sorted(added))
+            await self._listener.assigned(sorted(added))
 
     def _compute_assignment(self, request: ComputeAssignmentRequest) -> ComputeAssignmentResponse:
         """As the group's leader: run the application's assignor on the group's subscriptions.
@@ -328,12 +562,12 @@ class GroupMembership:
         exception from its ``async with``: an assignor that fails on this
         group fails the same way every time it is asked.
         """
-        if request.member_id != self.member_id or request.group != self.group_id:
+        if request.member_id != self.member_id or request.group != self._settings.group_id:
             raise UnknownMemberError(
-                f"this consumer is member {self.member_id!r} of {self.group_id!r}, "
+                f"this consumer is member {self.member_id!r} of {self._settings.group_id!r}, "
                 f"not {request.member_id!r} of {request.group!r}"
             )
-        assignor = self._local_assignors.get(request.assignor)
+        assignor = self._settings.local_assignors.get(request.assignor)
         if assignor is None:
             raise InvalidRequestError(
                 f"this consumer has no assignor {request.assignor!r} of its own to compute with"
@@ -355,8 +589,8 @@ class GroupMembership:
         except Exception as exc:
             exc.add_note(
                 f"raised by assignor {request.assignor!r} computing the assignment of group "
-                f"{self.group_id!r} on its leader, member {self.member_id!r} (which leaves "
-                "the group)"
+                f"{self._settings.group_id!r} on its leader, member {self.member_id!r} "
+                "(which leaves the group)"
             )
             if self._assignor_failure is None:
                 self._assignor_failure = exc
@@ -370,7 +604,7 @@ class GroupMembership:
         """Forget every partition, its position and unsent progress; return what was owned."""
         owned = sorted(self._assignment)
         self._assignment.clear()
-        self._engine().drop()
+        self._fetcher.drop()
         return owned
 
     def _check_lease(self) -> None:
@@ -388,9 +622,9 @@ class GroupMembership:
         self._handed_back = []
         self._learn_leaders(request)
         self._assignment = {p.tp: p.offset for p in request.partitions}
-        self._engine().assign(dict(self._assignment))
+        self._fetcher.assign(dict(self._assignment))
         self._state.value = ConsumerState.STABLE
-        await self._call(self._on_assigned, sorted(self._assignment))
+        await self._listener.assigned(sorted(self._assignment))
 
     async def _lose(self, reason: str) -> None:
         """Drop every partition without a clean revoke (the lease ran out, or we were expelled).
@@ -406,16 +640,13 @@ class GroupMembership:
                 log.warning(
                     "consumer %s lost %d partition(s): %s", self.member_id, len(lost), reason
                 )
-                await self._call(self._on_lost or self._on_revoked, lost)
-
-    def _holds_lease(self) -> bool:
-        return trio.current_time() < self._lease_end
+                await self._listener.lost(lost)
 
     def _renew_lease(self, sent_at: float) -> None:
         # The lease is the session the broker granted (what its fences are measured
         # with), counted from when the accepted request was *sent*.
         if sent_at + self._granted_session > self._lease_end:
-            expired = not self._holds_lease()
+            expired = not self.holds_lease()
             self._lease_end = sent_at + self._granted_session
             self._lease_moved.set()
             if expired:  # records held back while it had run out may go again
@@ -423,12 +654,12 @@ class GroupMembership:
 
     # -- the tasks -------------------------------------------------------------------------
 
-    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep a session with the coordinator until stopped; reconnect when it breaks.
 
         Runs in :attr:`_tasks`, which is shielded once the first join succeeds:
         cancelling the application's block must not cut the connection before
-        the consumer has left the group; ``_run_for_block`` cancels it after.
+        the consumer has left the group; :meth:`close` cancels it after.
         """
         with self._tasks, unwrap_lone_exception():
             async with trio.open_nursery() as nursery:
@@ -458,9 +689,9 @@ class GroupMembership:
                             now = trio.current_time()
                             if self._fenced_since is None:
                                 self._fenced_since = now
-                            if now - self._fenced_since >= self.session_timeout:
+                            if now - self._fenced_since >= self._settings.session_timeout:
                                 raise
-                            log.info("consumer %s: %s; retrying", self.instance_id, exc)
+                            log.info("consumer %s: %s; retrying", self._settings.instance_id, exc)
                         except CoordError as exc:
                             if not exc.retriable:
                                 raise  # a setting the broker refuses: tell the application
@@ -472,9 +703,9 @@ class GroupMembership:
 
     async def _session(self, task_status: trio.TaskStatus[None]) -> None:
         """One connection to the coordinator: join, then heartbeat until it breaks."""
-        what = f"no coordinator of group {self.group_id!r} was found"
-        with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
-            coordinator = await self._bootstrap.find_coordinator(self.group_id)
+        what = f"no coordinator of group {self._settings.group_id!r} was found"
+        with self._bootstrap.fail_after(self._settings.api_timeout, what, "api_timeout"):
+            coordinator = await self._bootstrap.find_coordinator(self._settings.group_id)
         stream = await self._bootstrap.connect((coordinator.host, coordinator.port))
         conn = Connection(stream, self._handler, name=coordinator.address)
         with unwrap_lone_exception():
@@ -493,38 +724,39 @@ class GroupMembership:
                 # Our assignor raised as the leader: leave (for good, even a static
                 # member: the group must go on without this assignor), then tell the app.
                 with trio.move_on_after(_LEAVE_TIMEOUT):
-                    await self._leave(reason="its assignor failed")
+                    await self.leave(reason="its assignor failed")
                 assert self._assignor_failure is not None
                 raise _AssignorFailed(self._assignor_failure)
 
     async def _join(self, conn: Connection) -> None:
         while True:
             sent_at = trio.current_time()
-            topics = self.topics
+            topics = self._topics
             try:
-                response = await self._request(
+                response = await request_in_time(
                     conn,
                     JoinGroupRequest(
-                        self.group_id,
+                        self._settings.group_id,
                         self.member_id,
                         topics,
-                        round(self.session_timeout * 1000),
-                        round(self.rebalance_timeout * 1000),
-                        self.assignors,
-                        self.auto_commit,
-                        self.offset_reset,
-                        self.client_id,
-                        self.rebalance_protocol,
-                        self.instance_id,
-                        self.user_data,
-                        sorted(self._local_assignors),
-                        self.rack,
+                        round(self._settings.session_timeout * 1000),
+                        round(self._settings.rebalance_timeout * 1000),
+                        self._settings.assignors,
+                        self._settings.auto_commit,
+                        self._settings.offset_reset,
+                        self._settings.client_id,
+                        self._settings.rebalance_protocol,
+                        self._settings.instance_id,
+                        self._settings.user_data,
+                        sorted(self._settings.local_assignors),
+                        self._settings.rack,
                     ),
+                    self._settings.request_timeout,
                 )
             except UnknownMemberError as exc:
                 raise _Reconnect(str(exc), forget_member=True) from None
             assert isinstance(response, JoinGroupResponse)
-            if not response.rejoin and topics == self.topics:
+            if not response.rejoin and topics == self._topics:
                 break
             # The first step (join again with the member id handed out), or subscribe()
             # changed the topics while this join was on its way: join again with them.
@@ -538,19 +770,21 @@ class GroupMembership:
             self._state.value = ConsumerState.REBALANCING
         self._member_ready.set()
         self._backoff.reset()
-        log.info("consumer joined %s as %s", self.group_id, self.member_id)
+        log.info("consumer joined %s as %s", self._settings.group_id, self.member_id)
 
     async def _heartbeat(self, conn: Connection) -> None:
         """Heartbeat every third of the session timeout until the connection ends."""
-        interval = self.session_timeout / 3
+        interval = self._settings.session_timeout / 3
         while True:
             sent_at = trio.current_time()
             generation = self.generation
-            positions = self._engine().take_dirty() if self.auto_commit else []
+            positions = self._fetcher.take_dirty() if self._settings.auto_commit else []
             with trio.move_on_after(interval):
                 try:
                     await conn.request(
-                        HeartbeatRequest(self.group_id, self.member_id, generation, positions)
+                        HeartbeatRequest(
+                            self._settings.group_id, self.member_id, generation, positions
+                        )
                     )
                 except IllegalGenerationError as exc:
                     if generation >= self.generation:  # not an answer overtaken by a new start
@@ -560,7 +794,7 @@ class GroupMembership:
                 else:
                     self._renew_lease(sent_at)
                     positions = []
-            self._engine().return_dirty(positions)  # not delivered: send them again
+            self._fetcher.return_dirty(positions)  # not delivered: send them again
             with trio.move_on_at(sent_at + interval):
                 await conn.wait_closed()
                 raise _Reconnect("the connection to the coordinator closed")
@@ -605,16 +839,16 @@ class GroupMembership:
             "a batch takes this long, process faster, lower the batch "
             "(getmany(max_records=...)) or raise max_poll_interval",
             self.member_id or "?",
-            self.group_id,
-            self.max_poll_interval,
+            self._settings.group_id,
+            self._settings.max_poll_interval,
             len(self._assignment),
         )
         self._asked_again = trio.Event()
         self._poll_left = True
         with trio.move_on_after(_LEAVE_TIMEOUT):
-            await self._leave(
+            await self.leave(
                 reason="the application did not ask for records within max_poll_interval "
-                f"({self.max_poll_interval:g}s)"
+                f"({self._settings.max_poll_interval:g}s)"
             )
         self._left = True
         if self._assignment:  # not connected, so not left cleanly: what it had is lost
@@ -622,24 +856,16 @@ class GroupMembership:
         if self._session_scope is not None:
             self._session_scope.cancel()
 
-    async def _leave(self, *, reason: str = "") -> None:
+    async def leave(self, *, reason: str = "") -> None:
         """Revoke, hand the positions back and leave the group (a static member, closing,
         steps out instead; with a ``reason`` it leaves for good)."""
-        if self.static_partitions is not None:
-            if self.group_id and self.auto_commit and self._assignment:
-                try:
-                    await self.commit()
-                except (CoordError, ValueError) as exc:
-                    log.info("consumer: final commit of %s failed: %s", self.group_id, exc)
-            self._drop()
-            return
         conn = self._conn
         if conn is None or conn.closed or not self.member_id:
             return
         # Like a push: a StopFetchers arriving meanwhile would revoke these partitions
         # again, and a StartFetchers would hand new ones to a consumer that is leaving.
         async with self._push_lock:
-            if self.instance_id and not reason:
+            if self._settings.instance_id and not reason:
                 await self._step_out(conn)
                 return
             positions = await self._revoke()
@@ -647,7 +873,10 @@ class GroupMembership:
             try:
                 await conn.request(
                     LeaveGroupRequest(
-                        self.group_id, self.member_id, positions, reason or "consumer closed"
+                        self._settings.group_id,
+                        self.member_id,
+                        positions,
+                        reason or "consumer closed",
                     )
                 )
             except CoordError as exc:
@@ -669,7 +898,7 @@ class GroupMembership:
         try:
             await conn.request(
                 LeaveGroupRequest(
-                    self.group_id, self.member_id, positions, "consumer closed", stay=True
+                    self._settings.group_id, self.member_id, positions, "consumer closed", stay=True
                 )
             )
         except CoordError as exc:

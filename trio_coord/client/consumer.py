@@ -35,8 +35,11 @@ takes its partitions back without a rebalance. Leaving the
 the final positions to the coordinator with LeaveGroup, and closes.
 
 The group membership (the session, joining, heartbeats, the lease and its
-watchdogs, the coordinator's pushes, leaving) is :class:`._membership.GroupMembership`,
-which ``Consumer`` inherits; this module keeps what the application calls.
+watchdogs, the coordinator's pushes, leaving) is a :class:`._membership.GroupMembership`
+that a group's ``Consumer`` owns (as Kafka's KafkaConsumer owns a ConsumerCoordinator,
+aiokafka's consumer a coordinator): the consumer hands it its group settings, the
+application's callbacks and the fetcher, and asks it for state, assignment, the
+connection commits go over and leaving. This module keeps what the application calls.
 
 With ``partitions=[...]`` instead of topics the consumer joins no group: it
 fetches exactly those partitions, from the group's committed offsets if a
@@ -47,7 +50,6 @@ reset policy.
 from __future__ import annotations
 
 import logging
-import math
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -60,10 +62,8 @@ from ..core.assignors import Assignor, make_registry
 from ..core.group import OFFSET_RESET_POLICIES, REBALANCE_PROTOCOLS
 from ..protocol.connection import Connection
 from ..protocol.errors import (
-    ConnectionClosedError,
     CoordError,
     OffsetRegressionError,
-    RequestTimedOutError,
     UnknownMemberError,
 )
 from ..protocol.messages import (
@@ -76,23 +76,23 @@ from ..protocol.messages import (
     PartitionOffset,
     RequestBody,
     ResponseBody,
-    StartFetchersRequest,
     TopicPartition,
 )
 from ..protocol.records import ConsumerRecord
 from ..security.client import ClientSecurity, Sasl
-from ._bootstrap import Backoff, Bootstrap
+from ._bootstrap import Bootstrap
 from ._cluster import ClusterView
 from ._fetcher import Fetcher, FetchSettings
 from ._membership import (
     _LEAVE_TIMEOUT,
     ConsumerState,
     GroupMembership,
+    MembershipSettings,
     OffsetReset,
     PartitionsCallback,
+    RebalanceListener,
     RebalanceProtocol,
-    _PushHandler,
-    _Reconnect,
+    request_in_time,
 )
 
 __all__ = [
@@ -115,8 +115,12 @@ _DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
 cooperative group pays for every move with a stop, so it prefers the sticky ones."""
 
 
-class Consumer(GroupMembership, EnterOnce):
-    """A member of a consumer group; create it with :func:`open_consumer`."""
+class Consumer(EnterOnce):
+    """A member of a consumer group; create it with :func:`open_consumer`.
+
+    A group's consumer owns a :class:`~trio_coord.client._membership.GroupMembership`
+    (``_membership``; None for ``partitions=[...]``); see the module doc.
+    """
 
     def __init__(
         self,
@@ -147,16 +151,16 @@ class Consumer(GroupMembership, EnterOnce):
         ssl_context: ssl.SSLContext | None = None,
         sasl: Sasl | None = None,
     ) -> None:
-        self.topics = sorted(set([topics] if isinstance(topics, str) else topics))
+        subscription = sorted(set([topics] if isinstance(topics, str) else topics))
         self.static_partitions = (
             None if partitions is None else sorted({TopicPartition(*tp) for tp in partitions})
         )
         if self.static_partitions is None:
-            if not self.topics:
+            if not subscription:
                 raise ValueError("subscribe to at least one topic (or give partitions=[...])")
             if not group_id:
                 raise ValueError("a group id is required to subscribe to topics")
-        elif self.topics:
+        elif subscription:
             raise ValueError("give either topics (group membership) or partitions, not both")
         elif not self.static_partitions:
             raise ValueError("partitions=[...] must name at least one (topic, partition)")
@@ -190,12 +194,11 @@ class Consumer(GroupMembership, EnterOnce):
             raise ValueError("name at least one assignor (for example 'range')")
         local = [a for a in assignors if not isinstance(a, str)]
         make_registry(local)  # raises ValueError for a bad name or a clash with a built-in
-        self._local_assignors: dict[str, Assignor] = {a.name: a for a in local}
+        local_assignors: dict[str, Assignor] = {a.name: a for a in local}
         if instance_id is not None and not instance_id:
             raise ValueError("instance_id must not be empty (or leave it out: a dynamic member)")
         self.group_id = group_id or ""
         self.session_timeout = session_timeout
-        self._granted_session = session_timeout
         self.rebalance_timeout = rebalance_timeout
         self.auto_commit = auto_commit
         self.offset_reset = offset_reset
@@ -208,21 +211,11 @@ class Consumer(GroupMembership, EnterOnce):
         self.max_poll_interval = max_poll_interval
         self.request_timeout = request_timeout
         self.api_timeout = api_timeout
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
-        self._on_lost = on_lost
         self._bootstrap = Bootstrap(
             bootstrap,
             request_timeout=request_timeout,
             security=ClientSecurity(ssl_context, sasl),
         )
-        self.member_id = ""
-        self.generation = -1
-        self._state = AsyncValue(ConsumerState.UNJOINED)
-        self._assignment: dict[TopicPartition, int] = {}
-        # The positions of the last clean revoke, until the next start: the answer that
-        # carried them may have been dropped by a rebalance restarted meanwhile.
-        self._handed_back: list[PartitionOffset] = []
         self._fetch_settings = FetchSettings(
             offset_reset,
             fetch_max_wait,
@@ -231,30 +224,38 @@ class Consumer(GroupMembership, EnterOnce):
             request_timeout,
         )
         self._fetcher = Fetcher(self._fetch_settings)
-        if self.group_id and self.static_partitions is None:  # a member: only while its lease holds
-            self._fetcher.may_hand_out = self._holds_lease
-        self._lease_end = -math.inf
-        self._lease_moved = trio.Event()
-        self._member_ready = trio.Event()
-        self._conn: Connection | None = None
-        self._session_scope: trio.CancelScope | None = None
-        self._handler = _PushHandler(self)
-        self._push_lock = trio.Lock()
-        self._start_parts: list[StartFetchersRequest] = []
-        self._left = False
-        self._fenced_since: float | None = None  # refused as a twin since (FENCED_INSTANCE_ID)
-        self._assignor_failure: Exception | None = None  # what our assignor raised as leader
-        self._assignor_failed = trio.Event()
-        self._backoff = Backoff(initial=0.05, maximum=min(2.0, session_timeout / 3))
-        self._started = False
-        self._tasks = trio.CancelScope()
-        # The poll clock (max_poll_interval): while no application task is asking for
-        # records, it must ask again by _poll_deadline, or the consumer leaves the group.
-        self._asking = 0  # application calls waiting for records right now
-        self._poll_deadline = math.inf
-        self._poll_moved = trio.Event()
-        self._poll_left = False  # left for the poll interval; rejoins when asked again
-        self._asked_again = trio.Event()
+        self._membership: GroupMembership | None = None
+        if self.static_partitions is None:
+            self._membership = GroupMembership(
+                MembershipSettings(
+                    group_id=self.group_id,
+                    client_id=client_id,
+                    instance_id=self.instance_id,
+                    session_timeout=session_timeout,
+                    rebalance_timeout=rebalance_timeout,
+                    max_poll_interval=max_poll_interval,
+                    request_timeout=request_timeout,
+                    api_timeout=api_timeout,
+                    auto_commit=auto_commit,
+                    offset_reset=offset_reset,
+                    rebalance_protocol=rebalance_protocol,
+                    assignors=list(self.assignors),
+                    user_data=user_data,
+                    rack=rack,
+                    local_assignors=local_assignors,
+                ),
+                subscription,
+                listener=RebalanceListener(on_assigned, on_revoked, on_lost),
+                bootstrap=self._bootstrap,
+                fetcher=self._fetcher,
+            )
+            # A member hands records out only while its lease holds.
+            self._fetcher.may_hand_out = self._membership.holds_lease
+        # A consumer of fixed partitions (partitions=[...]) keeps these itself.
+        self._fixed_state = AsyncValue(ConsumerState.UNJOINED)
+        self._fixed: dict[TopicPartition, int] = {}
+        self._commit_conn: Connection | None = None  # (its own, to commit to group_id)
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<Consumer {self.group_id}/{self.member_id or '?'} {self.state}>"
@@ -272,15 +273,16 @@ class Consumer(GroupMembership, EnterOnce):
                 )
                 self._fetcher.attach(cluster)
                 nursery.start_soon(self._fetcher.run)
-                if self.static_partitions is not None:
+                membership = self._membership
+                if membership is None:
                     await self._start_static()
                     if self.group_id and self.auto_commit:
                         nursery.start_soon(self._auto_commit_standalone)
                 else:
                     what = f"the consumer could not join group {self.group_id!r}"
                     with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
-                        await nursery.start(self._run)
-                    self._move_poll_deadline(trio.current_time() + self.max_poll_interval)
+                        await nursery.start(membership.run)
+                    membership.start_poll_clock()
                 clean = False
                 try:
                     yield self
@@ -292,9 +294,13 @@ class Consumer(GroupMembership, EnterOnce):
                     # joined), so the goodbye goes out on a live connection.
                     with trio.move_on_after(_LEAVE_TIMEOUT) as scope:
                         scope.shield = True
-                        await self._leave()
-                    self._left = True
-                    self._tasks.cancel()
+                        if membership is None:
+                            await self._final_commit()
+                        else:
+                            await membership.leave()
+                    if membership is not None:
+                        membership.close()
+                    self._closed = True
                     nursery.cancel_scope.cancel()
                     with trio.CancelScope(shield=True):
                         await cluster.aclose()
@@ -303,7 +309,7 @@ class Consumer(GroupMembership, EnterOnce):
         """Without a group session, commit what was consumed every third of a session timeout."""
         while True:
             await trio.sleep(self.session_timeout / 3)
-            positions = self._engine().take_dirty()
+            positions = self._fetcher.take_dirty()
             if not positions:
                 continue
             try:
@@ -312,7 +318,7 @@ class Consumer(GroupMembership, EnterOnce):
                 log.info("consumer: auto-commit does not move %s's offsets back", self.group_id)
             except CoordError as exc:
                 log.warning("consumer: auto-commit to %s failed: %s", self.group_id, exc)
-                self._engine().return_dirty(positions)
+                self._fetcher.return_dirty(positions)
 
     async def _start_static(self) -> None:
         """Own the fixed partitions: from the group's committed offsets, or by the policy."""
@@ -321,26 +327,61 @@ class Consumer(GroupMembership, EnterOnce):
         if self.group_id:
             committed = await self.committed(self.static_partitions)
         offsets = {tp: committed.get(tp, NO_OFFSET) for tp in self.static_partitions}
-        self._assignment = dict(offsets)
+        self._fixed = dict(offsets)
         self._fetcher.assign(offsets)
-        self._state.value = ConsumerState.STABLE
+        self._fixed_state.value = ConsumerState.STABLE
+
+    async def _final_commit(self) -> None:
+        """Closing with fixed partitions: commit what was consumed (with a group and
+        auto-commit), then own nothing."""
+        if self.group_id and self.auto_commit and self._fixed:
+            try:
+                await self.commit()
+            except (CoordError, ValueError) as exc:
+                log.info("consumer: final commit of %s failed: %s", self.group_id, exc)
+        self._fixed.clear()
+        self._fetcher.drop()
 
     # -- what the application reads ----------------------------------------------------
 
     @property
+    def topics(self) -> list[str]:
+        """The subscription, sorted (empty for a consumer of fixed partitions)."""
+        return [] if self._membership is None else list(self._membership.topics)
+
+    @property
+    def member_id(self) -> str:
+        """The member id the coordinator gave this consumer ("" before it joined, and for a
+        consumer of fixed partitions)."""
+        return "" if self._membership is None else self._membership.member_id
+
+    @property
+    def generation(self) -> int:
+        """The generation of the group this consumer last joined or was started in (-1:
+        none)."""
+        return -1 if self._membership is None else self._membership.generation
+
+    @property
     def state(self) -> ConsumerState:
         """UNJOINED, REBALANCING or STABLE."""
-        return self._state.value
+        if self._membership is None:
+            return self._fixed_state.value
+        return self._membership.state
 
     async def wait_state(self, state: ConsumerState) -> None:
         """Return once the consumer is in ``state`` (at once if it is already)."""
-        await self._state.wait_value(state)
+        if self._membership is None:
+            await self._fixed_state.wait_value(state)
+        else:
+            await self._membership.wait_state(state)
 
     async def wait_state_change(self) -> ConsumerState:
         """Wait for :attr:`state` to change and return the new state (a change that
         happens while the caller is not waiting here is not reported later)."""
-        new, _old = await self._state.wait_transition()
-        return new
+        if self._membership is None:
+            new, _old = await self._fixed_state.wait_transition()
+            return new
+        return await self._membership.wait_state_change()
 
     async def subscribe(self, topics: Iterable[str]) -> None:
         """Change what this member consumes, at run time (the seed's addTopic).
@@ -365,44 +406,28 @@ class Consumer(GroupMembership, EnterOnce):
             raise ValueError("subscribe to at least one topic (to stop consuming, close)")
         if self._lifetime is None:
             raise UnknownMemberError("use the consumer inside its async with block")
-        if wanted == self.topics:
-            return
-        self.topics = wanted
-        conn = self._conn
-        if conn is None or conn.closed or not self._member_ready.is_set() or self._left:
-            return  # the next join carries the new topics
-        try:
-            await self._join(conn)
-        except (_Reconnect, CoordError) as exc:
-            # The session will rejoin (with the new topics) once its connection is gone.
-            log.info("consumer %s: resubscribing failed: %s; rejoining", self.member_id, exc)
-            await conn.aclose()
-        except BaseException:
-            # Cancelled with the join maybe on its way: whether the coordinator has the new
-            # topics is unknown (and asking again with them would be a no-op), so the
-            # session rejoins with them, as above. (aclose works under cancellation.)
-            await conn.aclose()
-            raise
+        assert self._membership is not None  # (a consumer without fixed partitions has one)
+        await self._membership.subscribe(wanted)
 
     @property
     def assignment(self) -> dict[TopicPartition, int]:
         """The partitions this consumer owns, with the offset each started from."""
-        return dict(self._assignment)
+        return dict(self._owned())
+
+    def _owned(self) -> Mapping[TopicPartition, int]:
+        return self._fixed if self._membership is None else self._membership.assignment
 
     async def wait_assigned(self) -> dict[TopicPartition, int]:
         """Wait until the consumer is STABLE and return its assignment."""
         await self.wait_state(ConsumerState.STABLE)
         return self.assignment
 
-    def _engine(self) -> Fetcher:
-        return self._fetcher
-
     def position(self, tp: TopicPartition | tuple[str, int]) -> int | None:
         """The offset of the next record to hand out on an owned partition (None: not known yet).
 
         Raises ValueError for a partition this consumer does not own.
         """
-        return self._engine().position(TopicPartition(*tp))
+        return self._fetcher.position(TopicPartition(*tp))
 
     def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
         """Hand out an owned partition's records from ``offset`` on.
@@ -411,35 +436,35 @@ class Consumer(GroupMembership, EnterOnce):
         offset is not made durable that way (committed offsets never go back
         implicitly): ``await consumer.commit(allow_regression=True)`` does it.
         """
-        self._engine().seek(TopicPartition(*tp), offset)
+        self._fetcher.seek(TopicPartition(*tp), offset)
 
     def seek_to_beginning(self, *tps: TopicPartition | tuple[str, int]) -> None:
         """Continue the given owned partitions (default: all) from their log start."""
-        self._engine().reset(self._chosen(tps), EARLIEST)
+        self._fetcher.reset(self._chosen(tps), EARLIEST)
 
     def seek_to_end(self, *tps: TopicPartition | tuple[str, int]) -> None:
         """Continue the given owned partitions (default: all) from their log end."""
-        self._engine().reset(self._chosen(tps), LATEST)
+        self._fetcher.reset(self._chosen(tps), LATEST)
 
     def pause(self, *tps: TopicPartition | tuple[str, int]) -> None:
         """Stop handing out (and fetching) records of these owned partitions (default: all)."""
-        self._engine().pause(self._chosen(tps))
+        self._fetcher.pause(self._chosen(tps))
 
     def resume(self, *tps: TopicPartition | tuple[str, int]) -> None:
         """Undo :meth:`pause` for these partitions (default: all)."""
-        self._engine().resume(self._chosen(tps))
+        self._fetcher.resume(self._chosen(tps))
 
     def paused(self) -> list[TopicPartition]:
         """The paused partitions."""
-        return self._engine().paused()
+        return self._fetcher.paused()
 
     def lag(self) -> dict[TopicPartition, int]:
         """Per owned partition, how many records lie between its position and the log end
         (as of the last fetch)."""
-        return self._engine().lag()
+        return self._fetcher.lag()
 
     def _chosen(self, tps: tuple[TopicPartition | tuple[str, int], ...]) -> list[TopicPartition]:
-        return [TopicPartition(*tp) for tp in tps] if tps else self._engine().owned
+        return [TopicPartition(*tp) for tp in tps] if tps else self._fetcher.owned
 
     # -- reading records -----------------------------------------------------------------
 
@@ -473,29 +498,14 @@ class Consumer(GroupMembership, EnterOnce):
 
         While an application task waits in here the clock stands still; once
         none does, the application must ask again within ``max_poll_interval``
-        (see :meth:`_poll_watchdog`). Asking again after the consumer left for
+        (the membership's ``_poll_watchdog``). Asking again after the consumer left for
         that reason makes it rejoin; this call then waits for records of its
         new assignment, as it would after any rebalance.
         """
-        if self._poll_left and not self._asked_again.is_set():
-            log.info(
-                "consumer of %s: the application asks for records again; rejoining the group",
-                self.group_id,
-            )
-            self._asked_again.set()
-        self._asking += 1
-        self._move_poll_deadline(math.inf)
-        try:
-            return await self._engine().next_records(limit)
-        finally:
-            self._asking -= 1
-            if not self._asking:
-                self._move_poll_deadline(trio.current_time() + self.max_poll_interval)
-
-    def _move_poll_deadline(self, when: float) -> None:
-        self._poll_deadline = when
-        self._poll_moved.set()
-        self._poll_moved = trio.Event()
+        if self._membership is None:
+            return await self._fetcher.next_records(limit)
+        with self._membership.asking():
+            return await self._fetcher.next_records(limit)
 
     async def batches(self, max_records: int = 500) -> AsyncIterator[list[ConsumerRecord]]:
         """``async for batch in consumer.batches()``: :meth:`getmany` in a loop."""
@@ -506,33 +516,23 @@ class Consumer(GroupMembership, EnterOnce):
 
     async def _committer(self) -> Connection:
         """The connection commits go over: the session's, or (standalone) one of its own."""
-        if self.static_partitions is None:
-            return self._coordinator()
+        if self._membership is not None:
+            if self._lifetime is None:
+                raise UnknownMemberError(
+                    "the consumer has not joined its group yet: use it inside its async with block"
+                )
+            return self._membership.coordinator()
         if not self.group_id:
             raise ValueError("this consumer has no group to commit to: pass group_id")
-        if self._lifetime is None or self._left:
+        if self._lifetime is None or self._closed:
             raise UnknownMemberError("use the consumer inside its async with block")
-        if self._conn is None or self._conn.closed:
+        if self._commit_conn is None or self._commit_conn.closed:
             what = f"no coordinator of group {self.group_id!r} was found"
             with self._bootstrap.fail_after(self.api_timeout, what, "api_timeout"):
                 coordinator = await self._bootstrap.find_coordinator(self.group_id)
-            self._conn = await self._fetcher.cluster.connection(coordinator)
-            self.member_id, self.generation = "", -1  # a standalone committer
-        return self._conn
-
-    def _coordinator(self) -> Connection:
-        self._check_poll_membership()
-        if self._lifetime is None or self._left:
-            raise UnknownMemberError(
-                "the consumer has left its group (or has not joined it yet): use it inside "
-                "its async with block"
-            )
-        conn = self._conn
-        if conn is None or conn.closed or not self.member_id:
-            raise ConnectionClosedError(
-                "the consumer is not connected to its coordinator right now; retry shortly"
-            )
-        return conn
+            # A standalone committer: member id "" and generation -1.
+            self._commit_conn = await self._fetcher.cluster.connection(coordinator)
+        return self._commit_conn
 
     async def commit(
         self,
@@ -555,7 +555,7 @@ class Consumer(GroupMembership, EnterOnce):
         """
         self._check_poll_membership()
         if offsets is None:
-            engine = self._engine()
+            engine = self._fetcher
             engine.mark_consumed()
             items = [(p.tp, p.offset) for p in engine.consumed()]
         else:
@@ -578,7 +578,7 @@ class Consumer(GroupMembership, EnterOnce):
         self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None
     ) -> dict[TopicPartition, int]:
         """The group's committed offsets (default: for this consumer's assignment)."""
-        wanted = sorted(TopicPartition(*tp) for tp in (partitions or self._assignment))
+        wanted = sorted(TopicPartition(*tp) for tp in (partitions or self._owned()))
         conn = await self._committer()
         response = await self._request(conn, OffsetFetchRequest(self.group_id, wanted))
         assert isinstance(response, OffsetFetchResponse)
@@ -586,24 +586,12 @@ class Consumer(GroupMembership, EnterOnce):
 
     async def _request(self, conn: Connection, body: RequestBody) -> ResponseBody | None:
         """``conn.request(body)``, waiting at most ``request_timeout`` for the answer."""
-        with trio.move_on_after(self.request_timeout):
-            return await conn.request(body)
-        raise RequestTimedOutError(
-            f"{conn.name} did not answer {type(body).__name__} within request_timeout "
-            f"({self.request_timeout:g}s); retry, and see the broker's log if it persists"
-        )
+        return await request_in_time(conn, body, self.request_timeout)
 
     def _check_poll_membership(self) -> None:
         """Commits after leaving for ``max_poll_interval`` fail, saying so (as Kafka's do)."""
-        if self._poll_left and self._left:
-            raise UnknownMemberError(
-                f"this consumer left group {self.group_id!r} because the application did not "
-                f"ask for records within max_poll_interval ({self.max_poll_interval:g}s): its "
-                "partitions may belong to another member now, which delivers the records not "
-                "handed back again. Ask for records to rejoin; to stay in the group, process "
-                "each batch faster, lower the batch (getmany(max_records=...)) or raise "
-                "max_poll_interval"
-            )
+        if self._membership is not None:
+            self._membership.check_poll_membership()
 
 
 def open_consumer(

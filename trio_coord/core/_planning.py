@@ -1,19 +1,22 @@
 """Assignment planning for a group: what to assign, to whom, from which offsets, and when.
 
-The half of :class:`~trio_coord.core.group.Group` (which inherits it) that turns a
-group's members and committed offsets into a rebalance's decisions: the input of an
-assignor (:class:`AssignmentInput`), checking what a client-side leader computed,
-which partitions each member must give up, and the :class:`AssignmentPlan` of
-StartFetchers (offsets, and stages that wait for fences to end). Membership (join,
-heartbeat, leave, fences) and replay stay in ``group.py``. Pure, like all of ``core``.
+An :class:`AssignmentPlanner` reads a group through :class:`GroupView` (what a
+:class:`~trio_coord.core.group.Group` is: members, fences, committed offsets, the last
+durable record) and turns it into a rebalance's decisions: the input of an assignor
+(:class:`AssignmentInput`), checking what a client-side leader computed, which
+partitions each member must give up, and the :class:`AssignmentPlan` of StartFetchers
+(offsets, and stages that wait for fences to end). It changes nothing: its inputs are
+the view and its arguments, its outputs these frozen dataclasses; the group applies
+them (``Group.plan_assignment`` enters ASSIGNING, replay applies the record). Membership
+(join, heartbeat, leave, fences) and replay stay in ``group.py``. Pure, like all of
+``core``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..protocol.errors import (
     InconsistentAssignorError,
@@ -37,10 +40,7 @@ from .records import (
     MemberRecord,
     OffsetRecord,
 )
-from .states import (
-    GroupState,
-    Trigger,
-)
+from .states import GroupState
 from .validation import PATTERN_PREFIX
 
 
@@ -97,28 +97,77 @@ class AssignmentPlan:
         return staged
 
 
-class AssignmentPlanning:
-    """The assignment-planning half of a Group (which inherits it): see the module doc."""
+class GroupView(Protocol):
+    """What an :class:`AssignmentPlanner` reads of a group; it writes none of it.
 
-    # State that Group.__init__ sets: planning reads it.
-    group_id: str
-    state: GroupState
-    generation: int
-    members: dict[str, Member]
-    offsets: dict[TopicPartition, OffsetRecord]
-    fences: dict[str, Fence]
-    record: GroupRecord | None
-    _assignor_votes: Counter[str]
-    _computable: Counter[str]
+    :class:`~trio_coord.core.group.Group` provides it; a test may hand in any
+    object with these attributes.
+    """
 
-    if TYPE_CHECKING:  # the Group's own, which planning calls
+    @property
+    def group_id(self) -> str:
+        """The group's id."""
+        ...
 
-        @property
-        def cooperative(self) -> bool: ...
+    @property
+    def state(self) -> GroupState:
+        """The group's state."""
+        ...
 
-        def fire(self, trigger: Trigger) -> GroupState: ...
+    @property
+    def generation(self) -> int:
+        """The current generation."""
+        ...
 
-        def expire_fences(self, now: float) -> None: ...
+    @property
+    def members(self) -> Mapping[str, Member]:
+        """The live members, by member id."""
+        ...
+
+    @property
+    def offsets(self) -> Mapping[TopicPartition, OffsetRecord]:
+        """The committed offsets."""
+        ...
+
+    @property
+    def fences(self) -> Mapping[str, Fence]:
+        """Per former member (or former process), what it may still fetch, and until when;
+        fences that ended by the ``now`` a planner is given count as gone."""
+        ...
+
+    @property
+    def record(self) -> GroupRecord | None:
+        """The last generation record replayed (what the store holds)."""
+        ...
+
+    @property
+    def cooperative(self) -> bool:
+        """True if every member asked for cooperative rebalancing."""
+        ...
+
+    @property
+    def assignor_votes(self) -> Mapping[str, int]:
+        """Per assignor name, how many members accept it."""
+        ...
+
+    @property
+    def computable(self) -> Mapping[str, int]:
+        """Per assignor name, how many members can compute it themselves."""
+        ...
+
+
+class AssignmentPlanner:
+    """Plans a group's rebalances from a read-only :class:`GroupView`: see the module doc.
+
+    It keeps no state of its own besides the view, so making one is free:
+    ``Group.planning`` makes one on each use (and holds none, so a group and
+    its planner form no reference cycle).
+    """
+
+    __slots__ = ("_group",)
+
+    def __init__(self, group: GroupView) -> None:
+        self._group = group
 
     def assignment_input(
         self,
@@ -136,25 +185,27 @@ class AssignmentPlanning:
         order. Each member's ``owned`` is what it owned in the current
         generation; in a cooperative rebalance, what it may still be fetching
         (a cooperative plan is made before anything stops). ``cooperative``
-        None means :attr:`cooperative`; the broker passes False for a
+        None means the group's ``cooperative``; the broker passes False for a
         rebalance it runs eagerly in a cooperative group (an offset reset).
         ``racks`` gives each topic's partitions' racks (:class:`GroupSpec`).
         """
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
-        # choose_assignor over every member's list, from the running counts:
-        computable = set(available).union(n for n, count in self._computable.items() if count)
+        group = self._group
+        members = sorted(group.members.values(), key=lambda m: m.member_id)
+        # choose_assignor over every member's list, from the group's running counts:
+        computable = set(available).union(n for n, count in group.computable.items() if count)
+        votes = group.assignor_votes
         name = next(
             (
                 n
                 for n in (members[0].assignors if members else ())
-                if self._assignor_votes[n] == len(members) and n in computable
+                if votes.get(n, 0) == len(members) and n in computable
             ),
             None,
         )
         if name is None:  # validate_join keeps this from happening
-            raise InconsistentAssignorError(f"group {self.group_id} has no common assignor")
+            raise InconsistentAssignorError(f"group {group.group_id} has no common assignor")
         if cooperative is None:
-            cooperative = self.cooperative
+            cooperative = group.cooperative
         spec = GroupSpec(
             members={
                 m.member_id: MemberSpec(
@@ -203,13 +254,13 @@ class AssignmentPlanning:
     def revocations(self, assignment: Assignment) -> dict[str, list[TopicPartition]]:
         """Cooperative: per member, what it may be fetching that it must give up."""
         revoke = {}
-        for member in self.members.values():
+        for member in self._group.members.values():
             gone = member.may_own.difference(assignment.get(member.member_id, []))
             if gone:
                 revoke[member.member_id] = sorted(gone)
         return revoke
 
-    def plan_assignment(
+    def plan(
         self,
         now: float,
         *,
@@ -221,26 +272,27 @@ class AssignmentPlanning:
         created_since: Collection[str] = (),
         racks: Mapping[str, Sequence[str]] | None = None,
     ) -> AssignmentPlan:
-        """Enter ASSIGNING and plan the next generation: its record and its starts.
+        """The next generation: its record and its starts (``Group.plan_assignment`` enters
+        ASSIGNING first, then asks this).
 
         ``partitions`` maps each existing topic to its partition count;
         ``log_offsets`` gives a partition's (log start, log end) for members
         whose group has no committed offset there. ``computed`` is an
         assignment made already (a cooperative plan, or a leader's);
         otherwise a broker-side assignor computes it now. In a cooperative
-        rebalance (``cooperative``, default :attr:`cooperative`) the starts
+        rebalance (``cooperative``, default the group's) the starts
         are incremental, and only the partitions a member does not have yet
         wait for fences. A partition under a fence waits for that fence
         only: each member is started in stages (:class:`AssignmentPlan`).
         ``created_since`` names topics that a ``re:`` entry the group had
         already subscribed to (in its last generation) matches only now: they
         were created since, and all their partitions count as new
-        (:meth:`_start_offset`). Nothing changes until the returned record is
-        replayed (after it is durable).
+        (:meth:`_start_offset`). Fences that end by ``now`` count as gone. The
+        group changes only when the returned record is replayed (after it is
+        durable).
         """
-        self.fire(Trigger.STOPPED)
-        self.expire_fences(now)
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
+        group = self._group
+        members = sorted(group.members.values(), key=lambda m: m.member_id)
         if computed is None:
             input = self.assignment_input(
                 partitions=partitions, available=available, cooperative=cooperative, racks=racks
@@ -253,11 +305,17 @@ class AssignmentPlanning:
         else:
             input, assignment = computed
         record = self._next_record(
-            self.generation + 1, input.assignor, members, assignment, partitions, created_since
+            now,
+            group.generation + 1,
+            input.assignor,
+            members,
+            assignment,
+            partitions,
+            created_since,
         )
         starts = []
         if cooperative is None:
-            cooperative = self.cooperative
+            cooperative = group.cooperative
         fenced = self._fence_ends(now)
         for m in members:
             mine = assignment.get(m.member_id, [])
@@ -303,31 +361,33 @@ class AssignmentPlanning:
         generation and fetches what it was told, and the next generation's
         record would be the current one but for its number (same members,
         subscriptions, timeouts, assignor, partitions per member, fences and
-        topics). Then the coordinator bumps no generation and stops no one.
+        topics; fences that ended by ``now`` count as gone). Then the
+        coordinator bumps no generation and stops no one.
         """
         if not self.may_be_unchanged():
             return False
-        self.expire_fences(now)
-        members = sorted(self.members.values(), key=lambda m: m.member_id)
+        group = self._group
+        members = sorted(group.members.values(), key=lambda m: m.member_id)
         record = self._next_record(
-            self.generation, assignor, members, assignment, partitions, created_since
+            now, group.generation, assignor, members, assignment, partitions, created_since
         )
-        return record == self.record
+        return record == group.record
 
     def may_be_unchanged(self) -> bool:
         """The cheap half of :meth:`unchanged_by` (O(members), no assignor run): False if a
         rebalance certainly changes something (not STABLE, a member not started in the
         current generation, members or subscriptions other than the current record's)."""
-        record = self.record
-        if self.state is not GroupState.STABLE or record is None:
+        group = self._group
+        record = group.record
+        if group.state is not GroupState.STABLE or record is None:
             return False
-        if len(record.members) != len(self.members):
+        if len(record.members) != len(group.members):
             return False
         for persisted in record.members:
-            m = self.members.get(persisted.member_id)
+            m = group.members.get(persisted.member_id)
             if (
                 m is None
-                or m.generation != self.generation
+                or m.generation != group.generation
                 or m.may_own != m.assignment
                 or len(persisted.topics) != len(m.topics)
                 or not m.topics.issuperset(persisted.topics)
@@ -337,6 +397,7 @@ class AssignmentPlanning:
 
     def _next_record(
         self,
+        now: float,
         generation: int,
         assignor: str,
         members: list[Member],
@@ -344,9 +405,11 @@ class AssignmentPlanning:
         partitions: Mapping[str, int],
         created_since: Collection[str],
     ) -> GroupRecord:
-        """The group record of a generation with ``members`` owning ``assignment``."""
+        """The group record of a generation with ``members`` owning ``assignment``, listing
+        the fences still on at ``now``."""
+        group = self._group
         return GroupRecord(
-            self.group_id,
+            group.group_id,
             generation,
             assignor,
             [
@@ -371,7 +434,8 @@ class AssignmentPlanning:
                     0,
                     sorted(fence.partitions),
                 )
-                for member_id, fence in sorted(self.fences.items())
+                for member_id, fence in sorted(group.fences.items())
+                if fence.until > now
             ],
             self._topics_seen(members, partitions, created_since),
         )
@@ -379,7 +443,7 @@ class AssignmentPlanning:
     def _fence_ends(self, now: float) -> dict[TopicPartition, float]:
         """Per fenced partition, when the last fence over it ends (only those after ``now``)."""
         ends: dict[TopicPartition, float] = {}
-        for fence in self.fences.values():
+        for fence in self._group.fences.values():
             if fence.until > now:
                 for tp in fence.partitions:
                     if fence.until > ends.get(tp, now):
@@ -405,7 +469,8 @@ class AssignmentPlanning:
         reset to 0, so that a topic created again under its name counts as
         created after the subscription.
         """
-        seen = dict(self.record.topics) if self.record is not None else {}
+        last = self._group.record
+        seen = dict(last.topics) if last is not None else {}
         subscribed = {t for m in members for t in m.topics}
         for entry in subscribed:
             count = partitions.get(entry)
@@ -436,11 +501,12 @@ class AssignmentPlanning:
         has no committed offset for it; ``seen`` is the generation's
         ``GroupRecord.topics`` (default: the last durable one's).
         """
-        committed = self.offsets.get(tp)
+        committed = self._group.offsets.get(tp)
         if committed is not None:
             return PartitionOffset(tp.topic, tp.partition, committed.offset, committed.metadata)
         if seen is None:
-            seen = self.record.topics if self.record is not None else {}
+            last = self._group.record
+            seen = last.topics if last is not None else {}
         first = seen.get(tp.topic)
         if first is not None and tp.partition >= first:
             reset = "earliest"  # a partition created since the group subscribed
@@ -452,7 +518,7 @@ class AssignmentPlanning:
     def _fenced_until(self, partitions: Iterable[TopicPartition], now: float) -> float:
         wanted = set(partitions)
         until = now
-        for fence in self.fences.values():
+        for fence in self._group.fences.values():
             if fence.until > until and not wanted.isdisjoint(fence.partitions):
                 until = fence.until
         return until
@@ -465,9 +531,9 @@ class AssignmentPlanning:
         Incremental, from the committed offsets: if it is the same process
         that merely reconnected, it keeps fetching what it still has. Not
         before the fences over them end (a former process's lease, after
-        :meth:`replace_process`).
+        ``Group.replace_process``).
         """
-        member = self.members[member_id]
+        member = self._group.members[member_id]
         return StartPlan(
             member_id,
             [

@@ -24,14 +24,15 @@ owner's other partitions do not wait for it (a plan starts each member in
 stages, one per fence end).
 
 The planning of a rebalance (assignor input, a leader's assignment checked, the
-StartFetchers plan) is :class:`._planning.AssignmentPlanning`, which ``Group``
-inherits; :class:`Member` and :class:`Fence` live in ``_member.py``.
+StartFetchers plan) is :attr:`Group.planning`, an :class:`._planning.AssignmentPlanner`
+that reads the group (a :class:`._planning.GroupView`) and changes nothing; the group
+applies what it returns. :class:`Member` and :class:`Fence` live in ``_member.py``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..protocol.errors import (
@@ -50,8 +51,15 @@ from ..protocol.messages import (
     TopicPartition,
 )
 from ._member import Fence, Member
-from ._planning import AssignmentInput, AssignmentPlan, AssignmentPlanning, StartPlan
+from ._planning import (
+    AssignmentInput,
+    AssignmentPlan,
+    AssignmentPlanner,
+    GroupView,
+    StartPlan,
+)
 from .assignors import (
+    Assignment,
     Assignor,
 )
 from .records import (
@@ -84,10 +92,12 @@ __all__ = [
     "TRANSITIONS",
     "AssignmentInput",
     "AssignmentPlan",
+    "AssignmentPlanner",
     "Fence",
     "Group",
     "GroupLimits",
     "GroupState",
+    "GroupView",
     "IllegalTransitionError",
     "Member",
     "StartPlan",
@@ -121,7 +131,7 @@ class GroupLimits:
     """The most metadata (UTF-8 bytes) one committed offset may carry (Kafka's default)."""
 
 
-class Group(AssignmentPlanning):
+class Group:
     """One consumer group's state; see the module docstring."""
 
     def __init__(self, group_id: str, *, now: float) -> None:
@@ -548,6 +558,58 @@ class Group(AssignmentPlanning):
     def complete_rebalance(self) -> None:
         """Every member acknowledged its start: the group is STABLE."""
         self.fire(Trigger.STARTED)
+
+    # -- planning (the planner reads the group; the group applies its plans) -------------
+
+    @property
+    def planning(self) -> AssignmentPlanner:
+        """The planner of this group's rebalances: it reads the group, changes nothing.
+
+        A new, stateless :class:`AssignmentPlanner` on each use (the group
+        holds none, so the two form no reference cycle).
+        """
+        view: GroupView = self
+        return AssignmentPlanner(view)
+
+    @property
+    def assignor_votes(self) -> Mapping[str, int]:
+        """Per assignor name, how many members accept it (a running count: O(1) to read)."""
+        return self._assignor_votes
+
+    @property
+    def computable(self) -> Mapping[str, int]:
+        """Per assignor name, how many members can compute it themselves (a running count)."""
+        return self._computable
+
+    def plan_assignment(
+        self,
+        now: float,
+        *,
+        partitions: Mapping[str, int],
+        available: Mapping[str, Assignor],
+        log_offsets: Callable[[TopicPartition], tuple[int, int]],
+        computed: tuple[AssignmentInput, Assignment] | None = None,
+        cooperative: bool | None = None,
+        created_since: Collection[str] = (),
+        racks: Mapping[str, Sequence[str]] | None = None,
+    ) -> AssignmentPlan:
+        """Enter ASSIGNING, forget the fences that ended, and plan the next generation.
+
+        The plan is :meth:`AssignmentPlanner.plan` (see it for the arguments);
+        nothing else changes until its record is replayed (after it is durable).
+        """
+        self.fire(Trigger.STOPPED)
+        self.expire_fences(now)
+        return self.planning.plan(
+            now,
+            partitions=partitions,
+            available=available,
+            log_offsets=log_offsets,
+            computed=computed,
+            cooperative=cooperative,
+            created_since=created_since,
+            racks=racks,
+        )
 
     # -- records -----------------------------------------------------------------
 

@@ -1,0 +1,200 @@
+"""A consumer's group membership on its own: no Consumer, no broker, no sockets.
+
+``GroupMembership`` is driven through its narrow interface: the coordinator's
+pushes on one side; on the other a fake fetcher (:class:`FetchControl`) and
+the application's callbacks (:class:`RebalanceListener`). What an application
+relies on: a start owns exactly its partitions and says so to ``on_assigned``;
+a stop freezes them before ``on_revoked`` and hands back what was consumed,
+and says it again to a restarted rebalance without revoking twice; a
+cooperative stop gives up only what it names; and an application that stops
+asking for records loses its partitions (``on_lost``) and its commits are
+refused, saying why, until it asks again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+import trio
+
+from trio_coord.client._bootstrap import Bootstrap
+from trio_coord.client._membership import (
+    ConsumerState,
+    GroupMembership,
+    MembershipSettings,
+    RebalanceListener,
+)
+from trio_coord.protocol import StopFetchersRequest
+from trio_coord.protocol.errors import UnknownMemberError
+from trio_coord.protocol.messages import (
+    PartitionOffset,
+    StartFetchersRequest,
+    StopFetchersResponse,
+    TopicPartition,
+)
+
+S = 3.0  # session timeout
+POLL = 20.0  # max_poll_interval
+
+
+def tp(p: int) -> TopicPartition:
+    return TopicPartition("t", p)
+
+
+class FakeFetcher:
+    """The fetcher's side of ownership, recorded: each partition is consumed up to its
+    start offset + 5 (what a stop hands back)."""
+
+    def __init__(self) -> None:
+        self.owned: dict[TopicPartition, int] = {}
+        self.frozen: set[TopicPartition] = set()
+        self.calls: list[str] = []
+
+    @property
+    def cluster(self):
+        raise AssertionError("no broker lists were pushed, so none is learnt")
+
+    def assign(self, offsets: dict[TopicPartition, int]) -> None:
+        self.calls.append("assign")
+        self.owned, self.frozen = dict(offsets), set()
+
+    def add(self, offsets: dict[TopicPartition, int]) -> None:
+        self.calls.append("add")
+        self.owned.update(offsets)
+
+    def remove(self, tps: Iterable[TopicPartition]) -> None:
+        self.calls.append("remove")
+        for each in tps:
+            self.owned.pop(each, None)
+
+    def freeze(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        self.calls.append("freeze")
+        self.frozen |= set(self.owned if tps is None else tps)
+
+    def drop(self) -> list[TopicPartition]:
+        self.calls.append("drop")
+        owned = sorted(self.owned)
+        self.owned, self.frozen = {}, set()
+        return owned
+
+    def consumed(self, tps: Iterable[TopicPartition] | None = None) -> list[PartitionOffset]:
+        wanted = self.owned if tps is None else tps
+        return [PartitionOffset(t.topic, t.partition, self.owned[t] + 5) for t in sorted(wanted)]
+
+    def take_dirty(self) -> list[PartitionOffset]:
+        return []
+
+    def return_dirty(self, positions: Iterable[PartitionOffset]) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+
+def make(*, protocol: str = "eager") -> tuple[GroupMembership, FakeFetcher, list[tuple]]:
+    heard: list[tuple] = []
+    fetcher = FakeFetcher()
+
+    async def revoked(partitions):
+        # What the application sees while it revokes: nothing more is handed out.
+        heard.append(("revoked", partitions, sorted(fetcher.frozen)))
+
+    membership = GroupMembership(
+        MembershipSettings(
+            group_id="g",
+            client_id="c",
+            instance_id="",
+            session_timeout=S,
+            rebalance_timeout=S,
+            max_poll_interval=POLL,
+            request_timeout=S,
+            api_timeout=S,
+            auto_commit=True,
+            offset_reset="earliest",
+            rebalance_protocol=protocol,  # type: ignore[arg-type]
+            assignors=["range"],
+        ),
+        ["t"],
+        listener=RebalanceListener(
+            on_assigned=lambda ps: heard.append(("assigned", ps)),
+            on_revoked=revoked,
+            on_lost=lambda ps: heard.append(("lost", ps)),
+        ),
+        bootstrap=Bootstrap("127.0.0.1:1", request_timeout=S),
+        fetcher=fetcher,
+    )
+    # As if joined as member "m" with a heartbeat just accepted.
+    membership.member_id = "m"
+    membership._member_ready.set()
+    membership._renew_lease(trio.current_time())
+    return membership, fetcher, heard
+
+
+def start(generation: int, *offsets: tuple[int, int], incremental: bool = False):
+    partitions = [PartitionOffset("t", p, off) for p, off in offsets]
+    return StartFetchersRequest("g", "m", generation, partitions, incremental=incremental)
+
+
+async def test_a_start_owns_its_partitions_and_a_stop_hands_back_what_was_consumed():
+    membership, fetcher, heard = make()
+    push = membership._handler.handle
+    await push(start(2, (1, 40), (0, 10)))
+    assert fetcher.owned == {tp(0): 10, tp(1): 40}
+    assert membership.state is ConsumerState.STABLE and membership.generation == 2
+    assert dict(membership.assignment) == {tp(0): 10, tp(1): 40}
+    assert heard == [("assigned", [tp(0), tp(1)])]
+
+    answer = await push(StopFetchersRequest("g", "m", 2))
+    assert isinstance(answer, StopFetchersResponse)
+    assert answer.positions == [PartitionOffset("t", 0, 15), PartitionOffset("t", 1, 45)]
+    # Frozen before on_revoked ran, and forgotten after it.
+    assert heard[1] == ("revoked", [tp(0), tp(1)], [tp(0), tp(1)])
+    assert fetcher.owned == {} and dict(membership.assignment) == {}
+    assert membership.state is ConsumerState.REBALANCING
+
+    # A restarted rebalance asks again: the same positions, and no second on_revoked.
+    again = await push(StopFetchersRequest("g", "m", 3))
+    assert isinstance(again, StopFetchersResponse)
+    assert again.positions == answer.positions
+    assert len(heard) == 2
+
+
+async def test_a_cooperative_stop_gives_up_only_what_it_names_and_a_start_only_adds():
+    membership, fetcher, heard = make(protocol="cooperative")
+    push = membership._handler.handle
+    await push(start(2, (0, 10), (1, 40)))
+    answer = await push(StopFetchersRequest("g", "m", 2, [tp(1)]))
+    assert isinstance(answer, StopFetchersResponse)
+    assert answer.positions == [PartitionOffset("t", 1, 45)]
+    assert fetcher.owned == {tp(0): 10}  # t-0 kept flowing
+    await push(start(3, (0, 10), (2, 70), incremental=True))
+    assert fetcher.owned == {tp(0): 10, tp(2): 70}
+    assert heard == [
+        ("assigned", [tp(0), tp(1)]),
+        ("revoked", [tp(1)], [tp(1)]),
+        ("assigned", [tp(2)]),  # only what is new
+    ]
+    assert fetcher.calls == ["assign", "freeze", "remove", "add"]
+
+
+async def test_an_application_that_stops_asking_loses_its_partitions_until_it_asks_again(
+    autojump_clock,
+):
+    membership, fetcher, heard = make()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(membership._poll_watchdog)
+        await membership._handler.handle(start(2, (0, 10)))
+        membership.start_poll_clock()
+        with membership.asking():  # waiting for records: the clock stands still
+            await trio.sleep(POLL * 2)
+            membership._renew_lease(trio.current_time())  # (the heartbeats go on)
+        assert membership.state is ConsumerState.STABLE
+        await trio.sleep(POLL + 1)  # then it asks for nothing for longer than POLL
+        assert heard[-1] == ("lost", [tp(0)])  # not connected: nobody took a clean revoke
+        assert membership.left and fetcher.owned == {}
+        with pytest.raises(UnknownMemberError, match="max_poll_interval"):
+            membership.coordinator()
+        with membership.asking():  # asking again rejoins (once the session runs)
+            assert membership._asked_again.is_set()
+        nursery.cancel_scope.cancel()
