@@ -198,3 +198,21 @@ async def test_an_application_that_stops_asking_loses_its_partitions_until_it_as
         with membership.asking():  # asking again rejoins (once the session runs)
             assert membership._asked_again.is_set()
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("protocol", ["eager", "cooperative"])
+async def test_a_stop_that_finds_the_lease_run_out_says_lost_not_revoked(autojump_clock, protocol):
+    # A process stalled past its session: the coordinator may have given its
+    # partitions to another member before this stop (or close) is answered, so the
+    # application must not be told it still owned them until now.
+    membership, fetcher, heard = make(protocol=protocol)
+    push = membership._handler.handle
+    await push(start(2, (0, 10), (1, 40)))
+    await trio.sleep(S + 0.1)  # no heartbeat accepted for a session timeout
+    assert not membership.holds_lease()
+    stop = StopFetchersRequest("g", "m", 2, [tp(1)] if protocol == "cooperative" else None)
+    answer = await push(stop)
+    assert isinstance(answer, StopFetchersResponse)
+    gone = [tp(1)] if protocol == "cooperative" else [tp(0), tp(1)]
+    assert heard == [("assigned", [tp(0), tp(1)]), ("lost", gone)]
+    assert not any(event[0] == "revoked" for event in heard)

@@ -462,11 +462,27 @@ class GroupMembership:
             return list(self._handed_back)
         engine = self._fetcher
         engine.freeze()
-        await self._listener.revoked(revoked)
+        await self._give_up(revoked)
         positions = engine.consumed(revoked) if self._settings.auto_commit else []
         self._drop()
         self._handed_back = positions
         return positions
+
+    async def _give_up(self, partitions: list[TopicPartition]) -> None:
+        """Tell the application it no longer owns ``partitions``: ``on_revoked`` while
+        the lease holds, else ``on_lost``.
+
+        A stop (or a close) that finds the lease run out comes after the moment
+        the coordinator may have handed these partitions to another member (a
+        process stalled past its session, whose watchdog has not run yet). A
+        clean revoke would invite the application to commit and to count the
+        partitions as its own until now; Kafka calls ``onPartitionsLost`` for
+        the same reason.
+        """
+        if self.holds_lease():
+            await self._listener.revoked(partitions)
+        else:
+            await self._listener.lost(partitions)
 
     async def _revoke_some(self, partitions: list[TopicPartition]) -> list[PartitionOffset]:
         """Cooperative: give up just ``partitions`` cleanly, and keep fetching the rest.
@@ -481,7 +497,7 @@ class GroupMembership:
         if owned:
             engine = self._fetcher
             engine.freeze(owned)
-            await self._listener.revoked(owned)
+            await self._give_up(owned)
             positions = engine.consumed(owned) if self._settings.auto_commit else []
             engine.remove(owned)
             for tp in owned:
