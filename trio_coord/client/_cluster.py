@@ -127,6 +127,7 @@ class ClusterView:
         """``tps`` (sorted, once each) by the broker holding them; like :meth:`leader`, asks
         Metadata once about the topics not known from the cache, then raises the first
         partition's error if a leader is still not known."""
+        tps = set(tps)  # (looked through twice)
         grouped, unknown = self._routing.group_by_leader(tps)
         if unknown:
             await self.refresh(sorted({tp.topic for tp in unknown}))

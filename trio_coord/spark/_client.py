@@ -401,6 +401,7 @@ class BlockingClient:
     ) -> tuple[dict[Address, list[TopicPartition]], dict[TopicPartition, CoordError]]:
         """``tps`` by the address of their leader (asking Metadata once about the topics
         not known), and those whose leader is still not known, with the policy's error."""
+        tps = set(tps)  # (looked through twice)
         grouped, unknown = self._routing.group_by_leader(tps)
         if unknown:
             self.metadata({tp.topic for tp in unknown})
