@@ -88,7 +88,8 @@ def test_no_leader_named_means_the_broker_that_answered_at_the_address_it_answer
 
 
 def test_metadata_listing_no_live_broker_is_a_retriable_error_until_one_is_listed():
-    routing = _routing(MetadataResponse([], [TopicInfo("t", 1, [])]))
+    routing = Routing()
+    routing.learn(MetadataResponse([], [TopicInfo("t", 1, [])]), ("10.0.0.1", 9092))
     found = routing.leader_of(T0)
     assert isinstance(found, CoordinatorNotAvailableError) and found.retriable
     assert "knows no live brokers yet" in str(found)

@@ -126,10 +126,10 @@ class Routing:
         if len(brokers) == 1:
             brokers = [_reached(brokers[0], answered)]
             self._answerer = brokers[0]
-        elif answered is not None:
-            self._answerer = BrokerInfo(-1, *answered)
-        else:
-            self._answerer = brokers[0] if brokers else None
+        elif brokers:  # (a cluster, which names every leader)
+            self._answerer = brokers[0] if answered is None else BrokerInfo(-1, *answered)
+        else:  # no live broker known: nothing to send to, however it answered
+            self._answerer = None
         self.brokers = {b.broker_id: b for b in brokers}
         for info in response.topics:
             self._topics[info.name] = info
