@@ -9,11 +9,15 @@ import pytest
 import trio
 
 from trio_coord import ConnectionClosedError
-from trio_coord.client._bootstrap import Bootstrap, parse_bootstrap
+from trio_coord.client._bootstrap import Answer, Bootstrap, parse_bootstrap
 from trio_coord.client._cluster import ClusterView
 from trio_coord.protocol import MetadataRequest
 from trio_coord.protocol.connection import connect_tcp
-from trio_coord.protocol.errors import CoordinatorNotAvailableError, NotLeaderForPartitionError
+from trio_coord.protocol.errors import (
+    CoordinatorNotAvailableError,
+    NotLeaderForPartitionError,
+    UnknownTopicError,
+)
 from trio_coord.protocol.messages import BrokerInfo, MetadataResponse, TopicInfo, TopicPartition
 
 
@@ -52,10 +56,11 @@ class _ScriptedBootstrap(Bootstrap):
         super().__init__("127.0.0.1:1")
         self.answers = list(answers)
         self.asked = 0
+        self.at: tuple[str, int] | None = None  # where the answers come from, if known
 
-    async def metadata_once(self, request: MetadataRequest) -> MetadataResponse:
+    async def metadata_once(self, request: MetadataRequest) -> Answer:
         self.asked += 1
-        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return Answer(self.answers.pop(0) if len(self.answers) > 1 else self.answers[0], self.at)
 
 
 B1, B2 = BrokerInfo(1, "127.0.0.1", 9001), BrokerInfo(2, "127.0.0.1", 9002)
@@ -65,13 +70,15 @@ async def test_a_leader_missing_from_the_live_brokers_is_retriable_then_found():
     # A cluster broker between ZooKeeper sessions lists the topic's leaders but no brokers.
     between = MetadataResponse([], [TopicInfo("t", 2, [1, 2])])
     back = MetadataResponse([B1, B2], [TopicInfo("t", 2, [1, 2])])
-    bootstrap = _ScriptedBootstrap(between, between, back)
+    bootstrap = _ScriptedBootstrap(between, back)
     async with trio.open_nursery() as nursery:
         view = ClusterView(bootstrap, nursery)
         with pytest.raises(NotLeaderForPartitionError, match=r"2\) is not among the live") as e:
             await view.leader(TopicPartition("t", 1))
         assert e.value.retriable
-        assert bootstrap.asked == 2  # asked again once before giving up this time
+        # Asked once (the topic was not known): an answer that is fresh and still does not
+        # place the leader goes to the caller, who backs off before asking again.
+        assert bootstrap.asked == 1
         assert await view.leader(TopicPartition("t", 1)) == B2
         assert await view.leader(TopicPartition("t", 0)) == B1
 
@@ -86,6 +93,33 @@ async def test_metadata_listing_no_live_broker_is_retriable_not_a_stop_iteration
         assert e.value.retriable
         bootstrap.answers = [MetadataResponse([B1], [TopicInfo("t", 1, [])])]
         assert await view.leader(TopicPartition("t", 0)) == B1
+
+
+async def test_partitions_grouped_by_leader_ask_metadata_once_for_every_unknown_topic():
+    answer = MetadataResponse([B1, B2], [TopicInfo("a", 2, [1, 2]), TopicInfo("b", 1, [2])])
+    bootstrap = _ScriptedBootstrap(answer)
+    a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+    async with trio.open_nursery() as nursery:
+        view = ClusterView(bootstrap, nursery)
+        asked_for = (tp for tp in [b0, a1, a0, a0])  # (a generator: Admin passes one)
+        assert await view.by_leader(asked_for) == {B1: [a0], B2: [a1, b0]}
+        assert bootstrap.asked == 1
+        with pytest.raises(UnknownTopicError, match="partition 5 does not exist"):
+            await view.by_leader([a0, TopicPartition("a", 5)])
+
+
+async def test_a_single_broker_is_reached_where_it_answered_not_where_it_is_bound():
+    # A lone broker bound to a wildcard address advertises it; its clients reach it where
+    # the bootstrap list found it, for its partitions and as the coordinator of its groups.
+    bound = BrokerInfo(1, "0.0.0.0", 9001)
+    bootstrap = _ScriptedBootstrap(
+        MetadataResponse([bound], [TopicInfo("t", 1, [])], coordinator=bound)
+    )
+    bootstrap.at = ("127.0.0.1", 9001)
+    async with trio.open_nursery() as nursery:
+        view = ClusterView(bootstrap, nursery)
+        assert await view.leader(TopicPartition("t", 0)) == B1
+        assert await bootstrap.find_coordinator("g") == B1
 
 
 def test_the_retry_policy_doubles_to_its_maximum_with_jitter_and_starts_again_after_success():

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from trio_coord import RequestTimedOutError, open_admin, open_consumer, open_producer
-from trio_coord.client._bootstrap import Bootstrap
+from trio_coord.client._bootstrap import Answer, Bootstrap
 from trio_coord.protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse, TopicInfo
 
 CHECK = "check that a broker is running at these addresses and reachable from here"
@@ -139,8 +139,8 @@ class _LeaderAt(Bootstrap):
         broker = BrokerInfo(1, host, port)
         self.answer = MetadataResponse([broker], [TopicInfo("t", 1, [1])])
 
-    async def metadata_once(self, request: MetadataRequest) -> MetadataResponse:
-        return self.answer
+    async def metadata_once(self, request: MetadataRequest) -> Answer:
+        return Answer(self.answer, self.addresses[0])
 
 
 async def test_a_record_fails_at_delivery_timeout_when_its_leader_is_down(autojump_clock, dead):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from trio_coord.protocol.errors import (
+    BrokerShuttingDownError,
     CoordError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
@@ -127,6 +128,8 @@ class _Cluster:
     """
 
     move_on: type[RequestBody] | None = None
+    moved_says: type[CoordError] = NotLeaderForPartitionError
+    """What TP's leader answers the ``move_on`` request with as it hands TP over."""
     refuse_commits: int = 0
     ghost_leader: int = 0
     """How many Metadata answers name TP's leader as broker 9, which is not live (a leader
@@ -153,7 +156,7 @@ class _Cluster:
                 raise NotLeaderForPartitionError(f"broker {broker} does not lead {TP}")
             if type(body) is self.move_on:
                 self.move_on, self.leader = None, other
-                raise NotLeaderForPartitionError(f"broker {broker} no longer leads {TP}")
+                raise self.moved_says(f"broker {broker} no longer leads {TP}")
             if isinstance(body, ListOffsetsRequest):
                 return ListOffsetsResponse([ListedOffset(TP.topic, TP.partition, 7, 0, 7)])
             return ProduceResponse(7)
@@ -224,6 +227,25 @@ def test_batches_produced_together_wait_for_a_leader_that_is_not_live_yet(cluste
         assert client.produce_many([ProduceRequest(TP.topic, TP.partition, b"", 0, 0)]) == [7]
     produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
     assert produces == [1]
+
+
+def test_a_produce_refused_by_a_broker_shutting_down_goes_to_the_new_leader_next(cluster):
+    # The routing policy takes BROKER_SHUTTING_DOWN as a move: the retry asks Metadata
+    # again rather than going back to the broker that is leaving.
+    cluster.move_on, cluster.moved_says = ProduceRequest, BrokerShuttingDownError
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.produce(TP, b"", 0, 0) == 7
+    produces = [broker for broker, kind in cluster.asked if kind == "ProduceRequest"]
+    assert produces == [1, 2]
+
+
+def test_list_offsets_waits_for_a_leader_that_is_not_live_yet(cluster):
+    # (It used to raise the retriable NOT_LEADER_FOR_PARTITION at once, failing the task.)
+    cluster.ghost_leader = 2
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.list_offsets([TP], LATEST)[TP].offset == 7
+    asked = [broker for broker, kind in cluster.asked if kind == "ListOffsetsRequest"]
+    assert asked == [1]
 
 
 def test_list_offsets_follows_the_leader_that_moved_while_asked(cluster):

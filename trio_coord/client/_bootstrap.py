@@ -18,16 +18,18 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from typing import NamedTuple
 
 import trio
 
 from .._retry import RetryPolicy
+from .._routing import coordinator_of
 from ..protocol.connection import Connection, os_reason, serving
 from ..protocol.errors import ConnectionClosedError, CoordError, RequestTimedOutError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
 from ..security.client import ClientSecurity, secure_stream
 
-__all__ = ["Backoff", "Bootstrap", "lower_reason", "parse_bootstrap"]
+__all__ = ["Answer", "Backoff", "Bootstrap", "lower_reason", "parse_bootstrap"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,13 @@ _WARN_AFTER = 3.0
 _WARN_EVERY = 30.0
 
 Address = tuple[str, int]
+
+
+class Answer(NamedTuple):
+    """A Metadata answer and the address of the broker that gave it (None: not known)."""
+
+    response: MetadataResponse
+    address: Address | None
 
 
 def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[Address]:
@@ -178,7 +187,7 @@ class Bootstrap:
         self.failed(address, why)
         raise RequestTimedOutError(f"cannot connect to {host}:{port}: {why}")
 
-    async def _ask(self, address: Address, request: MetadataRequest) -> MetadataResponse:
+    async def _ask(self, address: Address, request: MetadataRequest) -> Answer:
         host, port = address
         stream = await self.connect(address)
         async with serving(Connection(stream, name=f"{host}:{port}")) as conn:
@@ -191,13 +200,17 @@ class Bootstrap:
                     raise
                 assert isinstance(response, MetadataResponse)
                 self.answered(address)
-                return response
+                return Answer(response, address)
         why = f"no answer within request_timeout ({self.request_timeout:g}s)"
         self.failed(address, why)
         raise RequestTimedOutError(f"{host}:{port} gave {why}")
 
-    async def metadata_once(self, request: MetadataRequest) -> MetadataResponse:
-        """Ask each bootstrap broker in turn; raise the last error if none answers."""
+    async def metadata_once(self, request: MetadataRequest) -> Answer:
+        """Ask each bootstrap broker in turn; raise the last error if none answers.
+
+        The answer comes with the address it came from: the routing policy
+        reaches a broker that lists only itself there (``_routing``).
+        """
         error: Exception | None = None
         for address in self.addresses:
             try:
@@ -209,7 +222,7 @@ class Bootstrap:
         assert error is not None
         raise error
 
-    async def metadata(self, request: MetadataRequest) -> MetadataResponse:
+    async def metadata(self, request: MetadataRequest) -> Answer:
         """Like :meth:`metadata_once`, retrying retriable errors with backoff until answered.
 
         Non-retriable errors (an unknown topic) are raised at once. Bound it
@@ -219,7 +232,7 @@ class Bootstrap:
         warned_at = -math.inf
         while True:
             try:
-                response = await self.metadata_once(request)
+                answer = await self.metadata_once(request)
             except CoordError as exc:
                 if not exc.retriable:
                     raise
@@ -236,7 +249,7 @@ class Bootstrap:
                 await self._backoff.sleep()
                 continue
             self._backoff.reset()
-            return response
+            return answer
 
     @asynccontextmanager
     async def open(self, address: Address) -> AsyncIterator[Connection]:
@@ -270,14 +283,12 @@ class Bootstrap:
         Bound it with :meth:`fail_after` (or any cancel scope).
         """
         while True:
-            response = await self.metadata(MetadataRequest(topics=[], group=group_id))
-            if response.coordinator is not None:
+            answer = await self.metadata(MetadataRequest(topics=[], group=group_id))
+            found = coordinator_of(answer.response, group_id, answer.address)
+            if isinstance(found, BrokerInfo):
                 self._note = ""
-                return response.coordinator
-            self._note = (
-                f"the brokers that answered named no coordinator of group {group_id!r} "
-                "(is one being elected? see the brokers' logs)"
-            )
+                return found
+            self._note = str(found)
             await self._backoff.sleep()
 
     @contextmanager

@@ -1,37 +1,33 @@
 """The data clients' view of the cluster: topic metadata, partition leaders, and pooled connections.
 
-A :class:`ClusterView` lives in a client's nursery. It caches what Metadata
-said about topics (partition counts, the broker holding each partition) and
-refreshes it when a broker answers UNKNOWN_TOPIC or NOT_LEADER_FOR_PARTITION;
-and it keeps one multiplexed connection per broker, opened on first use and
-reopened after it breaks, so that a producer or a consumer's fetchers share
-it however many partitions they talk to.
+A :class:`ClusterView` lives in a client's nursery. It keeps what Metadata
+said about topics (partition counts, the broker holding each partition) in
+the routing policy every client shares (:class:`trio_coord._routing.Routing`,
+which decides where a request goes and when to ask Metadata again), asking
+Metadata when the policy cannot say; and it keeps one multiplexed connection
+per broker, opened on first use and reopened after it breaks, so that a
+producer or a consumer's fetchers share it however many partitions they talk
+to.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable
 
 import trio
 
+from .._routing import Routing
 from ..protocol.connection import Connection
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
-    CoordinatorNotAvailableError,
-    NotLeaderForPartitionError,
     RequestTimedOutError,
     UnknownTopicError,
 )
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from ..protocol.messages import (
-    BrokerInfo,
-    MetadataRequest,
-    MetadataResponse,
-    TopicInfo,
-    TopicPartition,
-)
+from ..protocol.messages import BrokerInfo, MetadataRequest, TopicInfo, TopicPartition
 from ._bootstrap import Bootstrap
 
 __all__ = ["ClusterView"]
@@ -61,9 +57,7 @@ class ClusterView:
         self._nursery = nursery
         self._max_frame_size = max_frame_size
         self._name = name
-        self._topics: dict[str, TopicInfo] = {}
-        self._brokers: dict[int, BrokerInfo] = {}
-        self._hints: dict[TopicPartition, int] = {}  # leaders a StartFetchers named
+        self._routing = Routing()  # what is known of brokers, topics and leaders
         self._conns: dict[tuple[str, int], Connection] = {}
         self._connecting: dict[tuple[str, int], trio.Lock] = {}
 
@@ -77,42 +71,30 @@ class ClusterView:
         """
         request = MetadataRequest(sorted(set(topics)))
         with self._bootstrap.fail_after(self._timeout, "no broker answered", self._timeout_setting):
-            self._update(await self._bootstrap.metadata(request))
-
-    def _update(self, response: MetadataResponse) -> None:
-        self._brokers = {b.broker_id: b for b in response.brokers}
-        for info in response.topics:
-            self._topics[info.name] = info
-        if self._hints:  # the metadata is fresher than what a StartFetchers said
-            named = {info.name for info in response.topics}
-            self._hints = {tp: b for tp, b in self._hints.items() if tp.topic not in named}
+            self._routing.learn(*await self._bootstrap.metadata(request))
 
     def learn(self, brokers: list[BrokerInfo], leaders: dict[TopicPartition, int]) -> None:
         """Leaders (and their brokers' addresses) a StartFetchers named: fetching them needs
         no Metadata call. A NotLeaderForPartition or a refresh replaces them."""
-        for broker in brokers:
-            self._brokers.setdefault(broker.broker_id, broker)
-        self._hints.update((tp, b) for tp, b in leaders.items() if b >= 0)
+        self._routing.learn_leaders(brokers, leaders)
 
     def forget(self, topic: str) -> None:
         """Drop what is cached about ``topic`` (the next lookup asks again)."""
-        self._topics.pop(topic, None)
-        if self._hints:
-            self._hints = {tp: b for tp, b in self._hints.items() if tp.topic != topic}
+        self._routing.forget(topic)
 
     async def topic(self, name: str) -> TopicInfo:
         """The topic's metadata (from the cache, or asked for); UnknownTopicError if none."""
-        info = self._topics.get(name)
+        info = self._routing.topic(name)
         if info is None:
             await self.refresh([name])
-            info = self._topics.get(name)
+            info = self._routing.topic(name)
             if info is None:  # pragma: no cover - Metadata answers UNKNOWN_TOPIC first
                 raise UnknownTopicError(f"topic {name!r} does not exist")
         return info
 
     def cached_partition_count(self, topic: str) -> int | None:
         """How many partitions ``topic`` has, if known without asking (the hot path)."""
-        info = self._topics.get(topic)
+        info = self._routing.topic(topic)
         return None if info is None else info.partitions
 
     async def partition_count(self, topic: str) -> int:
@@ -120,49 +102,39 @@ class ClusterView:
         return (await self.topic(topic)).partitions
 
     async def leader(self, tp: TopicPartition) -> BrokerInfo:
-        """The broker holding ``tp``.
+        """The broker holding ``tp``, as the routing policy (``_routing.Routing.leader_of``)
+        finds it.
 
-        If the metadata names a leader that is not among its live brokers (or
-        lists no live brokers at all, as a cluster broker between ZooKeeper
-        sessions does), it is asked for again once; if it still does not say,
-        a retriable error (NotLeaderForPartition, CoordinatorNotAvailable) is
-        raised for the caller to retry, rather than sending to a broker that
-        does not hold ``tp``.
+        What is not known from the cache (a topic not asked about, a partition
+        it did not have, a leader not among the live brokers, no live broker
+        at all) is asked of Metadata once; if the fresh answer does not say
+        either, the policy's error is raised: UnknownTopicError, or a
+        retriable one (NotLeaderForPartition, CoordinatorNotAvailable) for
+        the caller to retry, rather than sending to a broker that does not
+        hold ``tp``.
         """
-        hinted = self._hints.get(tp)
-        if hinted is not None and hinted in self._brokers:
-            return self._brokers[hinted]
-        broker = await self._known_leader(tp)
-        if broker is None:
+        found = self._routing.leader_of(tp)
+        if isinstance(found, CoordError):
             await self.refresh([tp.topic])
-            broker = await self._known_leader(tp)
-        if broker is not None:
-            return broker
-        info = await self.topic(tp.topic)
-        if info.leaders and tp.partition < len(info.leaders):
-            raise NotLeaderForPartitionError(
-                f"the leader of {tp} (broker {info.leaders[tp.partition]}) is not among the "
-                "live brokers the metadata lists yet; retry"
-            )
-        raise CoordinatorNotAvailableError(
-            "the broker that answered Metadata knows no live brokers yet "
-            "(a cluster broker between ZooKeeper sessions); retry"
-        )
+            found = self._routing.leader_of(tp)
+            if isinstance(found, CoordError):
+                raise found
+        return found
 
-    async def _known_leader(self, tp: TopicPartition) -> BrokerInfo | None:
-        info = await self.topic(tp.topic)
-        if not 0 <= tp.partition < info.partitions:
-            await self.refresh([tp.topic])  # it may have grown since we asked
-            info = await self.topic(tp.topic)
-            if not 0 <= tp.partition < info.partitions:
-                raise UnknownTopicError(
-                    f"topic {tp.topic!r} has partitions 0..{info.partitions - 1}; "
-                    f"partition {tp.partition} does not exist"
-                )
-        if info.leaders and tp.partition < len(info.leaders):
-            return self._brokers.get(info.leaders[tp.partition])
-        # No leader named: every partition is on the broker that answered (one broker).
-        return next(iter(self._brokers.values()), None)
+    async def by_leader(
+        self, tps: Iterable[TopicPartition]
+    ) -> dict[BrokerInfo, list[TopicPartition]]:
+        """``tps`` (sorted, once each) by the broker holding them; like :meth:`leader`, asks
+        Metadata once about the topics not known from the cache, then raises the first
+        partition's error if a leader is still not known."""
+        tps = set(tps)  # (looked through twice)
+        grouped, unknown = self._routing.group_by_leader(tps)
+        if unknown:
+            await self.refresh(sorted({tp.topic for tp in unknown}))
+            grouped, unknown = self._routing.group_by_leader(tps)
+            if unknown:
+                raise next(iter(unknown.values()))
+        return grouped
 
     # -- connections -------------------------------------------------------------------
 
@@ -179,10 +151,9 @@ class ClusterView:
             return await self._connect(broker)
         except (ConnectionClosedError, RequestTimedOutError):
             with contextlib.suppress(CoordError), trio.move_on_after(_REFRESH_TIMEOUT):
-                self._update(
-                    await self._bootstrap.metadata_once(MetadataRequest(sorted(self._topics)))
-                )
-            moved = self._brokers.get(broker.broker_id)
+                request = MetadataRequest(self._routing.topics)
+                self._routing.learn(*await self._bootstrap.metadata_once(request))
+            moved = self._routing.brokers.get(broker.broker_id)
             if moved is None or (moved.host, moved.port) == (broker.host, broker.port):
                 raise
         return await self._connect(moved)

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import trio
 
+from .._routing import Action, classify
 from ..protocol.errors import (
     CoordError,
     NoOffsetForPartitionError,
-    NotLeaderForPartitionError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
     UnknownTopicError,
@@ -327,7 +327,7 @@ class Fetcher:
         while True:
             self._layout_changed = trio.Event()
             try:
-                by_broker = await self._by_broker()
+                by_broker = await self.cluster.by_leader(self._parts)
             except CoordError as exc:
                 if not exc.retriable:
                     self._fail(exc)
@@ -340,12 +340,6 @@ class Fetcher:
                     nursery.start_soon(self._fetch_loop, broker, tps)
                 await self._layout_changed.wait()
                 nursery.cancel_scope.cancel()
-
-    async def _by_broker(self) -> dict[BrokerInfo, list[TopicPartition]]:
-        groups: dict[BrokerInfo, list[TopicPartition]] = {}
-        for tp in sorted(self._parts):
-            groups.setdefault(await self.cluster.leader(tp), []).append(tp)
-        return groups
 
     def _fail(self, error: CoordError) -> None:
         if len(self._errors) < 16:  # an application not reading must not grow this
@@ -373,7 +367,9 @@ class Fetcher:
                 response = await self._request(broker, self._fetch_request(wanted))
                 assert isinstance(response, FetchResponse)
             except CoordError as exc:
-                if isinstance(exc, NotLeaderForPartitionError | UnknownTopicError):
+                # A moved leader (or a topic gone or re-created) is looked up again; the rest
+                # is retried here (classify: RECONNECT, RETRY) or told to the application.
+                if classify(exc) is Action.MOVED or isinstance(exc, UnknownTopicError):
                     await self._refresh(tps)
                 elif exc.retriable:
                     log.info("fetching from %s: %s; retrying", broker.address, exc)
@@ -439,7 +435,7 @@ class Fetcher:
         if isinstance(error, OffsetOutOfRangeError) and self._settings.offset_reset != "none":
             log.warning("%s; resetting to the %s offset", error, self._settings.offset_reset)
             self.reset([tp], EARLIEST if self._settings.offset_reset == "earliest" else LATEST)
-        elif isinstance(error, UnknownTopicError | NotLeaderForPartitionError):
+        elif classify(error) is Action.MOVED or isinstance(error, UnknownTopicError):
             self.cluster.forget(tp.topic)
             self._layout_changed.set()
         else:

@@ -19,14 +19,9 @@ import msgspec
 import trio
 
 from .._aio import unwrap_lone_exception
+from .._routing import Action, classify
 from ..protocol.connection import Connection, serving
-from ..protocol.errors import (
-    BrokerShuttingDownError,
-    ConnectionClosedError,
-    CoordinatorNotAvailableError,
-    NotCoordinatorError,
-    RequestTimedOutError,
-)
+from ..protocol.errors import CoordError, RequestTimedOutError
 from ..protocol.messages import (
     LATEST,
     AddPartitionsRequest,
@@ -115,15 +110,6 @@ class PlannedOffset:
         return TopicPartition(self.topic, self.partition)
 
 
-_MOVED = (
-    NotCoordinatorError,
-    CoordinatorNotAvailableError,
-    ConnectionClosedError,
-    BrokerShuttingDownError,
-)
-"""What a coordinator says (or how it fails) while a group's coordination moves."""
-
-
 _SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -168,7 +154,10 @@ class Admin:
                 try:
                     async with self._bootstrap.open((coordinator.host, coordinator.port)) as conn:
                         return await self._ask(request, expected, conn)
-                except _MOVED:
+                except CoordError as exc:
+                    # The coordination moved (or its broker went): find the coordinator again.
+                    if classify(exc) not in (Action.MOVED, Action.RECONNECT):
+                        raise
                     await backoff.sleep()
         raise AssertionError("unreachable")  # (fail_after raises when the time is up)
 
@@ -233,12 +222,9 @@ class Admin:
         the log start) or a time in milliseconds since the epoch (the first
         record at or after it; the log end if there is none).
         """
-        by_broker: dict[tuple[str, int], tuple[BrokerInfo, list[TopicPartition]]] = {}
-        for tp in sorted({TopicPartition(*tp) for tp in partitions}):
-            broker = await self._cluster.leader(tp)
-            by_broker.setdefault((broker.host, broker.port), (broker, []))[1].append(tp)
+        by_leader = await self._cluster.by_leader(TopicPartition(*tp) for tp in partitions)
         result: dict[TopicPartition, ListedOffset] = {}
-        for broker, tps in by_broker.values():
+        for broker, tps in by_leader.items():
             conn = await self._cluster.connection(broker)
             response = await self._ask(
                 ListOffsetsRequest(tps, timestamp_ms), ListOffsetsResponse, conn

@@ -36,10 +36,10 @@ from typing import Any, Literal
 import trio
 
 from .._aio import EnterOnce, unwrap_lone_exception
+from .._routing import Action, classify
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
-    NotLeaderForPartitionError,
     RecordTooLargeError,
     RequestTimedOutError,
     UnknownTopicError,
@@ -470,7 +470,7 @@ class Producer(EnterOnce):
                     error = exc
                     if not exc.retriable:
                         break
-                    if isinstance(exc, NotLeaderForPartitionError):
+                    if classify(exc) is Action.MOVED:  # ask where the leader is now
                         self._cluster.forget(tp.topic)
                     log.info("producer: retrying a batch for %s: %s", tp, exc)
                     await backoff.sleep()

@@ -26,34 +26,30 @@ batch.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import msgspec
 
 from .._retry import RetryPolicy
+from .._routing import Action, Routing, classify, coordinator_of
 from ..client._bootstrap import parse_bootstrap
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
-    CoordinatorNotAvailableError,
     CorruptMessageError,
     FrameTooLargeError,
-    NotLeaderForPartitionError,
     SaslAuthenticationError,
-    UnknownTopicError,
     error_for,
 )
 from ..protocol.framing import HEADER_SIZE, FrameCodec
 from ..protocol.messages import (
     NO_OFFSET,
-    BrokerInfo,
     FetchedPartition,
     FetchPartition,
     FetchRequest,
@@ -78,7 +74,6 @@ from ..protocol.messages import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
-    TopicInfo,
     TopicPartition,
 )
 from ..security.scram import AuthenticationError, ScramClient, plain_message
@@ -215,9 +210,8 @@ class BlockingClient:
         if self.security.tls_ca:
             self._ssl = ssl.create_default_context(cafile=self.security.tls_ca)
         self._sockets: dict[Address, _Socket] = {}
-        self._brokers: dict[int, BrokerInfo] = {}
+        self._routing = Routing()  # what is known of brokers, topics and leaders
         self._answered: Address | None = None  # the broker that last answered Metadata
-        self._topics: dict[str, TopicInfo] = {}
 
     def __enter__(self) -> BlockingClient:
         return self
@@ -234,7 +228,7 @@ class BlockingClient:
     def forget_metadata(self) -> None:
         """Drop what the client knows of topics and brokers (not its connections): the next
         request that needs a leader asks the brokers again."""
-        self._topics.clear()
+        self._routing.forget_all()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -292,36 +286,40 @@ class BlockingClient:
 
     def _call(
         self,
-        route: Callable[[], Address | None],
         body: RequestBody,
         expected: type[_R],
         *,
+        tp: TopicPartition | None = None,
+        group: str | None = None,
         deadline: float | None = None,
     ) -> _R:
-        """Send ``body`` to the broker ``route()`` names (None: any bootstrap broker),
-        retrying retriable errors until ``deadline`` (``time.monotonic()``; default:
-        ``timeout`` from now).
+        """Send ``body`` to the leader of partition ``tp``, the coordinator of ``group``, or
+        else any bootstrap broker, retrying retriable errors until
+        ``deadline`` (``time.monotonic()``; default: ``timeout`` from now).
 
-        ``route`` is asked again before every attempt, so that a retry after
-        NOT_COORDINATOR, NOT_LEADER_FOR_PARTITION or a lost connection goes to
-        the broker fresh metadata names, not back to the one that refused.
+        The broker is looked up again before every attempt, and what an error
+        means for the next one is the routing policy's (``_routing.classify``):
+        after NOT_LEADER_FOR_PARTITION or NOT_COORDINATOR the retry goes where
+        fresh metadata says, not back to the broker that refused; after a
+        broker could not be reached, every leader is asked for again.
         """
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         backoff = RetryPolicy(initial=0.05, maximum=1.0)
         while True:
             try:
-                address = route()
-                if address is None:
-                    answer = self._call_any(body)
+                if tp is not None:
+                    answer = self._call_once(self._leader(tp), body)
+                elif group is not None:
+                    answer = self._call_once(self._coordinator(group), body)
                 else:
-                    answer = self._call_once(address, body)
+                    answer = self._call_any(body)
             except CoordError as exc:
-                if not exc.retriable or time.monotonic() + backoff.current > deadline:
+                action = classify(exc)
+                if action is Action.FAIL or time.monotonic() + backoff.current > deadline:
                     raise
                 log.debug("retrying %s after %s", type(body).__name__, exc)
-                if isinstance(exc, NotLeaderForPartitionError | ConnectionClosedError):
-                    self._topics.clear()  # the leaders may have moved: ask again
+                self._after(exc, action, tp)
                 time.sleep(backoff.next_delay())
                 continue
             if not isinstance(answer, expected):
@@ -329,6 +327,15 @@ class BlockingClient:
                     f"expected {expected.__name__}, the broker answered {type(answer).__name__}"
                 )
             return answer
+
+    def _after(self, error: CoordError, action: Action, tp: TopicPartition | None) -> None:
+        """Forget what ``error`` says is stale, so that the next lookup asks Metadata again:
+        a moved leader's topic, or every topic after a broker could not be reached (its
+        leaders, and its address, may have moved). A coordinator is always asked afresh."""
+        if action is Action.MOVED and tp is not None:
+            self._routing.forget(tp.topic)
+        elif action is Action.RECONNECT and isinstance(error, BrokerUnreachableError):
+            self._routing.forget_all()
 
     def _call_any(self, body: RequestBody) -> ResponseBody:
         error: CoordError | None = None
@@ -355,59 +362,51 @@ class BlockingClient:
     def metadata(self, topics: Iterable[str] | None = None, group: str = "") -> MetadataResponse:
         """Live brokers and the topics asked for (None: all); raises UnknownTopicError."""
         request = MetadataRequest(None if topics is None else sorted(set(topics)), group)
-        response = self._call(lambda: None, request, MetadataResponse)
+        response = self._call(request, MetadataResponse)
         listed = list(response.topics)
         while response.next:  # all topics, a page at a time
             request = MetadataRequest(None, group, response.next)
-            response = self._call(lambda: None, request, MetadataResponse)
+            response = self._call(request, MetadataResponse)
             listed.extend(response.topics)
-        self._brokers = {b.broker_id: b for b in response.brokers}
-        for info in listed:
-            self._topics[info.name] = info
-        return msgspec.structs.replace(response, topics=listed, next="")
+        response = msgspec.structs.replace(response, topics=listed, next="")
+        self._routing.learn(response, self._answered)
+        return response
 
     def partition_counts(self, topics: Iterable[str] | None = None) -> dict[str, int]:
         """Partition count per topic (None: every topic), from fresh metadata."""
         return {t.name: t.partitions for t in self.metadata(topics).topics}
 
     def _leader(self, tp: TopicPartition) -> Address:
-        info = self._topics.get(tp.topic)
-        if info is None:
+        """The address of ``tp``'s leader, as the routing policy finds it: what it does not
+        know is asked of Metadata once, and if the fresh answer does not say either, its
+        error is raised (retriable, for :meth:`_call`, but for a partition that does not
+        exist)."""
+        found = self._routing.leader_of(tp)
+        if isinstance(found, CoordError):
             self.metadata([tp.topic])
-            info = self._topics[tp.topic]
-        if not 0 <= tp.partition < info.partitions:
-            raise UnknownTopicError(
-                f"topic {tp.topic!r} has partitions 0..{info.partitions - 1}; "
-                f"partition {tp.partition} does not exist"
-            )
-        if info.leaders and tp.partition < len(info.leaders):
-            broker = self._brokers.get(info.leaders[tp.partition])
-            if broker is None:
-                # The leader is not among the live brokers (yet): retriable, and
-                # the retry asks for fresh metadata (see _call).
-                raise NotLeaderForPartitionError(
-                    f"the leader of {tp} (broker {info.leaders[tp.partition]}) is not among "
-                    "the live brokers the metadata lists yet"
-                )
-            return (broker.host, broker.port)
-        # No leader named: the broker that answered holds every partition.
-        assert self._answered is not None
-        return self._answered
+            found = self._routing.leader_of(tp)
+            if isinstance(found, CoordError):
+                raise found
+        return (found.host, found.port)
 
     def _coordinator(self, group: str) -> Address:
         """The group's coordinator, from fresh metadata (CoordinatorNotAvailable if none yet)."""
-        response = self.metadata([], group)
-        if response.coordinator is None:
-            raise CoordinatorNotAvailableError(
-                f"no coordinator for group {group!r} is available yet; is a broker running?"
-            )
-        return (response.coordinator.host, response.coordinator.port)
+        found = coordinator_of(self.metadata([], group), group, self._answered)
+        if isinstance(found, CoordError):
+            raise found
+        return (found.host, found.port)
 
-    def _by_leader(self, tps: Iterable[TopicPartition]) -> dict[Address, list[TopicPartition]]:
-        grouped: dict[Address, list[TopicPartition]] = {}
-        for tp in sorted(set(tps)):
-            grouped.setdefault(self._leader(tp), []).append(tp)
-        return grouped
+    def _by_leader(
+        self, tps: Iterable[TopicPartition]
+    ) -> tuple[dict[Address, list[TopicPartition]], dict[TopicPartition, CoordError]]:
+        """``tps`` by the address of their leader (asking Metadata once about the topics
+        not known), and those whose leader is still not known, with the policy's error."""
+        tps = set(tps)  # (looked through twice)
+        grouped, unknown = self._routing.group_by_leader(tps)
+        if unknown:
+            self.metadata({tp.topic for tp in unknown})
+            grouped, unknown = self._routing.group_by_leader(tps)
+        return {(b.host, b.port): group for b, group in grouped.items()}, unknown
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -417,23 +416,24 @@ class BlockingClient:
         """Per partition: the offset for ``timestamp_ms`` (EARLIEST, LATEST or a time), with
         the log's start and end."""
         result: dict[TopicPartition, ListedOffset] = {}
-        for tps in self._by_leader(partitions).values():
+        grouped, unknown = self._by_leader(partitions)
+        # A partition whose leader is not known yet is asked alone, with the retries.
+        for tps in [*grouped.values(), *([tp] for tp in unknown)]:
             # Routed by the leader of the first, found again on each retry: a leader that
             # came back elsewhere (a broker restarted on another port) is followed.
             request = ListOffsetsRequest(tps, timestamp_ms)
-            route = functools.partial(self._leader, tps[0])
-            response = self._call(route, request, ListOffsetsResponse)
+            response = self._call(request, ListOffsetsResponse, tp=tps[0])
             result.update((o.tp, o) for o in response.offsets)
         return result
 
     def committed(self, group: str) -> dict[TopicPartition, int]:
         """The group's committed offsets (partitions without one are left out)."""
         request = OffsetFetchRequest(group, None)
-        response = self._call(lambda: self._coordinator(group), request, OffsetFetchResponse)
+        response = self._call(request, OffsetFetchResponse, group=group)
         offsets = list(response.offsets)
         while response.next is not None:  # a page at a time
             request = OffsetFetchRequest(group, None, response.next)
-            response = self._call(lambda: self._coordinator(group), request, OffsetFetchResponse)
+            response = self._call(request, OffsetFetchResponse, group=group)
             offsets.extend(response.offsets)
         return {o.tp: o.offset for o in offsets if o.offset != NO_OFFSET}
 
@@ -455,7 +455,7 @@ class BlockingClient:
                 for tp, o in sorted(offsets.items())
             ],
         )
-        self._call(lambda: self._coordinator(group), body, OffsetCommitResponse)
+        self._call(body, OffsetCommitResponse, group=group)
 
     # -- records ------------------------------------------------------------------------------
 
@@ -469,7 +469,7 @@ class BlockingClient:
             max_wait_ms=max_wait_ms,
             max_bytes=max_bytes,
         )
-        response = self._call(lambda: self._leader(tp), request, FetchResponse)
+        response = self._call(request, FetchResponse, tp=tp)
         (part,) = response.partitions
         if part.error:
             raise error_for(part.error, part.message)
@@ -488,9 +488,7 @@ class BlockingClient:
         errors are retried until ``deadline`` (``time.monotonic()``; default: ``timeout``
         from now)."""
         request = ProduceRequest(tp.topic, tp.partition, payload, count, max_timestamp_ms)
-        return self._call(
-            lambda: self._leader(tp), request, ProduceResponse, deadline=deadline
-        ).base_offset
+        return self._call(request, ProduceResponse, tp=tp, deadline=deadline).base_offset
 
     def produce_many(self, batches: Sequence[ProduceRequest]) -> list[int]:
         """Append several encoded batches, at most one per partition, their requests in
@@ -510,34 +508,33 @@ class BlockingClient:
         if len(seen) != len(batches):
             raise ValueError("produce_many takes at most one batch per partition")
         offsets: list[int | None] = [None] * len(batches)
-        by_leader: dict[Address, list[int]] = {}
-        for index, batch in enumerate(batches):
-            try:
-                address = self._leader(TopicPartition(batch.topic, batch.partition))
-            except CoordError as exc:
-                if not exc.retriable:
-                    raise
-                # (a leader not live yet, say: produce() below retries it until the deadline)
-                self._topics.clear()
-                continue
-            by_leader.setdefault(address, []).append(index)
-        for address, indexes in by_leader.items():
+        index_of = {TopicPartition(b.topic, b.partition): i for i, b in enumerate(batches)}
+        by_leader, unknown = self._by_leader(index_of)
+        for tp, error in unknown.items():
+            # (a leader not live yet, say: produce() below retries it until the deadline)
+            if classify(error) is Action.FAIL:
+                raise error
+            self._routing.forget(tp.topic)
+        for address, tps in by_leader.items():
+            indexes = [index_of[tp] for tp in tps]
             try:
                 answers = self._call_many_once(address, [batches[i] for i in indexes])
             except CoordError as exc:
-                if not exc.retriable:
+                action = classify(exc)
+                if action is Action.FAIL:
                     raise
                 log.debug("sending %d batches again one by one after %s", len(indexes), exc)
-                self._topics.clear()  # the leaders may have moved: ask again
-                continue  # all of them are sent again below
-            for index, answer in zip(indexes, answers, strict=True):
+                for tp in tps:  # (all of them are sent again below)
+                    self._after(exc, action, tp)
+                continue
+            for tp, index, answer in zip(tps, indexes, answers, strict=True):
                 if isinstance(answer, ProduceResponse):
                     offsets[index] = answer.base_offset
                 elif isinstance(answer, CoordError):
-                    if not answer.retriable:
+                    action = classify(answer)
+                    if action is Action.FAIL:
                         raise answer
-                    if isinstance(answer, NotLeaderForPartitionError):
-                        self._topics.clear()
+                    self._after(answer, action, tp)
                 else:
                     raise CorruptMessageError(
                         f"expected ProduceResponse, the broker answered {type(answer).__name__}"
