@@ -79,7 +79,7 @@ from contextlib import contextmanager
 
 from ..protocol.messages import TopicPartition
 from ._sticky import balanced_assignment
-from .assignment import Assignment, Assignor, GroupSpec, MemberSpec
+from .assignment import Assignment, Assignor, GroupSpec, MemberSpec, topic_partitions
 
 __all__ = [
     "ASSIGNORS",
@@ -138,13 +138,11 @@ class RangeAssignor:
                 for member_id, share in zip(
                     members, _racked_ranges(spec, topic, members, sizes), strict=True
                 ):
-                    result[member_id].extend(TopicPartition(topic, p) for p in share)
+                    result[member_id].extend(topic_partitions(topic, share))
                 continue
             start = 0
             for member_id, size in zip(members, sizes, strict=True):
-                result[member_id].extend(
-                    TopicPartition(topic, p) for p in range(start, start + size)
-                )
+                result[member_id].extend(topic_partitions(topic, range(start, start + size)))
                 start += size
         return result
 
