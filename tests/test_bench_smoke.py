@@ -74,9 +74,10 @@ def test_assign_bench_quick_json() -> None:
     result = run_quick("assign.py")
     assert result["params"]["quick"] is True
     assert result["baseline_ms"] > 0
-    for name in ("range", "uniform"):
+    for name in ("range", "uniform", "range checked", "uniform checked"):
         for case in ("fresh", "leave", "join"):
             assert result["ms"][name][case] > 0, result["ms"]
+            assert result["cpu_ms"][name][case] >= 0, result["cpu_ms"]
             assert math.isfinite(result["ratio"][name][case]), result["ratio"]
 
 
