@@ -81,6 +81,17 @@ def test_assign_bench_quick_json() -> None:
             assert math.isfinite(result["ratio"][name][case]), result["ratio"]
 
 
+def test_forming_bench_quick_json() -> None:
+    """The forming benchmark forms a group and reports its wall time and the broker's CPU."""
+    result = run_quick("forming.py")
+    assert result["params"]["quick"] is True
+    (summary,) = result["summary"]
+    assert summary["members"] == result["params"]["members"][0]
+    assert summary["wall_s"]["median"] > 0, summary
+    assert summary["broker_cpu_s"]["median"] >= 0, summary
+    assert summary["generations"] and min(summary["generations"]) >= 1, summary
+
+
 @pytest.mark.slow
 def test_rebalance_bench_quick() -> None:
     """The quick rebalance benchmark reports every measure, within sanity bounds of S.
