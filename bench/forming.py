@@ -72,7 +72,7 @@ QUICK = Params(members=(20,), rounds=1, processes=1, quick=True)
 async def form_once(params: Params, members: int, workdir: Path) -> dict[str, Any]:
     """One broker, one group of ``members``: wall time, CPU seconds, generations."""
     load_average_at_start = load_average()
-    data = workdir / f"broker-{members}"
+    data = Path(tempfile.mkdtemp(prefix=f"broker-{members}-", dir=workdir))  # (fresh each run)
     argv = python_module("bench.heartbeat", "--serve-broker", str(data), "--members", str(members))
     hb = heartbeat.Params(
         members=members,
