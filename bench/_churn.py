@@ -1,16 +1,18 @@
 """What a membership change stops, eager against cooperative: ``bench/rebalance.py --churn``.
 
 ``python bench/rebalance.py --churn [--members N] [--partitions P]
-[--changes K] [--session-timeout S] [--in-process] [--json] [--quick]`` runs
+[--changes K] [--session-timeout S] [--child] [--json] [--quick]`` runs
 a broker in this process (embedded file store in a temporary directory, so
 every generation pays for its durable write) and, for each rebalance protocol in
 turn, a group of N members over one topic of P partitions. The members are
 protocol-level clients on real TCP connections (no fetching: what is
 measured is the coordinator's choreography, not the data plane); each
 records, by its own clock, when it stopped and when it started every
-partition. The members run in a child process (``--in-process``: in the
-broker's, sharing its one thread, as before 2026-11-26), as they would run on
-other machines. Then K times: one member joins, the group settles; the oldest
+partition. The members share the broker's process and thread; with
+``--child`` they run in a child process instead, as on other machines, so
+that the broker's thread does only the broker's work (on a loaded machine
+that costs a process switch, and a wait for a CPU, per round trip: see
+docs/benchmarks.md). Then K times: one member joins, the group settles; the oldest
 member leaves cleanly, the group settles. Both groups use the ``uniform``
 assignor, so the same partitions move in both modes; only what stops differs.
 
@@ -95,8 +97,8 @@ class ChurnParams:
     changes: int = 5
     session_timeout: float = 10.0
     quick: bool = False
-    in_process: bool = False
-    """Run the members in the broker's process (as before 2026-11-26) instead of a child."""
+    child: bool = False
+    """Run the members in a child process instead of the broker's."""
 
 
 QUICK = ChurnParams(members=4, partitions=24, changes=2, quick=True)
@@ -248,9 +250,9 @@ class _Members:
 class _RemoteMembers:
     """:class:`_Members` in a child process (``python -m bench._churn --serve-members``).
 
-    Members are on other machines in production: in this process their
-    1,000 handlers would share the broker's one thread, and every rebalance
-    would wait for their CPU as well as the broker's.
+    Members are on other machines in production: in the broker's process
+    their 1,000 handlers share its one thread, and every rebalance waits for
+    their CPU as well as the broker's.
     """
 
     def __init__(self, child: Child) -> None:
@@ -407,7 +409,7 @@ async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[st
             }
             async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
                 members: _Members | _RemoteMembers
-                if params.in_process:
+                if not params.child:
                     members = _Members(spec, nursery)
                 else:
                     argv = python_module(_MODULE, "--serve-members", json.dumps(spec))
@@ -463,7 +465,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"rebalance churn: {p['members']} members over {p['partitions']} partitions, "
         f"{p['changes']} x (join, leave), assignor uniform, members "
-        f"{'in the broker process' if p.get('in_process') else 'in a child process'}; "
+        f"{'in a child process' if p.get('child') else 'in the broker process'}; "
         f"{p['cpus']} CPUs, load average {p['load_average']}",
         "",
     ]
@@ -528,24 +530,23 @@ def main(argv: list[str]) -> int:
         help=f"members' session timeout (default {d.session_timeout:g})",
     )
     parser.add_argument(
-        "--in-process",
+        "--child",
         action="store_true",
-        help="run the members in the broker's process (they share its thread) instead of "
-        "a child process",
+        help="run the members in a child process (by default they share the broker's thread)",
     )
     parser.add_argument("--quick", action="store_true", help="CI smoke preset")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--serve-members", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    if args.serve_members:  # (the child of a run without --in-process)
+    if args.serve_members:  # (the child of a run with --child)
         trio.run(serve_members, json.loads(args.serve_members))
         return 0
     params = chosen_params(
         args,
         QUICK if args.quick else ChurnParams(),
         ("members", "partitions", "changes", "session_timeout"),
-        in_process=args.in_process,
+        child=args.child,
     )
     if params.members < 2 or params.changes < 1 or params.partitions < params.members:
         print("members must be >= 2, changes >= 1 and partitions >= members", file=sys.stderr)

@@ -177,11 +177,20 @@ def test_spark_read_bench_quick_json() -> None:
 
 
 @pytest.mark.slow
-def test_rebalance_churn_bench_quick() -> None:
+@pytest.mark.parametrize("where", [[], ["--child"]], ids=["in-process", "child"])
+def test_rebalance_churn_bench_quick(where: list[str]) -> None:
     """`bench/rebalance.py --churn --quick --json`: both protocols move the same partitions,
-    and the cooperative group stops only those (its members never pause what they keep)."""
+    and the cooperative group stops only those (its members never pause what they keep),
+    with the members in the broker's process or in a child process."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--churn", "--quick", "--json"],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "rebalance.py"),
+            "--churn",
+            "--quick",
+            "--json",
+            *where,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -196,6 +205,7 @@ def test_rebalance_churn_bench_quick() -> None:
     assert coop["kept_pause_max_ms"] == 0.0 and coop["pause_max_ms"] == 0.0
     assert eager["kept_pause_max_ms"] > 0.0
     assert len(result["changes"]["eager"]) == 2 * result["params"]["changes"]
+    assert result["params"]["child"] is bool(where)
 
 
 @pytest.mark.slow
