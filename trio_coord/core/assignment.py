@@ -3,10 +3,10 @@
 Its one job is the assignment's vocabulary: :class:`GroupSpec` (the members,
 what each subscribes to and owns, each topic's partition count and, where
 known, the racks of members and partitions), :data:`Assignment` (member id ->
-its partitions) and the :class:`Assignor` protocol a custom assignor
-implements. The built-in assignors (``core.assignors``) and the balancing
-algorithm (``core._sticky``) both import it, and it imports neither, so there
-is no import circle. Pure.
+its partitions, made in bulk by :func:`topic_partitions`) and the
+:class:`Assignor` protocol a custom assignor implements. The built-in
+assignors (``core.assignors``) and the balancing algorithm (``core._sticky``)
+both import it, and it imports neither, so there is no import circle. Pure.
 """
 
 from __future__ import annotations
