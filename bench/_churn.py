@@ -1,14 +1,18 @@
 """What a membership change stops, eager against cooperative: ``bench/rebalance.py --churn``.
 
 ``python bench/rebalance.py --churn [--members N] [--partitions P]
-[--changes K] [--session-timeout S] [--json] [--quick]`` runs a broker in
-this process (embedded file store in a temporary directory, so every
-generation pays for its durable write) and, for each rebalance protocol in
+[--changes K] [--session-timeout S] [--child] [--json] [--quick]`` runs
+a broker in this process (embedded file store in a temporary directory, so
+every generation pays for its durable write) and, for each rebalance protocol in
 turn, a group of N members over one topic of P partitions. The members are
 protocol-level clients on real TCP connections (no fetching: what is
 measured is the coordinator's choreography, not the data plane); each
 records, by its own clock, when it stopped and when it started every
-partition. Then K times: one member joins, the group settles; the oldest
+partition. The members share the broker's process and thread; with
+``--child`` they run in a child process instead, as on other machines, so
+that the broker's thread does only the broker's work (on a loaded machine
+that costs a process switch, and a wait for a CPU, per round trip: see
+docs/benchmarks.md). Then K times: one member joins, the group settles; the oldest
 member leaves cleanly, the group settles. Both groups use the ``uniform``
 assignor, so the same partitions move in both modes; only what stops differs.
 
@@ -28,25 +32,34 @@ pauses for about a whole rebalance (ratio ≈ 1), a cooperative one not at all
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
+import json
 import logging
 import sys
 import tempfile
+from collections.abc import Awaitable
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import trio
 
 from bench._common import (
     BenchError,
+    Child,
     chosen_params,
     cpu_count,
     format_table,
     load_average,
+    python_module,
     ratio,
+    read_stdin_line,
     run_and_report,
+    say,
+    spawn,
 )
 from trio_coord.broker.events import GroupEvent
 from trio_coord.broker.server import open_broker
@@ -71,6 +84,8 @@ __all__ = ["QUICK", "ChurnParams", "main", "render", "run_churn"]
 
 HOST = "127.0.0.1"
 PROTOCOLS = ("eager", "cooperative")
+_MODULE = "bench._churn"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +97,8 @@ class ChurnParams:
     changes: int = 5
     session_timeout: float = 10.0
     quick: bool = False
+    child: bool = False
+    """Run the members in a child process instead of the broker's."""
 
 
 QUICK = ChurnParams(members=4, partitions=24, changes=2, quick=True)
@@ -159,22 +176,144 @@ class _Member(RequestHandler):
                 await conn.request(HeartbeatRequest(self.group, self.member_id, self.generation))
 
 
+class _Members:
+    """One group's members, in this process: add, remove, and tally a change by their clocks."""
+
+    def __init__(self, spec: dict[str, Any], nursery: trio.Nursery) -> None:
+        self.spec = spec
+        self.nursery = nursery
+        self.members: list[tuple[_Member, trio.CancelScope, Connection]] = []
+        self.names = itertools.count()
+        self._before: dict[str, frozenset[TopicPartition]] = {}
+        self._marks: dict[str, tuple[int, int]] = {}
+
+    async def add(self) -> None:
+        """One more member, joined (its first JoinGroup answered without ``rejoin``)."""
+        spec = self.spec
+        member = _Member(
+            f"{spec['protocol']}-{next(self.names):03d}",
+            spec["group"],
+            spec["topic"],
+            spec["protocol"],
+            spec["session_timeout"],
+        )
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[Connection]) -> None:
+            with scope:
+                await member.run(spec["port"], task_status=task_status)
+
+        conn = await self.nursery.start(run)
+        self.members.append((member, scope, conn))
+
+    async def remove_oldest(self) -> None:
+        """The oldest member leaves cleanly (LeaveGroup), then disconnects."""
+        member, scope, conn = self.members.pop(0)
+        await conn.request(LeaveGroupRequest(member.group, member.member_id, [], "churn"))
+        scope.cancel()
+
+    def mark(self) -> dict[str, list[int]]:
+        """Before a change: who owns what (partition numbers by member id), remembered."""
+        self._before = {m.member_id: frozenset(m.owned) for m, _, _ in self.members}
+        self._marks = {m.member_id: (len(m.stops), len(m.pauses)) for m, _, _ in self.members}
+        return {m: sorted(tp.partition for tp in tps) for m, tps in self._before.items()}
+
+    def tally(self) -> dict[str, Any]:
+        """After a change: what was stopped since :meth:`mark`, and the longest pauses."""
+        before = self._before
+        stopped = 0
+        untouched = []  # the longest pause of each member whose partitions did not change
+        kept = []  # the same, for every member, over the partitions it kept
+        for member, _, _ in self.members:
+            stops, pause_mark = self._marks.get(member.member_id, (0, 0))
+            stopped += sum(n for _, n in member.stops[stops:])
+            after = frozenset(member.owned)
+            mine = before.get(member.member_id, frozenset()) & after
+            if not mine:
+                continue
+            longest = max(
+                (end - begin for tp, begin, end in member.pauses[pause_mark:] if tp in mine),
+                default=0.0,
+            )
+            kept.append(longest)
+            if before[member.member_id] == after:
+                untouched.append(longest)
+        return {
+            "stopped": stopped,
+            "untouched": len(untouched),
+            "pause_max_ms": max(untouched, default=0.0) * 1e3,
+            "kept_pause_max_ms": max(kept, default=0.0) * 1e3,
+            "kept_pause_mean_ms": (sum(kept) / len(kept) if kept else 0.0) * 1e3,
+        }
+
+
+class _RemoteMembers:
+    """:class:`_Members` in a child process (``python -m bench._churn --serve-members``).
+
+    Members are on other machines in production: in the broker's process
+    their 1,000 handlers share its one thread, and every rebalance waits for
+    their CPU as well as the broker's.
+    """
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+
+    async def _ask(self, command: str, answer: str) -> str:
+        await self.child.send_line(command)
+        with self.child.within(60.0, f"answer {command!r}"):
+            return await self.child.expect(answer)
+
+    async def add(self) -> None:
+        await self._ask("add", "added")
+
+    async def remove_oldest(self) -> None:
+        await self._ask("leave", "left")
+
+    async def mark(self) -> dict[str, list[int]]:
+        return json.loads(await self._ask("mark", "marked "))  # type: ignore[no-any-return]
+
+    async def tally(self) -> dict[str, Any]:
+        return json.loads(await self._ask("tally", "tallied "))  # type: ignore[no-any-return]
+
+
+async def serve_members(spec: dict[str, Any]) -> None:
+    """The child's side of :class:`_RemoteMembers`: one command a line on stdin.
+
+    ``add`` → ``added``, ``leave`` → ``left``, ``mark`` → ``marked {json}``,
+    ``tally`` → ``tallied {json}``; the end of stdin ends the members.
+    """
+    async with trio.open_nursery() as nursery:
+        members = _Members(spec, nursery)
+        while command := (await read_stdin_line()).strip():
+            if command == "add":
+                await members.add()
+                say("added")
+            elif command == "leave":
+                await members.remove_oldest()
+                say("left")
+            elif command == "mark":
+                say("marked", json.dumps(members.mark()))
+            elif command == "tally":
+                say("tallied", json.dumps(members.tally()))
+            else:
+                raise BenchError(f"unknown command {command!r}")
+        nursery.cancel_scope.cancel()
+
+
 @dataclass(slots=True)
 class _Group:
     """One protocol's group in a run: its members, and the broker's events for it."""
 
     protocol: str
     params: ChurnParams
-    port: int
-    nursery: trio.Nursery
+    members: _Members | _RemoteMembers
+    size: int = 0
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    members: list[tuple[_Member, trio.CancelScope, Connection]] = field(default_factory=list)
-    names: Any = field(default_factory=itertools.count)
     changed: trio.Event = field(default_factory=trio.Event)
 
     @property
     def group(self) -> str:
-        return f"churn-{self.protocol}"
+        return _group_name(self.protocol)
 
     def on_event(self, event: GroupEvent) -> None:
         if event.group == self.group:
@@ -195,69 +334,44 @@ class _Group:
         raise BenchError(f"group {self.group} did not settle with {count} members:\n{tail}")
 
     async def add(self) -> None:
-        member = _Member(
-            f"{self.protocol}-{next(self.names):03d}",
-            self.group,
-            "churn",
-            self.protocol,
-            self.params.session_timeout,
-        )
-        scope = trio.CancelScope()
-
-        async def run(task_status: trio.TaskStatus[Connection]) -> None:
-            with scope:
-                await member.run(self.port, task_status=task_status)
-
-        conn = await self.nursery.start(run)
-        self.members.append((member, scope, conn))
+        await _maybe(self.members.add())
+        self.size += 1
 
     async def remove_oldest(self) -> None:
-        member, scope, conn = self.members.pop(0)
-        await conn.request(LeaveGroupRequest(self.group, member.member_id, [], "churn"))
-        scope.cancel()
+        await _maybe(self.members.remove_oldest())
+        self.size -= 1
 
-    def owners(self) -> dict[str, frozenset[TopicPartition]]:
-        return {m.member_id: frozenset(m.owned) for m, _, _ in self.members}
+
+def _group_name(protocol: str) -> str:
+    return f"churn-{protocol}"
+
+
+async def _maybe(value: Awaitable[T] | T) -> T:
+    """``value``, awaited if it must be (the pools answer in-process or over a pipe)."""
+    if inspect.isawaitable(value):
+        return await value  # type: ignore[no-any-return]
+    return value
 
 
 async def _change(group: _Group, kind: str) -> dict[str, Any]:
-    before = group.owners()
-    marks = {m.member_id: (len(m.stops), len(m.pauses)) for m, _, _ in group.members}
+    before = await _maybe(group.members.mark())
     since = len(group.events)
     if kind == "join":
         await group.add()
     else:
         await group.remove_oldest()
-    stable = await group.stable_with(len(group.members), since)
-    after = group.owners()
-    started = next(d for w, d in group.events[since:] if w == "rebalance_started")
-    owner_before = {tp: m for m, tps in before.items() for tp in tps}
-    moved = sum(1 for tp, m in stable["ownership"].items() if owner_before.get(_tp(tp)) != m)
-    stopped = 0
-    untouched = []  # the longest pause of each member whose partitions did not change
-    kept = []  # the same, for every member, over the partitions it kept
-    for member, _, _ in group.members:
-        stops, pause_mark = marks.get(member.member_id, (0, 0))
-        stopped += sum(n for _, n in member.stops[stops:])
-        mine = before.get(member.member_id, frozenset()) & after[member.member_id]
-        if not mine:
-            continue
-        longest = max(
-            (end - begin for tp, begin, end in member.pauses[pause_mark:] if tp in mine),
-            default=0.0,
-        )
-        kept.append(longest)
-        if before[member.member_id] == after[member.member_id]:
-            untouched.append(longest)
+    stable = await group.stable_with(group.size, since)
+    owner_before = {p: m for m, ps in before.items() for p in ps}
+    moved = sum(
+        1 for tp, m in stable["ownership"].items() if owner_before.get(_tp(tp).partition) != m
+    )
     return {
         "change": kind,
         "moved": moved,
-        "stopped": stopped,
-        "untouched": len(untouched),
-        "pause_max_ms": max(untouched, default=0.0) * 1e3,
-        "kept_pause_max_ms": max(kept, default=0.0) * 1e3,
-        "kept_pause_mean_ms": (sum(kept) / len(kept) if kept else 0.0) * 1e3,
-        "rebalance_ms": (stable["time"] - started["time"]) * 1e3,
+        **(await _maybe(group.members.tally())),
+        # The broker's own measure (started -> stable), taken before it builds the event's
+        # ownership listing, which only a listener like this one asks for.
+        "rebalance_ms": stable["elapsed"] * 1e3,
     }
 
 
@@ -286,8 +400,24 @@ async def _measure(params: ChurnParams, workdir: Path) -> dict[str, list[dict[st
     async with open_broker(workdir, HOST, 0, **settings) as broker:
         await broker.topics.create_topic("churn", params.partitions)
         for protocol in PROTOCOLS:
-            async with trio.open_nursery() as nursery:
-                group = _Group(protocol, params, broker.address[1], nursery)
+            spec = {
+                "port": broker.address[1],
+                "group": _group_name(protocol),
+                "topic": "churn",
+                "protocol": protocol,
+                "session_timeout": params.session_timeout,
+            }
+            async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+                members: _Members | _RemoteMembers
+                if not params.child:
+                    members = _Members(spec, nursery)
+                else:
+                    argv = python_module(_MODULE, "--serve-members", json.dumps(spec))
+                    child = await stack.enter_async_context(
+                        spawn(argv, f"members-{protocol}", workdir)
+                    )
+                    members = _RemoteMembers(child)
+                group = _Group(protocol, params, members)
                 groups[protocol] = group
                 for _ in range(params.members):
                     await group.add()
@@ -334,8 +464,9 @@ def render(result: dict[str, Any]) -> str:
     p = result["params"]
     lines = [
         f"rebalance churn: {p['members']} members over {p['partitions']} partitions, "
-        f"{p['changes']} x (join, leave), assignor uniform; {p['cpus']} CPUs, "
-        f"load average {p['load_average']}",
+        f"{p['changes']} x (join, leave), assignor uniform, members "
+        f"{'in a child process' if p.get('child') else 'in the broker process'}; "
+        f"{p['cpus']} CPUs, load average {p['load_average']}",
         "",
     ]
     eager, coop = result["changes"]["eager"], result["changes"]["cooperative"]
@@ -398,16 +529,30 @@ def main(argv: list[str]) -> int:
         type=float,
         help=f"members' session timeout (default {d.session_timeout:g})",
     )
+    parser.add_argument(
+        "--child",
+        action="store_true",
+        help="run the members in a child process (by default they share the broker's thread)",
+    )
     parser.add_argument("--quick", action="store_true", help="CI smoke preset")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--serve-members", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if args.serve_members:  # (the child of a run with --child)
+        trio.run(serve_members, json.loads(args.serve_members))
+        return 0
     params = chosen_params(
         args,
         QUICK if args.quick else ChurnParams(),
         ("members", "partitions", "changes", "session_timeout"),
+        child=args.child,
     )
     if params.members < 2 or params.changes < 1 or params.partitions < params.members:
         print("members must be >= 2, changes >= 1 and partitions >= members", file=sys.stderr)
         return 2
     return run_and_report("rebalance churn", run_churn, params, as_json=args.json, render=render)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -18,7 +18,10 @@ at 10,000 members x 100,000 partitions. ``--racks K`` (default 3; 0: none)
 also times the ``fresh`` and ``join`` cases with racks (KIP-881): every
 member and every partition in one of K racks (partitions by a CRC of their
 number), as ``fresh+racks`` and ``join+racks``, so the cost of
-rack-awareness is a ratio to the rack-less case of the same run.
+rack-awareness is a ratio to the rack-less case of the same run. The
+``checked`` rows time the three rack-less cases as a coordinator runs them
+(``Group.compute_assignment``): the assignor, then ``validate_assignment``
+and every member's list sorted.
 """
 
 from __future__ import annotations
@@ -35,15 +38,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trio_coord.core.assignment import topic_partitions
 from trio_coord.core.assignors import (
     Assignment,
+    Assignor,
     GroupSpec,
     MemberSpec,
     RangeAssignor,
     UniformAssignor,
     collector_paused,
+    validate_assignment,
 )
-from trio_coord.protocol.messages import TopicPartition
 
 if __package__ in (None, ""):  # run as a script: make the `bench` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -107,35 +112,58 @@ def _spec(
 
 
 def _baseline(ids: Sequence[str], partitions: int) -> Assignment:
-    """The answer's shape with no decision in it: N lists, P structs, in order."""
+    """The answer's shape with no decision in it: N lists, P structs, in order.
+
+    The structs are made as the assignors make them (``topic_partitions``: in
+    C, not through the named tuple's Python ``__new__``, which costs half again
+    as much).
+    """
     share, extra = divmod(partitions, len(ids))
     result: Assignment = {}
     start = 0
     for k, m in enumerate(ids):
         end = start + share + (1 if k < extra else 0)
-        result[m] = [TopicPartition(TOPIC, p) for p in range(start, end)]
+        result[m] = topic_partitions(TOPIC, range(start, end))
         start = end
     return result
 
 
-def _median_seconds(call: Callable[[], object], rounds: int, collector: bool) -> float:
-    times = []
+def _as_a_coordinator(assignor: Assignor, spec: GroupSpec) -> Assignment:
+    """The assignment as a coordinator computes it (``Group.compute_assignment``): the
+    assignor, then :func:`validate_assignment` and every member's list sorted."""
+    assignment = assignor.assign(spec)
+    validate_assignment(spec, assignment)
+    return {m: sorted(assignment.get(m, [])) for m in sorted(spec.members)}
+
+
+def _median_seconds(
+    call: Callable[[], object], rounds: int, collector: bool
+) -> tuple[float, float]:
+    """Median wall time and median CPU time of this process, in seconds, over ``rounds``.
+
+    On a shared machine the wall time also counts the time the process waited
+    for a CPU; the CPU time (``time.process_time``) does not.
+    """
+    walls, cpus = [], []
     for _ in range(rounds):
         with contextlib.nullcontext() if collector else collector_paused():
+            cpu = time.process_time()
             started = time.perf_counter()
             call()
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+            walls.append(time.perf_counter() - started)
+            cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def measure(params: Params) -> dict[str, Any]:
     """Time every assignor in every case, and the baseline; the JSON-ready result."""
     ids = _member_ids(params.members)
     fresh = _spec(ids, params.partitions)
-    baseline = _median_seconds(
+    baseline, baseline_cpu = _median_seconds(
         lambda: _baseline(ids, params.partitions), params.rounds, params.collector
     )
     figures: dict[str, dict[str, float]] = {}
+    cpu_figures: dict[str, dict[str, float]] = {}
     for assignor in ASSIGNORS:
         first = assignor.assign(fresh)
         specs = {
@@ -149,18 +177,26 @@ def measure(params: Params) -> dict[str, Any]:
             specs["join+racks"] = _spec(
                 [*ids, "n-000000"], params.partitions, assignor.assign(racked), params.racks
             )
-        figures[assignor.name] = {
-            case: _median_seconds(
-                partial(assignor.assign, specs[case]), params.rounds, params.collector
-            )
-            * 1000
-            for case in specs
+        calls: dict[str, dict[str, Callable[[], object]]] = {
+            assignor.name: {case: partial(assignor.assign, spec) for case, spec in specs.items()},
+            f"{assignor.name} checked": {
+                case: partial(_as_a_coordinator, assignor, specs[case]) for case in CASES
+            },
         }
+        for name, cases in calls.items():
+            timed = {
+                case: _median_seconds(call, params.rounds, params.collector)
+                for case, call in cases.items()
+            }
+            figures[name] = {case: wall * 1000 for case, (wall, _) in timed.items()}
+            cpu_figures[name] = {case: cpu * 1000 for case, (_, cpu) in timed.items()}
     return {
         "bench": "assign",
         "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_average()},
         "baseline_ms": baseline * 1000,
+        "baseline_cpu_ms": baseline_cpu * 1000,
         "ms": figures,
+        "cpu_ms": cpu_figures,
         "ratio": {
             name: {case: ratio(ms, baseline * 1000) for case, ms in cases.items()}
             for name, cases in figures.items()
@@ -174,21 +210,34 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The result as a header line and one row per assignor."""
+    """The result as a header line and one row per assignor, wall time then CPU time."""
     p = result["params"]
     lines = [
         f"assign: {p['members']:,} members x {p['partitions']:,} partitions (one topic), "
         f"median of {p['rounds']}, collector {'on' if p['collector'] else 'paused'}; "
         f"{p['cpus']} CPUs, load average {p['load_average']}",
-        f"baseline (building the answer alone): {result['baseline_ms']:.1f} ms",
+        f"baseline (building the answer alone): {result['baseline_ms']:.1f} ms "
+        f"({result['baseline_cpu_ms']:.1f} ms of CPU)",
         "",
     ]
     cases = [c for c in (*CASES, *RACK_CASES) if c in next(iter(result["ms"].values()))]
     rows = [
-        [name, *(f"{figures[c]:.1f} ({result['ratio'][name][c]:.1f}x)" for c in cases)]
+        [
+            name,
+            *(
+                f"{figures[c]:.1f} ({result['ratio'][name][c]:.1f}x)" if c in figures else "-"
+                for c in cases
+            ),
+        ]
         for name, figures in result["ms"].items()
     ]
     lines.append(format_table(["assignor", *(f"{c} ms (x baseline)" for c in cases)], rows))
+    lines += ["", "CPU time of this process (what waiting for a shared CPU does not inflate):"]
+    rows = [
+        [name, *(f"{figures[c]:.1f}" if c in figures else "-" for c in cases)]
+        for name, figures in result["cpu_ms"].items()
+    ]
+    lines.append(format_table(["assignor", *(f"{c} CPU ms" for c in cases)], rows))
     return "\n".join(lines)
 
 

@@ -671,6 +671,7 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
             async with open_admin(bootstrap, **security) as admin:
                 await admin.create_topic(TOPIC, params.members)
         rss_before, joins_began = process_rss_bytes(server.pid), trio.current_time()
+        cpu_began = process_cpu_seconds(server.pid)
         async with AsyncExitStack() as stack:
             loads = []
             for i, (first, count) in enumerate(params.split()):
@@ -701,6 +702,8 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
                         f"{server.stderr_tail() or '(nothing)'}"
                     )
             formed_s = trio.current_time() - joins_began  # (load processes' start included)
+            cpu_formed = process_cpu_seconds(server.pid)
+            load_cpu_formed = [process_cpu_seconds(load.pid) for _, load in loads]
             rss_after = process_rss_bytes(server.pid)
             for _, load in loads:
                 await load.send_line("go")
@@ -737,6 +740,13 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
     if generation is not None:
         result["generation"] = generation
         result["group_formed_s"] = formed_s
+        # CPU seconds spent while the group formed: the server's (accepting, joining,
+        # the first rebalance) and the load processes' (their start included), apart
+        # from the wall time, which either side may dominate.
+        if cpu_began is not None and cpu_formed is not None:
+            result["formed_server_cpu_s"] = cpu_formed - cpu_began
+        if None not in load_cpu_formed:
+            result["formed_load_cpu_s"] = sum(c for c in load_cpu_formed if c is not None)
         if rss_before is not None and rss_after is not None:
             result["rss_per_member_bytes"] = (rss_after - rss_before) / params.members
     if not samples:
@@ -1025,6 +1035,14 @@ def render(result: dict[str, Any]) -> str:
             "processes starting included); broker memory per member: "
             + ("unknown" if per_member is None else f"{per_member / 1024:.1f} KiB (RSS)")
         )
+        if "formed_server_cpu_s" in broker:
+            server_cpu = broker["formed_server_cpu_s"]
+            load_cpu = broker.get("formed_load_cpu_s")
+            lines.append(
+                f"while it formed: broker CPU {server_cpu:.2f} s "
+                f"({server_cpu / p['members'] * 1e6:.0f} us per member admitted), load CPU "
+                + ("unknown" if load_cpu is None else f"{load_cpu:.2f} s")
+            )
     for target in TARGETS:
         r = result[target]
         if r["errors"] or r["lost_connections"] or r["pushes_in_window"]:

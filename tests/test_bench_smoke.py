@@ -74,10 +74,22 @@ def test_assign_bench_quick_json() -> None:
     result = run_quick("assign.py")
     assert result["params"]["quick"] is True
     assert result["baseline_ms"] > 0
-    for name in ("range", "uniform"):
+    for name in ("range", "uniform", "range checked", "uniform checked"):
         for case in ("fresh", "leave", "join"):
             assert result["ms"][name][case] > 0, result["ms"]
+            assert result["cpu_ms"][name][case] >= 0, result["cpu_ms"]
             assert math.isfinite(result["ratio"][name][case]), result["ratio"]
+
+
+def test_forming_bench_quick_json() -> None:
+    """The forming benchmark forms a group and reports its wall time and the broker's CPU."""
+    result = run_quick("forming.py")
+    assert result["params"]["quick"] is True
+    (summary,) = result["summary"]
+    assert summary["members"] == result["params"]["members"][0]
+    assert summary["wall_s"]["median"] > 0, summary
+    assert summary["broker_cpu_s"]["median"] >= 0, summary
+    assert summary["generations"] and min(summary["generations"]) >= 1, summary
 
 
 @pytest.mark.slow
@@ -165,11 +177,20 @@ def test_spark_read_bench_quick_json() -> None:
 
 
 @pytest.mark.slow
-def test_rebalance_churn_bench_quick() -> None:
+@pytest.mark.parametrize("where", [[], ["--child"]], ids=["in-process", "child"])
+def test_rebalance_churn_bench_quick(where: list[str]) -> None:
     """`bench/rebalance.py --churn --quick --json`: both protocols move the same partitions,
-    and the cooperative group stops only those (its members never pause what they keep)."""
+    and the cooperative group stops only those (its members never pause what they keep),
+    with the members in the broker's process or in a child process."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rebalance.py"), "--churn", "--quick", "--json"],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "rebalance.py"),
+            "--churn",
+            "--quick",
+            "--json",
+            *where,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -184,6 +205,7 @@ def test_rebalance_churn_bench_quick() -> None:
     assert coop["kept_pause_max_ms"] == 0.0 and coop["pause_max_ms"] == 0.0
     assert eager["kept_pause_max_ms"] > 0.0
     assert len(result["changes"]["eager"]) == 2 * result["params"]["changes"]
+    assert result["params"]["child"] is bool(where)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer
-from trio_coord.broker.paging import page_members
+from trio_coord.broker.paging import encoded_size, in_parts, page_members
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import InvalidTopicError
 from trio_coord.protocol.framing import FrameCodec
@@ -152,6 +152,20 @@ def test_member_pages_chain_without_gap_or_repeat(budget: int) -> None:
     # A member cut exactly after its last partition may come back once with none.
     assert [s for s in seen if s[1] is not None] == [e for e in expected if e[1] is not None]
     assert {s[0] for s in seen} == {m.member_id for m in members}
+
+
+@pytest.mark.parametrize("budget", [60, 600, 6000, 60_000])
+def test_start_offsets_in_parts_keep_order_and_fit_the_budget(budget: int) -> None:
+    """Parts of a StartFetchers: every offset once, in order, each part within the budget
+    (a part of one offset may be larger); a list that fits whole is one part."""
+    offsets = [PartitionOffset("t", p, p * 7, "m" * (p % 5)) for p in range(500)]
+    parts = list(in_parts(offsets, budget))
+    assert [o for part in parts for o in part] == offsets
+    for part in parts:
+        assert part and (sum(encoded_size(o) for o in part) <= budget or len(part) == 1)
+    fits_whole = sum(encoded_size(o) for o in offsets) <= budget
+    assert len(parts) == 1 if fits_whole else len(parts) > 1
+    assert list(in_parts([], budget)) == [[]]
 
 
 @pytest.mark.parametrize("protocol", ["eager", "cooperative"])

@@ -357,6 +357,14 @@ def test_validate_incomplete_checks_everything_but_completeness() -> None:
             {"a": [TP("u", "0")], "b": tps("t-0", "t-1")},  # type: ignore[arg-type]
             r"'a' got TopicPartition\(topic='u', partition='0'\), not a TopicPartition; .*",
         ),
+        (  # -1 would index the last partition of a list: counted as u-0 it would hide
+            {"a": [TP("u", -1)], "b": tps("t-0", "t-1")},
+            r"'a' got u--1: no such partition \('u' has 1\); assigned to no member: u-0$",
+        ),
+        (  # a partition of a topic a member does not subscribe to, in place of the right one
+            {"a": tps("t-0", "t-1"), "b": tps("u-0")},
+            r"'b' got u-0 but does not subscribe to 'u'$",
+        ),
     ],
     ids=[
         "incomplete",
@@ -369,6 +377,8 @@ def test_validate_incomplete_checks_everything_but_completeness() -> None:
         "not-a-topicpartition",
         "not-a-list",
         "partition-not-an-int",
+        "negative-partition",
+        "swapped-subscriptions",
     ],
 )
 def test_validate_says_what_is_wrong(assignment, message) -> None:

@@ -1125,10 +1125,13 @@ class GroupRunner:
 
     async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
         conn = self._conn_of(member)
-        self.group.member_starting(member.member_id, [p.tp for p in plan.partitions])
+        tps = [p.tp for p in plan.partitions]
+        self.group.member_starting(member.member_id, tps)
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        at = 0
         for number, part in enumerate(parts, 1):
-            brokers, leaders = self._locate([p.tp for p in part]) if self._locate else ([], [])
+            mine, at = tps[at : at + len(part)], at + len(part)
+            brokers, leaders = self._locate(mine) if self._locate else ([], [])
             await conn.request(
                 StartFetchersRequest(
                     self.group_id,

@@ -58,6 +58,9 @@ def in_parts(items: Sequence[T], budget: int) -> Iterator[list[T]]:
     For a push that must carry a whole list, like a large assignment: each
     run goes in a frame of its own. An empty list is one empty run.
     """
+    if len(_encode(items)) + len(items) <= budget:  # (the sum of encoded_size: all fit)
+        yield list(items)
+        return
     rest = items
     while True:
         run, _ = page(rest, _no_key, budget)

@@ -46,10 +46,13 @@ partition it subscribes to from a member that has at least two more".
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 from ..protocol.messages import TopicPartition
-from .assignment import Assignment, GroupSpec
+from .assignment import Assignment, GroupSpec, topic_partitions
 
 __all__ = ["balanced_assignment"]
 
@@ -60,14 +63,20 @@ def balanced_assignment(spec: GroupSpec, *, spread: bool) -> Assignment:
     ``spread=False`` is the ``sticky`` assignor, ``spread=True`` the
     ``uniform`` one. Deterministic: only sorted orders and member ids decide.
     """
-    result: Assignment = {member_id: [] for member_id in sorted(spec.members)}
+    ordered = sorted(spec.members)
+    result: Assignment = {member_id: [] for member_id in ordered}
     names = [t for t in spec.topics() if spec.partitions[t] > 0]
     index = {t: k for k, t in enumerate(names)}
     sizes = [spec.partitions[t] for t in names]
     ids: list[str] = []
     subs: list[list[int]] = []
-    for member_id in sorted(spec.members):
-        topics = sorted(index[t] for t in spec.members[member_id].topics if t in index)
+    # Members share a few distinct subscriptions: one sorted list for each (never mutated).
+    known: dict[frozenset[str], list[int]] = {}
+    for member_id in ordered:
+        wanted = frozenset(spec.members[member_id].topics)
+        topics = known.get(wanted)
+        if topics is None:
+            topics = known[wanted] = sorted(index[t] for t in wanted if t in index)
         if topics:
             ids.append(member_id)
             subs.append(topics)
@@ -96,11 +105,13 @@ def balanced_assignment(spec: GroupSpec, *, spread: bool) -> Assignment:
             any_owner=identical,
         )
     for i, member_id in enumerate(ids):
-        result[member_id] = [
-            TopicPartition(names[t], p)
-            for t in sorted(state.parts[i])
-            for p in sorted(state.parts[i][t])
-        ]
+        held = state.parts[i]
+        answer: list[TopicPartition] = []
+        for t in sorted(held):
+            partitions = held[t]
+            partitions.sort()  # (in place: the state is done with)
+            answer.extend(topic_partitions(names[t], partitions))
+        result[member_id] = answer
     return result
 
 
@@ -119,14 +130,18 @@ def _owners(
     """
     owner = [[-1] * size for size in sizes]
     for i, member_id in enumerate(ids):
-        allowed = set(subs[i])
-        for tp in spec.members[member_id].owned:
-            t = index.get(tp.topic)
-            if t is None or t not in allowed:
-                continue
-            p = tp.partition
-            if isinstance(p, int) and 0 <= p < sizes[t] and owner[t][p] < 0:
-                owner[t][p] = i
+        allowed = subs[i]
+        last: object = None  # a member's claims are mostly of one topic: look it up once
+        row: list[int] = []
+        size = 0
+        for topic, p in spec.members[member_id].owned:
+            if topic != last:
+                last = topic
+                t = index.get(topic)
+                row = owner[t] if t is not None and t in allowed else []
+                size = len(row)
+            if isinstance(p, int) and 0 <= p < size and row[p] < 0:
+                row[p] = i
     return owner
 
 
@@ -137,6 +152,8 @@ class _State:
     ``tcount[t]`` the same from the topic's side, ``parts[i][t]`` lists them,
     ``free[i][t]`` counts those ``i`` holds without having owned them, and
     ``released[i]`` holds the (topic, partition) ``i`` owned that others hold.
+    ``base[t]`` numbers topic ``t``'s partition 0 in one sequence over all
+    topics (the quota fill works on such global numbers, :meth:`load`).
     Identical subscriptions keep a histogram of totals (balanced: max - min
     <= 1). Mixed ones keep lazy heaps per topic: of its subscribers by (total,
     count of the topic), lowest first; once :meth:`track_holders` is called,
@@ -153,8 +170,16 @@ class _State:
     ) -> None:
         members = len(subs)
         self.sizes = sizes
+        self.base = [0]
+        for size in sizes:
+            self.base.append(self.base[-1] + size)
         self.subs = subs
-        self.sub_sets = [frozenset(s) for s in subs]
+        self.sub_sets: list[frozenset[int]] = []
+        sets: dict[int, frozenset[int]] = {}  # (members with equal subscriptions share a list)
+        for s in subs:
+            if id(s) not in sets:
+                sets[id(s)] = frozenset(s)
+            self.sub_sets.append(sets[id(s)])
         self.topic_subs: list[list[int]] = [[] for _ in sizes]
         for i, topics in enumerate(subs):
             for t in topics:
@@ -221,36 +246,59 @@ class _State:
                 self.released[o].add((t, p))
         self._retotal(i, 1)  # after the tables: it pushes t's heaps too, if need be
 
-    def add_many(self, i: int, items: Iterable[tuple[int, int]]) -> None:
-        """``add(i, t, p)`` for every ``(t, p)`` of ``items``, the total moved once.
+    def load(self, kept: list[list[int]], taken: list[list[int]]) -> None:
+        """Identical subscriptions, nothing held yet: member ``i`` gets ``kept[i]`` (partitions
+        it owned) and ``taken[i]`` (partitions it did not own), each ascending.
 
-        Identical subscriptions only (the mixed path keeps heaps that every
-        single change must push to): the quota fill hands out whole runs.
+        Partitions here are *global numbers*: topic ``t``'s partition ``p`` is
+        ``base[t] + p``. What :meth:`add` does partition by partition, done list by list:
+        the quota fill hands every partition out at once (100,000 in a large group). The
+        owners of ``taken`` partitions must already have them in ``released``.
         """
         assert self.identical
-        parts, owner, holder = self.parts[i], self.owner, self.holder
-        counted: dict[int, int] = {}  # topic -> partitions added, of which not owned before:
-        not_owned: dict[int, int] = {}
-        for t, p in items:
-            holder[t][p] = i
-            held = parts.get(t)
-            if held is None:
-                held = parts[t] = []
-            held.append(p)
-            counted[t] = counted.get(t, 0) + 1
-            o = owner[t][p]
-            if o != i:
-                not_owned[t] = not_owned.get(t, 0) + 1
-                if o >= 0:
-                    self.released[o].add((t, p))
-        for table, by_topic in ((self.count[i], counted), (self.free[i], not_owned)):
-            for t, n in by_topic.items():
-                table[t] = table.get(t, 0) + n
-        for tables, by_topic in ((self.tcount, counted), (self.tfree, not_owned)):
-            for t, n in by_topic.items():
-                tables[t][i] = tables[t].get(i, 0) + n
-        if counted:
-            self._retotal(i, sum(counted.values()))
+        single = len(self.sizes) == 1
+        holder, total = self.holder, self.total
+        for i, (mine, other) in enumerate(zip(kept, taken, strict=True)):
+            n = len(mine) + len(other)
+            if not n:
+                continue
+            total[i] = n
+            if single:  # one topic: global numbers are partition numbers
+                row = holder[0]
+                for p in mine:
+                    row[p] = i
+                for p in other:
+                    row[p] = i
+                self.parts[i] = {0: mine + other}
+                self.count[i] = {0: n}
+                self.tcount[0][i] = n
+                if other:
+                    self.free[i] = {0: len(other)}
+                    self.tfree[0][i] = len(other)
+                continue
+            for gs, owned in ((mine, True), (other, False)):
+                for t, ps in self.by_topic(gs).items():
+                    row = holder[t]
+                    for p in ps:
+                        row[p] = i
+                    self.parts[i].setdefault(t, []).extend(ps)
+                    _increment(self.count[i], t, len(ps))
+                    _increment(self.tcount[t], i, len(ps))
+                    if not owned:
+                        _increment(self.free[i], t, len(ps))
+                        _increment(self.tfree[t], i, len(ps))
+        self.histogram = dict(Counter(total))
+
+    def by_topic(self, numbers: list[int]) -> dict[int, list[int]]:
+        """Ascending global numbers (:meth:`load`) as topic -> its partition numbers."""
+        base, out, k = self.base, {}, 0
+        while k < len(numbers):
+            t = bisect_right(base, numbers[k]) - 1
+            end = bisect_left(numbers, base[t + 1], k)
+            first = base[t]
+            out[t] = [g - first for g in numbers[k:end]] if first else numbers[k:end]
+            k = end
+        return out
 
     def remove(self, i: int, t: int, p: int) -> None:
         """Take partition ``p`` of topic ``t`` from member ``i``."""
@@ -416,6 +464,10 @@ class _State:
         return changed
 
 
+def _increment(table: dict[int, int], key: int, n: int) -> None:
+    table[key] = table.get(key, 0) + n
+
+
 def _decrement(table: dict[int, int], key: int) -> None:
     left = table[key] - 1
     if left:
@@ -425,51 +477,72 @@ def _decrement(table: dict[int, int], key: int) -> None:
 
 
 def _fill_by_quota(state: _State, *, spread: bool) -> None:
-    """Identical subscriptions: quotas, keep what fits, deal the rest in member order."""
+    """Identical subscriptions: quotas, keep what fits, deal the rest in member order.
+
+    Partitions are global numbers here (``base[t] + p``, :meth:`_State.load`):
+    plain ints, sorted in (topic, partition) order, with no tuple per partition.
+    """
     members = len(state.subs)
-    owned: list[list[tuple[int, int]]] = [[] for _ in range(members)]
-    free: list[tuple[int, int]] = []
+    base = state.base
+    owned: list[list[int]] = [[] for _ in range(members)]
+    free: list[int] = []
     for t, owners in enumerate(state.owner):
-        for p, o in enumerate(owners):
+        first = base[t]
+        unowned = owners.count(-1)
+        if unowned == len(owners):  # (a new group's topic: no walk)
+            free.extend(range(first, base[t + 1]))
+            continue
+        for g, o in enumerate(owners, first):
             if o >= 0:
-                owned[o].append((t, p))
+                owned[o].append(g)
             else:
-                free.append((t, p))
-    base, extra = divmod(sum(state.sizes), members)
-    quota = [base] * members
-    # The extra partitions go to the members that own the most. With spread,
-    # among equals first to those whose holding is the least lopsided, so
-    # that the one that must give a partition up has one of a topic it holds
-    # too many of.
-    excess = [_excess(o, members, state.sizes) if spread else 0 for o in owned]
-    for i in sorted(range(members), key=lambda i: (-len(owned[i]), excess[i], i))[:extra]:
-        quota[i] += 1
-    for i in range(members):
-        if len(owned[i]) <= quota[i]:
-            keep: Iterable[tuple[int, int]] = owned[i]
-        elif spread:
-            keep, released = _release_evenly(owned[i], quota[i], members, state.sizes)
-            free.extend(released)
+                free.append(g)
+    base_quota, extra = divmod(base[-1], members)
+    quota = [base_quota] * members
+    if extra:
+        # The extra partitions go to the members that own the most. With spread,
+        # among equals first to those whose holding is the least lopsided, so
+        # that the one that must give a partition up has one of a topic it holds
+        # too many of. (With one topic every member of a given size is equally
+        # lopsided; the sort is stable, so ties go in member order.)
+        if spread and len(state.sizes) > 1:
+            lopsided = [(-len(o), _excess(state, o, members)) for o in owned]
+            order = sorted(range(members), key=lopsided.__getitem__)
         else:
-            keep = owned[i][: quota[i]]
-            free.extend(owned[i][quota[i] :])
-        state.add_many(i, keep)
+            most = [-len(o) for o in owned]
+            order = sorted(range(members), key=most.__getitem__)
+        for i in order[:extra]:
+            quota[i] += 1
+    kept: list[list[int]] = []
+    for i in range(members):
+        mine = owned[i]
+        if len(mine) <= quota[i]:
+            kept.append(mine)
+            continue
+        if spread:
+            keep, released = _release_evenly(state, mine, quota[i], members)
+        else:
+            keep, released = mine[: quota[i]], mine[quota[i] :]
+        kept.append(keep)
+        free.extend(released)
+        for t, ps in state.by_topic(sorted(released)).items():
+            state.released[i].update(zip(repeat(t), ps))
     free.sort()
     # Dealt in member order, one at a time, to those below their quota: a member's share
     # is every len(receivers)-th free partition while it stays below its quota. Dealt a
     # block of whole rounds at a time (as many as the receiver wanting least still
     # wants), by slicing: the same shares as one partition at a time, without a step
     # per partition (100,000 of them in a large group).
-    dealt: list[list[tuple[int, int]]] = [[] for _ in range(members)]
-    wanted = [quota[i] - state.total[i] for i in range(members)]
+    dealt: list[list[int]] = [[] for _ in range(members)]
+    wanted = [quota[i] - len(kept[i]) for i in range(members)]
     receivers = [i for i in range(members) if wanted[i] > 0]
     at = 0
     while receivers and at < len(free):
         width = len(receivers)
         rounds = min(min(wanted[i] for i in receivers), (len(free) - at) // width)
         if rounds == 0:  # fewer free partitions left than receivers: a last partial round
-            for i, tp in zip(receivers, free[at:], strict=False):
-                dealt[i].append(tp)
+            for i, g in zip(receivers, free[at:], strict=False):
+                dealt[i].append(g)
             break
         end = at + rounds * width
         for k, i in enumerate(receivers):
@@ -477,35 +550,35 @@ def _fill_by_quota(state: _State, *, spread: bool) -> None:
             wanted[i] -= rounds
         at = end
         receivers = [i for i in receivers if wanted[i] > 0]
-    for i, share in enumerate(dealt):
-        state.add_many(i, share)
+    state.load(kept, dealt)
 
 
-def _excess(owned: list[tuple[int, int]], members: int, sizes: list[int]) -> int:
-    """How far above its even share of some topic ``owned`` goes, at most (times ``members``)."""
-    counts: dict[int, int] = {}
-    for t, _ in owned:
-        counts[t] = counts.get(t, 0) + 1
-    return max((n * members - sizes[t] for t, n in counts.items()), default=-sum(sizes))
+def _excess(state: _State, owned: list[int], members: int) -> int:
+    """How far above its even share of some topic ``owned`` (global numbers) goes, at
+    most (times ``members``)."""
+    sizes = state.sizes
+    return max(
+        (len(ps) * members - sizes[t] for t, ps in state.by_topic(owned).items()),
+        default=-sum(sizes),
+    )
 
 
 def _release_evenly(
-    owned: list[tuple[int, int]], quota: int, members: int, sizes: list[int]
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """Keep ``quota`` of ``owned``, giving up partitions of the topics the member
-    holds most of relative to that topic's even share (``size / members``)."""
-    by_topic: dict[int, list[int]] = {}
-    for t, p in owned:
-        by_topic.setdefault(t, []).append(p)
+    state: _State, owned: list[int], quota: int, members: int
+) -> tuple[list[int], list[int]]:
+    """Keep ``quota`` of ``owned`` (global numbers), giving up partitions of the topics
+    the member holds most of relative to that topic's even share (``size / members``)."""
+    sizes, base = state.sizes, state.base
+    by_topic = state.by_topic(owned)
     heap = [(-(len(ps) * members - sizes[t]), t) for t, ps in by_topic.items()]
     heapq.heapify(heap)
     released = []
     for _ in range(len(owned) - quota):
         _, t = heapq.heappop(heap)
-        released.append((t, by_topic[t].pop()))
+        released.append(base[t] + by_topic[t].pop())
         if by_topic[t]:
             heapq.heappush(heap, (-(len(by_topic[t]) * members - sizes[t]), t))
-    kept = [(t, p) for t in sorted(by_topic) for p in by_topic[t]]
+    kept = [base[t] + p for t in sorted(by_topic) for p in by_topic[t]]
     return kept, released
 
 

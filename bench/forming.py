@@ -1,0 +1,253 @@
+"""How long a group of N members takes to form, and what admitting them costs the broker.
+
+``python bench/forming.py [--members 1000,5000,10000] [--rounds R] [--processes P]
+[--json] [--quick]`` starts, for each size N and each of R rounds, a fresh broker
+process (``bench/heartbeat.py``'s ``--serve-broker``) and P load processes
+(its ``--load``: each member opens its own TCP connection, joins in two steps
+(member id, then the join) and answers its StartFetchers), and waits until
+the load processes say every member is started and the group is STABLE with
+all N. Per run it reports the wall time from the load processes' start
+(issue #14's figure: 20,000 members in < 5 s), the **broker's CPU seconds**
+over that time (from ``/proc``; accept, two JoinGroups, the first rebalance's
+StartFetchers and generation record per member), per 1,000 members admitted,
+the load processes' CPU seconds, the generations the group went through (1
+when the burst of joins made one rebalance) and the load average.
+
+Why the CPU column: on a shared machine either side may be what the wall
+time waits for. The broker is one Trio thread; when its CPU seconds are close
+to the wall time it is the bottleneck, and when the load's are, the load is.
+Medians over the rounds, with the range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import heartbeat
+from bench._common import (
+    BenchError,
+    chosen_params,
+    cpu_count,
+    format_table,
+    load_average,
+    process_cpu_seconds,
+    python_module,
+    run_and_report,
+    spawn,
+)
+from trio_coord import open_admin
+
+__all__ = ["QUICK", "Params", "main", "run_benchmark"]
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """What one run measures; :data:`QUICK` is the CI smoke run."""
+
+    members: tuple[int, ...] = (1000, 5000, 10000)
+    rounds: int = 3
+    processes: int = max(1, cpu_count() - 1)
+    session_timeout: float = 30.0
+    quick: bool = False
+
+
+QUICK = Params(members=(20,), rounds=1, processes=1, quick=True)
+"""The ``--quick`` preset (a few seconds)."""
+
+
+async def form_once(params: Params, members: int, workdir: Path) -> dict[str, Any]:
+    """One broker, one group of ``members``: wall time, CPU seconds, generations."""
+    load_average_at_start = load_average()
+    data = Path(tempfile.mkdtemp(prefix=f"broker-{members}-", dir=workdir))  # (fresh each run)
+    argv = python_module("bench.heartbeat", "--serve-broker", str(data), "--members", str(members))
+    hb = heartbeat.Params(
+        members=members,
+        processes=min(params.processes, members),
+        session_timeout=params.session_timeout,
+    )
+    ready_timeout = 60.0 + 0.05 * members
+    async with spawn(argv, f"broker-{members}", workdir) as server:
+        with server.within(30.0, "print its port"):
+            port = int(await server.expect("port "))
+        bootstrap = f"{heartbeat.HOST}:{port}"
+        async with open_admin(bootstrap) as admin:
+            await admin.create_topic(heartbeat.TOPIC, members)
+        async with AsyncExitStack() as stack:
+            cpu_before = process_cpu_seconds(server.pid)
+            began = trio.current_time()
+            loads = []
+            for i, (first, count) in enumerate(hb.split()):
+                spec = heartbeat._load_spec("broker", hb, port, first, count)
+                spec["out"] = str(workdir / f"load-{members}-{i}.latencies")
+                loads.append(
+                    await stack.enter_async_context(
+                        spawn(
+                            python_module("bench.heartbeat", "--load", json.dumps(spec)),
+                            f"load-{members}-{i}",
+                            workdir,
+                        )
+                    )
+                )
+            for load in loads:
+                with load.within(ready_timeout, "get all its members started"):
+                    await load.expect("ready")
+            watch = heartbeat._StableWatch(bootstrap, members, {})
+            generation = None
+            with trio.move_on_after(ready_timeout):
+                generation = await watch.wait()
+            if generation is None:
+                raise BenchError(
+                    f"the group of {members} did not become stable (last seen: {watch.seen})"
+                )
+            wall = trio.current_time() - began
+            cpu_after = process_cpu_seconds(server.pid)
+            load_cpu = [process_cpu_seconds(load.pid) for load in loads]
+            # The broker stops first, sparing it a storm of departures and rebalances; the
+            # load processes then see their stdin close before "go", and exit.
+            await server.stop()
+    broker_cpu = (
+        cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
+    )
+    return {
+        "members": members,
+        "wall_s": wall,
+        "broker_cpu_s": broker_cpu,
+        "broker_cpu_s_per_1k": None if broker_cpu is None else broker_cpu / members * 1000,
+        "load_cpu_s": None if None in load_cpu else sum(c for c in load_cpu if c is not None),
+        "generation": generation,
+        "load_average": load_average_at_start,
+    }
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of each figure over one size's rounds."""
+    out: dict[str, Any] = {"members": runs[0]["members"], "rounds": len(runs)}
+    for key in ("wall_s", "broker_cpu_s", "broker_cpu_s_per_1k", "load_cpu_s", "load_average"):
+        values = [r[key] for r in runs if r[key] is not None]
+        if values:
+            out[key] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
+    out["generations"] = sorted({r["generation"] for r in runs})
+    return out
+
+
+async def run_benchmark(params: Params) -> dict[str, Any]:
+    """Every size, ``rounds`` times, sizes interleaved (so that the machine's load, which
+    drifts, falls on all of them alike); the JSON-ready result."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in params.members}
+    with tempfile.TemporaryDirectory(prefix="trio-coord-forming-") as tmp:
+        for _ in range(params.rounds):
+            for members in params.members:
+                runs[members].append(await form_once(params, members, Path(tmp)))
+    return {
+        "bench": "forming",
+        "params": {**asdict(params), "cpus": cpu_count(), "load_average": load_average()},
+        "runs": {str(n): r for n, r in runs.items()},
+        "summary": [_summary(r) for r in runs.values()],
+    }
+
+
+def _range(figure: dict[str, float] | None, fmt: str) -> str:
+    if figure is None:
+        return "unknown"
+    return (
+        f"{figure['median']:{fmt}} ({figure['min']:{fmt}}-{figure['max']:{fmt}})"
+        if figure["min"] != figure["max"]
+        else f"{figure['median']:{fmt}}"
+    )
+
+
+def render(result: dict[str, Any]) -> str:
+    """One row per group size: medians, with the range over the rounds."""
+    p = result["params"]
+    lines = [
+        f"forming: median of {p['rounds']} (range), {p['processes']} load process(es), "
+        f"{p['cpus']} CPUs, load average {p['load_average']} at the end",
+        "",
+    ]
+    rows = [
+        [
+            f"{s['members']:,}",
+            _range(s.get("wall_s"), ".1f"),
+            _range(s.get("broker_cpu_s"), ".2f"),
+            _range(s.get("broker_cpu_s_per_1k"), ".2f"),
+            _range(s.get("load_cpu_s"), ".2f"),
+            ",".join(map(str, s["generations"])),
+            _range(s.get("load_average"), ".1f"),
+        ]
+        for s in result["summary"]
+    ]
+    headers = [
+        "members",
+        "formed in s",
+        "broker CPU s",
+        "broker CPU s / 1k members",
+        "load CPU s",
+        "generations",
+        "load average",
+    ]
+    lines.append(format_table(headers, rows))
+    return "\n".join(lines)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of sizes: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes must be >= 1")
+    return sizes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (2 if the benchmark could not run)."""
+    parser = argparse.ArgumentParser(
+        prog="python bench/forming.py",
+        description="How long a group of N takes to form, and the broker's CPU for it.",
+    )
+    defaults = Params()
+    parser.add_argument(
+        "--members",
+        type=_sizes,
+        help="group sizes, comma-separated (default "
+        + ",".join(map(str, defaults.members))
+        + "; past ~18,900 a broker runs out of file descriptors where ulimit -Hn is 20,000)",
+    )
+    parser.add_argument("--rounds", type=int, help=f"runs per size (default {defaults.rounds})")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        help=f"load processes (default: CPUs - 1, here {defaults.processes})",
+    )
+    parser.add_argument("--quick", action="store_true", help="CI smoke preset")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    params = chosen_params(
+        args, QUICK if args.quick else Params(), ("members", "rounds", "processes")
+    )
+    if params.rounds < 1 or params.processes < 1:
+        print("rounds and processes must be >= 1", file=sys.stderr)
+        return 2
+    return run_and_report("forming", run_benchmark, params, as_json=args.json, render=render)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
