@@ -27,9 +27,10 @@ import math
 import os
 import resource
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -755,7 +756,7 @@ class Broker:
             conn.handler = BrokerHandler(self, conn)
             # Counted out when the connection ends, which a parked one does without this
             # task: the bookkeeping goes with the connection.
-            conn.on_closed = self._forgetter(conn, ip, counted)
+            conn.on_closed = partial(self._forget, conn, ip, counted)
             self._connections.add(conn)
             ip = counted = None
             await conn.serve()
@@ -770,12 +771,6 @@ class Broker:
             self._forget(None, ip, counted)
             if conn is None:  # (a connection closes its stream itself, parked or not)
                 await trio.aclose_forcefully(stream)
-
-    def _forgetter(
-        self, conn: Connection, ip: str | None, principal: str | None
-    ) -> Callable[[], None]:
-        """What to do when ``conn`` ends: count it out (see :meth:`_forget`)."""
-        return lambda: self._forget(conn, ip, principal)
 
     def _forget(self, conn: Connection | None, ip: str | None, principal: str | None) -> None:
         """Count a connection out of the limits it was counted in."""

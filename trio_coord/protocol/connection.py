@@ -214,6 +214,8 @@ class Connection:
             await waiter.done.wait()
         finally:
             del self._waiters[corr_id]
+            if not self._waiters:  # (an emptied dict keeps its table; an idle one has none)
+                self._waiters = {}
         if waiter.error is not None:
             raise waiter.error
         response = waiter.response
