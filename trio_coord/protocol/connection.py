@@ -340,27 +340,27 @@ class Connection:
 
         False if the connection broke meanwhile.
         """
+        charge = resume.charge  # (the request's, given back here unless its task runs)
         try:
             if resume.out:
-                if not resume.locked:
+                if not resume.locked:  # (locked: the parking service kept the lock for us)
                     await self._lock_sending()
                 try:
                     await self._write(resume.out)
                 finally:
                     self._unlock_sending()
                 self.last_active = trio.current_time()
+            if resume.request is None or self._is_closed:
+                return not self._is_closed
+            self._in_flight += 1  # (0 before: the connection was parked)
+            nursery.start_soon(self._handle_in_task, resume.request, charge)
+            charge = (0, 0)  # the task gives it back
+            return True
         except ConnectionClosedError:
             return False
         finally:
             self._discharge(resume.out_charge)
-        if resume.request is not None:
-            request, charge = resume.request, resume.charge
-            if self._is_closed:
-                self._discharge(charge)
-                return False
-            self._in_flight += 1  # (0 before: the connection was parked)
-            nursery.start_soon(self._handle_in_task, request, charge)
-        return True
+            self._discharge(charge)
 
     async def _read_loop(self, nursery: trio.Nursery) -> bool:
         """Read and dispatch frames; True if the connection was parked, False if it ended."""
@@ -580,6 +580,9 @@ class Connection:
         or more frames than one wake-up may answer), left in the frame reader.
         """
         assert isinstance(self._stream, trio.SocketStream)
+        if self._is_closed:  # (failed meanwhile: a send to it broke)
+            self.end_parked()
+            return None
         fd = self._stream.socket.fileno()
         try:
             data = os.read(fd, _RECEIVE_CHUNK)
