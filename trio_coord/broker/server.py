@@ -7,7 +7,8 @@
     ├── partition logs (background flush and retention)
     ├── record writer (group commit of every durable record)
     ├── coordinator service → one group task per group
-    └── listener → one reader task per connection
+    ├── parking → one task for every idle connection, and revived readers
+    └── listener → one reader task per connection (until it is idle: parked)
 
 On start it loads every record from the store and replays it (topics, group
 generations, offsets), so a restarted broker continues where it stopped. On

@@ -12,7 +12,12 @@ the per-connection memory bound). Writes are serialized by one lock.
 A broker holds thousands of idle connections, so an idle one is kept small:
 the broker's connections share one codec, and the write lock's parking lot,
 the in-flight limit's wait and the closed event exist only once something
-waits on them.
+waits on them. Given a :class:`~._parking.Parking` service (a broker's plain
+TCP connections), an idle connection goes further and gives up its reader
+task: :meth:`Connection.serve` returns with the connection *parked*, the
+service answers what needs no task (:meth:`Connection.wake_parked`) and
+runs the reader again for the rest; the connection is the same object
+throughout, and :meth:`Connection.request` works on it either way.
 Optionally (a broker's connections) each request is charged its *cost* in
 bytes (its frame, plus what its answer may hold: ``RequestHandler.cost``)
 against a per-connection :class:`~.budget.ByteBudget` and a shared one,
@@ -137,6 +142,7 @@ class Connection:
         self._max_in_flight = max_in_flight
         self._in_flight = 0  # handler tasks running
         self._slot_freed: trio.Event | None = None  # (made when the reader waits for one)
+        self._idle_wait: trio.CancelScope | None = None  # (the reader's, while tasks run)
         self._last_corr_id = 0
         self._waiters: dict[int, _Waiter] = {}
         self._is_closed = False
@@ -372,7 +378,17 @@ class Connection:
             if self._is_closed:
                 return False
             try:
-                body = await self._reader.read_frame()
+                if self._in_flight and self._parking is not None and self._reader.between_frames:
+                    # Idle but for handler tasks: the last to finish wakes this wait, and
+                    # the connection parks without waiting for the peer's next frame.
+                    with trio.CancelScope() as idle:
+                        self._idle_wait = idle
+                        body = await self._reader.read_frame()
+                    self._idle_wait = None
+                    if idle.cancelled_caught:
+                        continue  # (nothing was lost: read_frame can be taken up again)
+                else:
+                    body = await self._reader.read_frame()
                 if body is None:
                     return False
                 frame = self._codec.decode(body)
@@ -485,6 +501,8 @@ class Connection:
                 self._slot_freed.set()
                 self._slot_freed = None
             self._discharge(charge)
+            if not self._in_flight and self._idle_wait is not None:
+                self._idle_wait.cancel()  # the reader may park now
 
     async def _reply(self, corr_id: int, body: ResponseBody) -> bool:
         """Send an answer; one that cannot be encoded (too large) is answered as an error."""
