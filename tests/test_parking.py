@@ -351,6 +351,7 @@ async def test_pipelined_heartbeats_are_answered_in_order_and_their_budget_given
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stream.send_all, data)
             await trio.sleep(0.5)  # the broker's answers back up meanwhile
+            assert conn.charged > 0  # (held until the answers are written)
             frames = await _read_frames(stream, count)
         assert [f.corr_id for f in frames] == list(range(1, count + 1))  # type: ignore[attr-defined]
         assert broker._parking.revived > revived
