@@ -1,6 +1,6 @@
 """What one idle member costs the broker, in Python objects and bytes, parking on and off.
 
-``python bench/member_cost.py [--members N]`` runs a broker *in this process*
+``python bench/member_cost.py [--members N] [--json] [--quick]`` runs a broker *in this process*
 (with ``tune_gc`` off, so that nothing is frozen away from the count) and, for
 each setting of ``park_idle_connections``, starts one load process of
 ``bench/heartbeat.py`` that opens N TCP connections, joins N members to one
@@ -113,10 +113,15 @@ async def _main(members: int, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python bench/member_cost.py", description=__doc__)
-    parser.add_argument("--members", type=int, default=1000, help="idle members (default 1000)")
+    parser.add_argument("--members", type=int, help="idle members (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="CI smoke preset: 50 members")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    trio.run(_main, args.members, args.json)
+    members = args.members or (50 if args.quick else 1000)
+    if members < 1:
+        print("members must be >= 1", file=sys.stderr)
+        return 2
+    trio.run(_main, members, args.json)
     return 0
 
 
