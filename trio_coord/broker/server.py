@@ -89,9 +89,9 @@ _MIN_CONNECTIONS = 64
 _RESERVED_FDS = 1024
 """File descriptors kept for everything but connections: logs, the store, listeners."""
 _REFUSAL_GRACE = 1.0
+_REFUSAL_LOG_INTERVAL = 10.0
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 """accept() errors that mean "not now" (out of descriptors or memory): retried."""
-_REFUSAL_LOG_INTERVAL = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,6 +723,7 @@ class Broker:
             return
         conn: Connection | None = None
         counted: str | None = None
+        serving = False
         if ip is not None:
             self._per_ip[ip] += 1
         try:
@@ -760,6 +761,7 @@ class Broker:
             conn.on_closed = partial(self._forget, conn, ip, counted)
             self._connections.add(conn)
             ip = counted = None
+            serving = True
             await conn.serve()
         except Exception:
             # Connection.serve raises nothing for what a peer does; should a bug let an
@@ -770,7 +772,7 @@ class Broker:
             )
         finally:
             self._forget(None, ip, counted)
-            if conn is None:  # (a connection closes its stream itself, parked or not)
+            if not serving:  # (a connection closes its stream itself, parked or not)
                 await trio.aclose_forcefully(stream)
 
     def _forget(self, conn: Connection | None, ip: str | None, principal: str | None) -> None:
