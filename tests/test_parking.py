@@ -417,3 +417,23 @@ async def test_requests_on_a_parked_connection_fail_cleanly_when_it_breaks(tmp_p
             with trio.fail_after(TIMEOUT):
                 await conn.request(StopFetchersRequest("g", "m", 1))
         await _until(lambda: broker.connection_count() == 0, "counted out")
+
+
+async def test_a_tls_connection_is_never_parked(tmp_path) -> None:
+    # An SSLStream holds decrypted bytes its socket does not show: its reader stays.
+    from test_security import make_certificates
+
+    from trio_coord import open_admin
+    from trio_coord.security import client_ssl_context
+
+    certs = make_certificates(tmp_path)
+    async with open_broker(
+        tmp_path / "data", tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key")
+    ) as broker:
+        context = client_ssl_context(certs / "ca.pem")
+        async with open_admin(broker.bootstrap, ssl_context=context) as admin:
+            await admin.create_topic("t", 1)
+            await trio.sleep(0.2)
+            assert [t.name for t in await admin.describe_topics(["t"])] == ["t"]
+            assert broker.connection_count() >= 1
+            assert broker.parked_count() == 0
