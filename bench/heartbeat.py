@@ -145,6 +145,10 @@ class Params:
     """Also measure a broker whose listener speaks TLS (``--tls``): the ``secure`` row."""
     sasl: bool = False
     """Also measure a broker whose connections log in with SCRAM-SHA-256 (``--sasl``)."""
+    park: bool = True
+    """The broker parks idle connections (``park_idle_connections``; ``--no-park``: off)."""
+    compare_parking: bool = False
+    """Also measure the broker with parking off (``--compare-parking``): the ``unparked`` row."""
 
     def steps(self) -> list[int]:
         """Open loop: the group size after each step of the ramp."""
@@ -185,10 +189,16 @@ async def _until_stdin_closes() -> None:
 
 
 async def serve_broker(
-    data_dir: str, members: int = 0, certs: str | None = None, tls: bool = False, sasl: bool = False
+    data_dir: str,
+    members: int = 0,
+    certs: str | None = None,
+    tls: bool = False,
+    sasl: bool = False,
+    park: bool = True,
 ) -> None:
     """Run a broker on ``data_dir`` for ``members`` members, print ``port N``, and run until
-    stdin closes (with TLS from ``certs`` and/or SCRAM logins for the ``secure`` row)."""
+    stdin closes (with TLS from ``certs`` and/or SCRAM logins for the ``secure`` row; with
+    ``park`` false, idle connections keep their reader tasks: the ``unparked`` row)."""
     await trio.Path(data_dir).mkdir(parents=True, exist_ok=True)
     limits = dict(
         max_group_size=1_000_000,
@@ -197,6 +207,7 @@ async def serve_broker(
         # (None: what fits ulimit -n, at most 10,000; beyond, ask for what the run needs)
         max_connections=members + 100 if members + 100 > 10_000 else None,
         tune_gc=True,  # as `trio-coord broker` runs
+        park_idle_connections=park,
         **broker_security(certs, tls, sasl),
     )
     async with open_broker(data_dir, HOST, 0, **limits) as broker:
@@ -630,7 +641,7 @@ def _load_spec(
         "certs": certs,
         "tls": secure and params.tls,
         "sasl": secure and params.sasl,
-        "mode": target,
+        "mode": "broker" if target == "unparked" else target,
         "host": HOST,
         "port": port,
         "first": first,
@@ -645,7 +656,7 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
     """Run one target (``broker`` or ``echo``) with its own server and load processes."""
     certs = None
     security: dict[str, Any] = {}
-    if target in ("broker", "secure"):
+    if target in ("broker", "secure", "unparked"):
         server_argv = python_module(
             _MODULE,
             "--serve-broker",
@@ -653,6 +664,8 @@ async def _measure(target: str, params: Params, workdir: Path) -> dict[str, Any]
             "--members",
             str(params.members),
         )
+        if target == "unparked" or not params.park:
+            server_argv.append("--no-park")
         if target == "secure":
             certs = make_certificates(workdir / "certs")
             server_argv += ["--certs", certs]
@@ -762,6 +775,18 @@ async def run_benchmark(params: Params) -> dict[str, Any]:
     broker, echo = results["broker"], results["echo"]
     secure = results.get("secure")
     extra: dict[str, Any] = {}
+    unparked = results.get("unparked")
+    if unparked is not None:
+        extra["unparked"] = unparked
+        extra["unparked_ratio"] = {
+            "throughput": ratio(unparked["heartbeats_per_s"], echo["heartbeats_per_s"]),
+            "p50": ratio(unparked["p50_ms"], echo["p50_ms"]),
+            "p99": ratio(unparked["p99_ms"], echo["p99_ms"]),
+            "server_cpu_per_heartbeat": ratio(
+                unparked["server_cpu_us_per_heartbeat"] or math.nan,
+                echo["server_cpu_us_per_heartbeat"] or math.nan,
+            ),
+        }
     if secure is not None:
         extra["secure"] = secure
         extra["secure_vs_plain"] = {
@@ -800,6 +825,7 @@ async def run_open_loop(params: Params) -> dict[str, Any]:
             str(workdir / "broker-data"),
             "--members",
             str(params.members),
+            *([] if params.park else ["--no-park"]),
         )
         async with spawn(server_argv, "broker-server", workdir) as server:
             with server.within(30.0, "print its port"):
@@ -946,8 +972,10 @@ def render_open(result: dict[str, Any]) -> str:
 
 
 def _targets(params: Params) -> tuple[str, ...]:
-    """The rows measured: the broker, the echo baseline, and the secured broker if asked."""
-    return (*TARGETS, "secure") if params.tls or params.sasl else TARGETS
+    """The rows measured: the broker, the echo baseline, and the secured broker and the
+    broker with parking off if asked."""
+    targets = ("broker", "unparked", "echo") if params.compare_parking else TARGETS
+    return (*targets, "secure") if params.tls or params.sasl else targets
 
 
 def _load_average() -> float | None:
@@ -978,7 +1006,7 @@ def render(result: dict[str, Any]) -> str:
         "",
     ]
     rows = []
-    for target in (t for t in (*TARGETS, "secure") if t in result):
+    for target in (t for t in ("broker", "unparked", "echo", "secure") if t in result):
         r = result[target]
         rows.append(
             [
@@ -1003,6 +1031,18 @@ def render(result: dict[str, Any]) -> str:
             f"{q['server_cpu_per_heartbeat']:.2f}x",
         ]
     )
+    unparked = result.get("unparked_ratio")
+    if unparked is not None:
+        rows.append(
+            [
+                "unparked/echo",
+                f"{unparked['throughput']:.2f}x",
+                f"{unparked['p50']:.2f}x",
+                f"{unparked['p99']:.2f}x",
+                "",
+                f"{unparked['server_cpu_per_heartbeat']:.2f}x",
+            ]
+        )
     secure = result.get("secure_vs_plain")
     if secure is not None:
         what = "+".join(n for n in ("tls", "sasl") if p.get(n))
@@ -1027,12 +1067,14 @@ def render(result: dict[str, Any]) -> str:
         "errors",
     ]
     lines.append(format_table(headers, rows))
-    broker = result["broker"]
-    if "group_formed_s" in broker:
+    for target in ("broker", "unparked"):
+        broker = result.get(target)
+        if broker is None or "group_formed_s" not in broker:
+            continue
         per_member = broker.get("rss_per_member_bytes")
         lines.append(
-            f"the group of {p['members']} formed in {broker['group_formed_s']:.1f} s (load "
-            "processes starting included); broker memory per member: "
+            f"{target}: the group of {p['members']} formed in {broker['group_formed_s']:.1f} s "
+            "(load processes starting included); broker memory per member: "
             + ("unknown" if per_member is None else f"{per_member / 1024:.1f} KiB (RSS)")
         )
         if "formed_server_cpu_s" in broker:
@@ -1113,6 +1155,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also measure a broker whose members log in with SCRAM-SHA-256",
     )
+    parser.add_argument(
+        "--compare-parking",
+        action="store_true",
+        help="also measure the broker with parking off (the 'unparked' row, and its ratio "
+        "to the echo server)",
+    )
+    parser.add_argument(
+        "--no-park",
+        action="store_true",
+        help="run the broker with parking off (park_idle_connections=False)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     internal = argparse.SUPPRESS
     parser.add_argument("--certs", help=internal)
@@ -1129,7 +1182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_broker or args.serve_echo or args.load or args.open_load:
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
         if args.serve_broker:
-            trio.run(serve_broker, args.serve_broker, args.members, args.certs, args.tls, args.sasl)
+            trio.run(
+                serve_broker,
+                args.serve_broker,
+                args.members,
+                args.certs,
+                args.tls,
+                args.sasl,
+                not args.no_park,
+            )
         elif args.serve_echo:
             trio.run(serve_echo)
         elif args.open_load:
@@ -1156,6 +1217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         open_loop=args.open_loop,
         tls=args.tls,
         sasl=args.sasl,
+        park=not args.no_park,
+        compare_parking=args.compare_parking,
     )
     if params.members < 1 or params.processes < 1 or params.duration <= 0 or params.warmup < 0:
         print("members and processes must be >= 1, duration > 0, warmup >= 0", file=sys.stderr)

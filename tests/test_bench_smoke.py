@@ -36,16 +36,30 @@ def run_quick(script: str, *options: str, timeout: float = 60) -> dict:
 @pytest.mark.slow
 def test_heartbeat_bench_quick_json() -> None:
     """The quick heartbeat benchmark completes and reports throughput, latency and ratios."""
-    result = run_quick("heartbeat.py")
-    for target in ("broker", "echo"):
+    result = run_quick("heartbeat.py", "--compare-parking")
+    for target in ("broker", "unparked", "echo"):
         figures = result[target]
         assert figures["heartbeats_per_s"] > 0, figures
         assert 0 < figures["p50_ms"] <= figures["p99_ms"], figures
         assert figures["errors"] == 0, figures
-    for name in ("throughput", "p50", "p99"):
-        value = result["ratio"][name]
-        assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
+    for ratios in (result["ratio"], result["unparked_ratio"]):
+        for name in ("throughput", "p50", "p99"):
+            value = ratios[name]
+            assert isinstance(value, float) and math.isfinite(value) and value > 0, ratios
     assert result["params"]["quick"] is True
+
+
+@pytest.mark.slow
+def test_member_cost_bench_quick_json() -> None:
+    """`bench/member_cost.py --quick --json`: parking off, then on, every idle member counted."""
+    off, on = run_quick("member_cost.py")
+    assert (off["park"], on["park"]) == (False, True)
+    assert off["parked"] == 0 and on["parked"] == on["members"] == 50, (off, on)
+    for figures in (off, on):
+        assert figures["tracked_objects_per_member"] > 0, figures
+        assert figures["traced_bytes_per_member"] > 0, figures
+    # A parked member has no task, no coroutine chain, no nursery: fewer objects.
+    assert on["tracked_objects_per_member"] < off["tracked_objects_per_member"], (off, on)
 
 
 @pytest.mark.slow

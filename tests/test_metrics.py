@@ -94,6 +94,8 @@ async def test_metrics_describe_the_broker_as_it_runs(tmp_path) -> None:
             metrics = await trio.to_thread.run_sync(_scrape, url)
 
     assert _value(metrics["trio_coord_connections"], "trio_coord_connections") >= 1
+    parked = _value(metrics["trio_coord_parked_connections"], "trio_coord_parked_connections")
+    assert 0 <= parked <= _value(metrics["trio_coord_connections"], "trio_coord_connections")
     assert _value(metrics["trio_coord_groups"], "trio_coord_groups", state="STABLE") == 1
     members = metrics["trio_coord_group_members"]
     assert _value(members, "trio_coord_group_members", group="billing") == 1

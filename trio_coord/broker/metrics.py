@@ -191,6 +191,11 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "trio_coord_connections", "Open native connections.", len(broker._connections)
         )
+        yield GaugeMetricFamily(
+            "trio_coord_parked_connections",
+            "Open native connections that are idle and parked (no task of their own).",
+            broker.parked_count(),
+        )
         services = list(broker.coordinator.services.values())
         heartbeats = CounterMetricFamily(
             "trio_coord_heartbeats", "Heartbeats accepted (since the broker started)."

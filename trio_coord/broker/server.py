@@ -7,7 +7,8 @@
     ├── partition logs (background flush and retention)
     ├── record writer (group commit of every durable record)
     ├── coordinator service → one group task per group
-    └── listener → one reader task per connection
+    ├── parking → one task for every idle connection, and revived readers
+    └── listener → one reader task per connection (until it is idle: parked)
 
 On start it loads every record from the store and replays it (topics, group
 generations, offsets), so a restarted broker continues where it stopped. On
@@ -30,6 +31,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +45,9 @@ from ..core.records import Record, TopicRecord, TopicTombstone
 from ..core.validation import MAX_NAME_LENGTH as MAX_RACK_LENGTH
 from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
+from ..protocol._parking import Parking
 from ..protocol.budget import ByteBudget
-from ..protocol.connection import Connection
+from ..protocol.connection import Connection, os_reason
 from ..protocol.errors import CoordinatorNotAvailableError, ErrorCode, RequestTimedOutError
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
 from ..protocol.messages import (
@@ -87,6 +90,8 @@ _RESERVED_FDS = 1024
 """File descriptors kept for everything but connections: logs, the store, listeners."""
 _REFUSAL_GRACE = 1.0
 _REFUSAL_LOG_INTERVAL = 10.0
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+"""accept() errors that mean "not now" (out of descriptors or memory): retried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +146,10 @@ class BrokerConfig:
     """Connections at once from one address; more are refused (RESOURCES_EXHAUSTED)."""
     connections_max_idle: float = 600.0
     """A connection with nothing in flight that sent nothing for this long is closed."""
+    park_idle_connections: bool = True
+    """An idle plaintext native connection gives up its task: one parking task watches
+    every such socket and answers heartbeats itself (docs/architecture.md, "What a
+    member costs"). False: a reader task per connection, always."""
     request_read_timeout: float = 30.0
     """A frame must arrive whole within this long of its first byte, or its connection
     is closed (a slowloris peer holding half-sent frames)."""
@@ -442,6 +451,8 @@ class Broker:
         """The connection limit in force (``config.max_connections``, or what fits the
         file-descriptor limit: see :func:`connection_limit`)."""
         self._codec = FrameCodec(config.max_frame_size)  # (refusals, and every connection's)
+        self._parking = Parking() if config.park_idle_connections else None
+        """Idle plaintext connections' one watcher (None: off, a reader task each)."""
         self._refused = 0
         self._refusals_logged = -math.inf
         self._services = trio.CancelScope()
@@ -702,14 +713,17 @@ class Broker:
         if len(self._connections) + self._handshaking >= self.max_connections:
             why = f"{len(self._connections)} open (max_connections {self.max_connections})"
             await self._refuse(stream, why)
+            await trio.aclose_forcefully(stream)
             return
         if ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
             limit = config.max_connections_per_ip
             why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
             await self._refuse(stream, why)
+            await trio.aclose_forcefully(stream)
             return
         conn: Connection | None = None
         counted: str | None = None
+        serving = False
         if ip is not None:
             self._per_ip[ip] += 1
         try:
@@ -722,7 +736,6 @@ class Broker:
                 finally:
                     self._handshaking -= 1
                 if secured is None:
-                    await trio.aclose_forcefully(stream)
                     return
                 stream, principal = secured
             if not self.security.admit(principal):
@@ -730,7 +743,6 @@ class Broker:
                 await self._refuse(
                     stream, f"{principal} has {most} open (max_connections_per_principal)"
                 )
-                await trio.aclose_forcefully(stream)  # (a TLS stream: the listener cannot)
                 return
             counted = principal
             conn = Connection(
@@ -740,10 +752,16 @@ class Broker:
                 max_bytes=config.max_connection_bytes,
                 shared=self._shared_bytes,
                 codec=self._codec,
+                parking=self._parking,
             )
             conn.principal = principal
             conn.handler = BrokerHandler(self, conn)
+            # Counted out when the connection ends, which a parked one does without this
+            # task: the bookkeeping goes with the connection.
+            conn.on_closed = partial(self._forget, conn, ip, counted)
             self._connections.add(conn)
+            ip = counted = None
+            serving = True
             await conn.serve()
         except Exception:
             # Connection.serve raises nothing for what a peer does; should a bug let an
@@ -753,14 +771,20 @@ class Broker:
                 "connection %s failed and was closed", conn.name if conn else _peer_ip(stream)
             )
         finally:
-            if counted is not None:
-                self.security.release(counted)
-            if conn is not None:
-                self._connections.discard(conn)
-            if ip is not None:
-                self._per_ip[ip] -= 1
-                if not self._per_ip[ip]:
-                    del self._per_ip[ip]
+            self._forget(None, ip, counted)
+            if not serving:  # (a connection closes its stream itself, parked or not)
+                await trio.aclose_forcefully(stream)
+
+    def _forget(self, conn: Connection | None, ip: str | None, principal: str | None) -> None:
+        """Count a connection out of the limits it was counted in."""
+        if principal is not None:
+            self.security.release(principal)
+        if conn is not None:
+            self._connections.discard(conn)
+        if ip is not None:
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
 
     async def _refuse(self, stream: trio.abc.Stream, why: str) -> None:
         """Tell a connection beyond the limits why it is closed (bounded wait), and log it
@@ -824,6 +848,8 @@ class Broker:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.writer.run)
                 await nursery.start(self._reap_connections)
+                if self._parking is not None:
+                    await nursery.start(self._parking.run)
                 if self.security.needs_cache:
                     await nursery.start(self.security.cache.run)
                 if self.gc_keeper is not None:
@@ -855,13 +881,26 @@ class Broker:
         task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         with self._listening, _naming_the_address(self.config.host, self.config.port, "--port"):
-            await trio.serve_tcp(
-                self.serve_stream,
-                self.config.port,
-                host=self.config.host,
-                handler_nursery=handler_nursery,
-                task_status=task_status,
-            )
+            listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept, listener, handler_nursery)
+                task_status.started(listeners)
+
+    async def _accept(self, listener: trio.SocketListener, handler_nursery: trio.Nursery) -> None:
+        """Accept connections for ``serve_stream`` (``trio.serve_listeners``, except that
+        a connection's stream is closed by the connection: a parked one outlives its task)."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.error("accepting connections: %s; retrying in 0.1 s", os_reason(exc))
+                    await trio.sleep(0.1)
+                else:
+                    handler_nursery.start_soon(self.serve_stream, stream)
 
     async def _serve_metrics(self, nursery: trio.Nursery) -> None:
         """Start ``/metrics`` (prometheus_client is imported only when it is asked for)."""
@@ -910,6 +949,10 @@ class Broker:
     def connection_count(self) -> int:
         """How many client connections are open."""
         return len(self._connections)
+
+    def parked_count(self) -> int:
+        """How many of them are parked (idle, with no task: ``park_idle_connections``)."""
+        return 0 if self._parking is None else len(self._parking)
 
 
 def connection_limit(config: BrokerConfig) -> int:

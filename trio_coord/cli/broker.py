@@ -34,6 +34,7 @@ async def cmd_broker(args: argparse.Namespace) -> None:
         max_connections_per_ip=args.max_connections_per_ip,
         connections_max_idle=args.connections_max_idle,
         request_read_timeout=args.request_read_timeout,
+        park_idle_connections=not args.no_park_idle_connections,
         queued_max_request_bytes=args.queued_max_request_bytes,
         group_retention=args.group_retention,
         offsets_retention=None if args.offsets_retention <= 0 else args.offsets_retention,

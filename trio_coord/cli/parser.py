@@ -356,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--no-park-idle-connections",
+        action="store_true",
+        help="keep a reader task per client connection, idle or not, instead of handing "
+        "idle plaintext connections to the one parking task (parking saves memory and "
+        "CPU per member; this is for comparison and troubleshooting)",
+    )
+    p.add_argument(
         "--request-read-timeout",
         type=float,
         default=BrokerConfig().request_read_timeout,

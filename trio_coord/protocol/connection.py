@@ -12,7 +12,12 @@ the per-connection memory bound). Writes are serialized by one lock.
 A broker holds thousands of idle connections, so an idle one is kept small:
 the broker's connections share one codec, and the write lock's parking lot,
 the in-flight limit's wait and the closed event exist only once something
-waits on them.
+waits on them. Given a :class:`~._parking.Parking` service (a broker's plain
+TCP connections), an idle connection goes further and gives up its reader
+task: :meth:`Connection.serve` returns with the connection *parked*, the
+service answers what needs no task (:meth:`Connection.wake_parked`) and
+runs the reader again for the rest; the connection is the same object
+throughout, and :meth:`Connection.request` works on it either way.
 Optionally (a broker's connections) each request is charged its *cost* in
 bytes (its frame, plus what its answer may hold: ``RequestHandler.cost``)
 against a per-connection :class:`~.budget.ByteBudget` and a shared one,
@@ -30,12 +35,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
 from .._aio import unwrap_lone_exception
+from ._parking import Resume
 from .budget import ByteBudget
 from .errors import (
     ConnectionClosedError,
@@ -46,8 +53,11 @@ from .errors import (
     UnsupportedMessageError,
     error_for,
 )
-from .framing import DEFAULT_MAX_FRAME_SIZE, SMALL_FRAME, FrameCodec, FrameReader
+from .framing import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, SMALL_FRAME, FrameCodec, FrameReader
 from .messages import Goodbye, Request, RequestBody, Response, ResponseBody
+
+if TYPE_CHECKING:
+    from ._parking import Parking
 
 __all__ = [
     "Connection",
@@ -61,6 +71,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _GOODBYE_GRACE = 1.0
+_RECEIVE_CHUNK = 64 * 1024
+"""The most a parked connection's wake-up reads."""
+_PARKED_FRAMES = 32
+"""The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
 
 
 class RequestHandler:
@@ -116,6 +130,7 @@ class Connection:
         max_bytes: int | None = None,
         shared: ByteBudget | None = None,
         codec: FrameCodec | None = None,
+        parking: Parking | None = None,
     ) -> None:
         self._stream = stream
         self.handler = handler if handler is not None else RequestHandler()
@@ -127,6 +142,7 @@ class Connection:
         self._max_in_flight = max_in_flight
         self._in_flight = 0  # handler tasks running
         self._slot_freed: trio.Event | None = None  # (made when the reader waits for one)
+        self._idle_wait: trio.CancelScope | None = None  # (the reader's, while tasks run)
         self._last_corr_id = 0
         self._waiters: dict[int, _Waiter] = {}
         self._is_closed = False
@@ -140,6 +156,12 @@ class Connection:
         """When a frame last arrived or an answer was last written (for idle timeouts)."""
         self.principal = "User:ANONYMOUS"
         """Who the peer proved to be (a broker sets it once the login is done)."""
+        # Only a plain TCP socket can be parked (a TLS stream buffers bytes of its own).
+        self._parking = parking if isinstance(stream, trio.SocketStream) else None
+        self._parked = False  # no reader task: the parking service watches the socket
+        self.on_closed: Callable[[], None] | None = None
+        """Called once, after :meth:`RequestHandler.connection_lost`, when the connection
+        has ended (an owner's bookkeeping; a parked connection ends without its task)."""
 
     @property
     def max_frame_size(self) -> int:
@@ -198,6 +220,8 @@ class Connection:
             await waiter.done.wait()
         finally:
             del self._waiters[corr_id]
+            if not self._waiters:  # (an emptied dict keeps its table; an idle one has none)
+                self._waiters = {}
         if waiter.error is not None:
             raise waiter.error
         response = waiter.response
@@ -212,24 +236,27 @@ class Connection:
         else:  # (uncontended: no coroutine; cancellation is checked just below)
             self._sending = True
         try:
-            data = self._codec.encode(frame)
-            # An uncontended lock lets a cancelled task through; send_all would raise
-            # Cancelled before its first byte, and the handler below, unable to tell,
-            # would close a healthy connection (a routine rebalance restart did so to
-            # every member it was pushing to). Cancelled here is certainly clean.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                await self._stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._fail(ConnectionClosedError(f"connection to {self.name} lost: {exc}"))
-                raise ConnectionClosedError(f"connection to {self.name} lost") from None
-            except trio.Cancelled:
-                # Part of the frame may be on the wire: the peer would read garbage next.
-                self._fail(ConnectionClosedError(f"a send to {self.name} was interrupted"))
-                await trio.aclose_forcefully(self._stream)
-                raise
+            await self._write(self._codec.encode(frame))
         finally:
             self._unlock_sending()
+
+    async def _write(self, data: bytes) -> None:
+        """Send ``data`` whole; the caller holds the write lock."""
+        # An uncontended lock lets a cancelled task through; send_all would raise
+        # Cancelled before its first byte, and the handler below, unable to tell,
+        # would close a healthy connection (a routine rebalance restart did so to
+        # every member it was pushing to). Cancelled here is certainly clean.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._fail(ConnectionClosedError(f"connection to {self.name} lost: {exc}"))
+            raise ConnectionClosedError(f"connection to {self.name} lost") from None
+        except trio.Cancelled:
+            # Part of the frame may be on the wire: the peer would read garbage next.
+            self._fail(ConnectionClosedError(f"a send to {self.name} was interrupted"))
+            await self._close_stream()
+            raise
 
     async def _lock_sending(self) -> None:
         """Take the write lock, first come first served (a ``trio.Lock``, made cheap).
@@ -254,43 +281,123 @@ class Connection:
 
     # -- the reader --------------------------------------------------------
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        resume: Resume | None = None,
+    ) -> None:
         """Read frames until the peer closes or breaks the protocol, then close.
 
         Returns normally when the connection ends; it never raises for the
-        peer's mistakes or disconnects.
+        peer's mistakes or disconnects. With a parking service, it also
+        returns when the connection is idle and was parked (:attr:`parked`):
+        the service then watches the socket and runs this again, with
+        ``resume`` (what it read and did not finish), when a task is needed.
         """
+        parked = False  # (this task's own answer: a parked connection may be revived at once)
         try:
             async with trio.open_nursery() as nursery:
                 task_status.started()
                 try:
-                    await self._read_loop(nursery)
+                    if resume is None or await self._resume(resume, nursery):
+                        parked = await self._read_loop(nursery)
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
-            self._discharge((0, self._reader.taken))  # a frame cut short, or undecodable
-            self._reader.taken = 0
-            self._fail(ConnectionClosedError(f"connection to {self.name} closed"))
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._stream)
-            try:
-                self.handler.connection_lost()
-            except Exception:  # a bug in the handler must not mask the close
-                log.exception("connection_lost handler failed for %s", self.name)
+            if not parked:
+                self._discharge((0, self._reader.taken))  # a frame cut short, or undecodable
+                self._reader.taken = 0
+                self._fail(ConnectionClosedError(f"connection to {self.name} closed"))
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(self._stream)
+                self._ended()
 
-    async def _read_loop(self, nursery: trio.Nursery) -> None:
-        while True:
+    def _ended(self) -> None:
+        """Tell the handler, then the owner, that the connection has ended (once)."""
+        try:
+            self.handler.connection_lost()
+        except Exception:  # a bug in the handler must not mask the close
+            log.exception("connection_lost handler failed for %s", self.name)
+        on_closed, self.on_closed = self.on_closed, None
+        if on_closed is not None:
             try:
-                body = await self._reader.read_frame()
+                on_closed()
+            except Exception:
+                log.exception("closing %s: its owner's bookkeeping failed", self.name)
+
+    @property
+    def parked(self) -> bool:
+        """True while the connection is idle with no reader task (see ``_parking``)."""
+        return self._parked
+
+    def _parkable(self) -> bool:
+        """True when the reader may leave the socket to the parking service: no partial
+        frame nor budget held for one, no handler task running, not closed."""
+        return (
+            self._parking is not None
+            and not self._in_flight
+            and not self._is_closed
+            and self._reader.between_frames
+        )
+
+    async def _resume(self, resume: Resume, nursery: trio.Nursery) -> bool:
+        """Finish what the parking service began: answers to send, a request to run.
+
+        False if the connection broke meanwhile.
+        """
+        charge = resume.charge  # (the request's, given back here unless its task runs)
+        try:
+            if resume.out:
+                if not resume.locked:  # (locked: the parking service kept the lock for us)
+                    await self._lock_sending()
+                try:
+                    await self._write(resume.out)
+                finally:
+                    self._unlock_sending()
+                self.last_active = trio.current_time()
+            if resume.request is None or self._is_closed:
+                return not self._is_closed
+            self._in_flight += 1  # (0 before: the connection was parked)
+            nursery.start_soon(self._handle_in_task, resume.request, charge)
+            charge = (0, 0)  # the task gives it back
+            return True
+        except ConnectionClosedError:
+            return False
+        finally:
+            self._discharge(resume.out_charge)
+            self._discharge(charge)
+
+    async def _read_loop(self, nursery: trio.Nursery) -> bool:
+        """Read and dispatch frames; True if the connection was parked, False if it ended."""
+        while True:
+            if self._parkable():
+                assert self._parking is not None
+                if self._parking.park(self):
+                    return True
+            if self._is_closed:
+                return False
+            try:
+                if self._in_flight and self._parking is not None and self._reader.between_frames:
+                    # Idle but for handler tasks: the last to finish wakes this wait, and
+                    # the connection parks without waiting for the peer's next frame.
+                    with trio.CancelScope() as idle:
+                        self._idle_wait = idle
+                        body = await self._reader.read_frame()
+                    self._idle_wait = None
+                    if idle.cancelled_caught:
+                        continue  # (nothing was lost: read_frame can be taken up again)
+                else:
+                    body = await self._reader.read_frame()
                 if body is None:
-                    return
+                    return False
                 frame = self._codec.decode(body)
             except CoordError as exc:
                 log.warning("closing %s: %s", self.name, exc)
                 await self._say_goodbye(exc)
-                return
+                return False
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+                return False
             self.last_active = trio.current_time()
             if not isinstance(frame, Request):
                 self._discharge((0, self._reader.taken))
@@ -302,12 +409,12 @@ class Connection:
                 if charge is None:
                     charge = await self._charge(len(body), frame.body)
                 if not await self._dispatch(frame, nursery, charge):
-                    return
+                    return False
             else:
                 reason = error_for(frame.error, frame.message)
                 log.warning("%s said goodbye: %s: %s", self.name, type(reason).__name__, reason)
                 self._fail(reason)
-                return
+                return False
             # An idle connection waits for its next frame holding nothing of the last.
             body = frame = charge = None  # type: ignore[assignment]
 
@@ -394,6 +501,8 @@ class Connection:
                 self._slot_freed.set()
                 self._slot_freed = None
             self._discharge(charge)
+            if not self._in_flight and self._idle_wait is not None:
+                self._idle_wait.cancel()  # the reader may park now
 
     async def _reply(self, corr_id: int, body: ResponseBody) -> bool:
         """Send an answer; one that cannot be encoded (too large) is answered as an error."""
@@ -407,17 +516,35 @@ class Connection:
         return True
 
     async def _reply_error(self, corr_id: int, exc: Exception) -> bool:
+        if self._sending:
+            await self._lock_sending()
+        else:
+            self._sending = True
+        try:
+            await self._write(self.encode_error(corr_id, exc))
+        except ConnectionClosedError:
+            return False
+        finally:
+            self._unlock_sending()
+        return True
+
+    def encode_error(self, corr_id: int, exc: Exception) -> bytes:
+        """The frame answering request ``corr_id`` with ``exc`` (a bug's is logged)."""
         if not isinstance(exc, CoordError):
             log.exception("handler failed on %s", self.name, exc_info=exc)
             exc = UnknownServerError(f"internal error: {type(exc).__name__}: {exc}")
         try:
-            try:
-                await self._send(Response(corr_id, exc.code, str(exc), None))
-            except FrameTooLargeError:  # the message alone is too long: send the bare code
-                await self._send(Response(corr_id, exc.code, "", None))
-        except ConnectionClosedError:
-            return False
-        return True
+            return self._codec.encode(Response(corr_id, exc.code, str(exc), None))
+        except FrameTooLargeError:  # the message alone is too long: send the bare code
+            return self._codec.encode(Response(corr_id, exc.code, "", None))
+
+    def encode_answer(self, corr_id: int, body: ResponseBody) -> bytes:
+        """The frame answering request ``corr_id`` with ``body``; one that cannot be
+        encoded (too large) is answered as an error."""
+        try:
+            return self._codec.encode(Response(corr_id, ErrorCode.NONE, "", body))
+        except Exception as exc:
+            return self.encode_error(corr_id, exc)
 
     async def _say_goodbye(self, exc: CoordError) -> None:
         self._fail(exc)
@@ -443,12 +570,120 @@ class Connection:
         """Say goodbye with ``reason`` (bounded wait), then close (for a broker's policies)."""
         log.info("closing %s: %s", self.name, reason)
         await self._say_goodbye(reason)
-        await trio.aclose_forcefully(self._stream)
+        await self._close_stream()
 
     async def aclose(self) -> None:
         """Close the connection; the reader task ends and waiting requests fail."""
         self._fail(ConnectionClosedError(f"connection to {self.name} closed locally"))
-        await trio.aclose_forcefully(self._stream)
+        await self._close_stream()
+
+    async def _close_stream(self) -> None:
+        """Close the stream: the reader task, if any, ends the connection; a parked
+        connection, which has none, is ended here."""
+        if self._parked:
+            self.end_parked()
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.aclose_forcefully(self._stream)
+
+    def wake_parked(self) -> Resume | None:
+        """The parked socket is readable: answer what needs no task, without blocking.
+
+        One read, then whole frames in order: a response wakes its waiter; a
+        request is charged and answered by ``handle_now``, the answers written
+        in one non-blocking send. Returns None to stay parked (or if the
+        connection ended), else what a revived reader task must finish: a
+        request that needs a task, answers the socket would not take at once,
+        and the rest of the bytes (a partial, large, corrupt or unusual frame,
+        or more frames than one wake-up may answer), left in the frame reader.
+        """
+        assert isinstance(self._stream, trio.SocketStream)
+        if self._is_closed:  # (failed meanwhile: a send to it broke)
+            self.end_parked()
+            return None
+        fd = self._stream.socket.fileno()
+        try:
+            data = os.read(fd, _RECEIVE_CHUNK)
+        except BlockingIOError:
+            return None  # (woken in vain)
+        except OSError:  # reset by the peer: what a reader sees as BrokenResourceError
+            data = b""
+        if not data:
+            self.end_parked()
+            return None
+        now = trio.current_time()
+        self.last_active = now
+        resume = Resume()
+        answers: list[bytes] = []
+        own = shared = 0
+        view = memoryview(data)
+        pos, size_read, frames = 0, len(data), 0
+        while pos + HEADER_SIZE <= size_read and frames < _PARKED_FRAMES:
+            size = int.from_bytes(view[pos : pos + HEADER_SIZE], "big")
+            end = pos + HEADER_SIZE + size
+            if size > SMALL_FRAME or end > size_read:
+                break  # a large or partial frame: the reader's (budget, read timeout)
+            try:
+                frame = self._codec.decode(view[pos + HEADER_SIZE : end])
+            except CoordError:
+                break  # the reader says goodbye, as for any connection
+            if isinstance(frame, Response):
+                self._answered(frame)
+            elif isinstance(frame, Request):
+                charge = self._charge_now(size, frame.body)
+                if charge is None:
+                    break  # a budget is spent: the reader waits for it
+                try:
+                    body = self.handler.handle_now(frame.body)
+                except Exception as exc:
+                    answers.append(self.encode_error(frame.corr_id, exc))
+                else:
+                    if body is None:  # it needs a task
+                        resume.request, resume.charge = frame, charge
+                        pos = end
+                        break
+                    answers.append(self.encode_answer(frame.corr_id, body))
+                own += charge[0]
+                shared += charge[1]
+            else:
+                break  # a Goodbye: the reader's
+            pos, frames = end, frames + 1
+        if pos < size_read:
+            self._reader.feed(view[pos:], now)
+        if answers:
+            out = answers[0] if len(answers) == 1 else b"".join(answers)
+            if self._sending:  # another task is mid-send: the reader sends after it
+                resume.out, resume.out_charge = out, (own, shared)
+            else:
+                self._sending = True
+                try:
+                    sent = os.write(fd, out)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:  # broken: as a failed send_all
+                    self._unlock_sending()
+                    self._discharge((own, shared))
+                    self._discharge(resume.charge)
+                    self.end_parked()
+                    return None
+                if sent == len(out):
+                    self._unlock_sending()
+                    self._discharge((own, shared))
+                else:  # the rest is sent by the reader, which takes over the lock
+                    resume.out, resume.locked = out[sent:], True
+                    resume.out_charge = (own, shared)
+        if resume.out or resume.request is not None or not self._reader.between_frames:
+            return resume
+        return None
+
+    def end_parked(self) -> None:
+        """End a parked connection at once (its socket closed, or the service stopping)."""
+        assert self._parking is not None and isinstance(self._stream, trio.SocketStream)
+        self._parking.forget(self)
+        self._parked = False
+        self._fail(ConnectionClosedError(f"connection to {self.name} closed"))
+        self._stream.socket.close()  # (what SocketStream.aclose does, minus its checkpoint)
+        self._ended()
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:

@@ -137,6 +137,17 @@ class FrameReader:
         """The largest frame body this reader accepts."""
         return self._max
 
+    @property
+    def between_frames(self) -> bool:
+        """True when nothing of a frame is buffered or charged (the reader is idle)."""
+        return not self._buf and not self.taken
+
+    def feed(self, data: bytes | memoryview, now: float) -> None:
+        """Buffer bytes received for this reader elsewhere (a parked connection's)."""
+        if not self._buf:
+            self.started = now
+        self._buf += data
+
     async def _fill(self, needed: int) -> bool:
         """Receive until the buffer holds ``needed`` bytes; False at end of stream."""
         while len(self._buf) < needed:
