@@ -38,7 +38,7 @@ from typing import TypeVar
 import msgspec
 
 from .._retry import RetryPolicy
-from ..client._bootstrap import parse_bootstrap
+from .._routing import parse_bootstrap
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,

@@ -62,7 +62,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..client.producer import partition_for_key
+from .._routing import partition_for_key
 from ..protocol.messages import ProduceRequest, TopicPartition
 from ..protocol.records import COMPRESSION, Header
 from ._client import BlockingClient
