@@ -330,9 +330,9 @@ def _ahead(
         stop.set()
         while thread.is_alive():
             try:  # unblock a put, then wait for the fetch in progress
-                handoff.get(timeout=0.1)
+                handoff.get_nowait()
             except queue.Empty:
-                pass
+                thread.join(0.01)
         thread.join()
 
 
