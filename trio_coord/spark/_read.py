@@ -67,7 +67,7 @@ from ..protocol.errors import (
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, decode_records
 from ._client import BlockingClient
-from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity
+from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity, WriteOptions
 from ._plan import (
     OffsetRange,
     admit,
@@ -125,7 +125,7 @@ class DataLossError(OffsetOutOfRangeError):
 # -- planning ------------------------------------------------------------------------------
 
 
-def _client(options: ReadOptions) -> BlockingClient:
+def _client(options: ReadOptions | WriteOptions) -> BlockingClient:
     return BlockingClient(options.bootstrap, timeout=options.timeout, security=options.security)
 
 
@@ -376,16 +376,21 @@ def read_range(
 
 
 _IDLE_LIMIT = 8
-_idle: dict[tuple[str, float], BlockingClient] = {}
-"""Clients that finished a task in this process, by (bootstrap, timeout), for the next task.
+_ClientKey = tuple[str, float, SparkSecurity]
+_idle: dict[_ClientKey, BlockingClient] = {}
+"""Clients that finished a task in this process, by (bootstrap, timeout, security), for the
+next task.
 
 Spark reuses its Python workers from task to task, so a worker's next task
-takes the connections of its last one instead of opening its own."""
+(a read's or a write's) takes the connections of its last one instead of
+opening its own. The key holds the login: a connection authenticated as one
+user never serves a task that gives another's credentials."""
 
 
 @contextmanager
-def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
-    """A client for one task: this process's idle one for the same brokers, or a new one.
+def _task_client(options: ReadOptions | WriteOptions) -> Iterator[BlockingClient]:
+    """A client for one task: this process's idle one for the same brokers and login, or a
+    new one.
 
     It goes back to the idle pool when the task ends or is abandoned between
     batches (its connections are idle then: every request's answer is read in
@@ -393,7 +398,7 @@ def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
     keeps its connections but not its metadata: the first request asks the
     brokers afresh, so a topic grown since, or a leader moved, is seen.
     """
-    key = (options.bootstrap, options.timeout)
+    key = (options.bootstrap, options.timeout, options.security)
     client = _idle.pop(key, None)
     if client is None:
         client = _client(options)
@@ -410,7 +415,7 @@ def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
     _park(key, client)
 
 
-def _park(key: tuple[str, float], client: BlockingClient) -> None:
+def _park(key: _ClientKey, client: BlockingClient) -> None:
     stale = _idle.pop(key, None)
     if stale is not None and stale is not client:
         stale.close()
