@@ -13,11 +13,16 @@ so that the machine's noise hits all three:
 * a baseline: ``spark.read.json`` of the files, with the schema given
   (no inference pass), so that Spark parses every line;
 * another: ``spark.read.parquet`` of the same rows, which Spark wrote from
-  the JSON files before the timing (columnar, binary: Spark's fastest reader).
+  the JSON files before the timing (columnar, binary: Spark's fastest reader);
+* the floor of any Python data source: one whose tasks (as many as the
+  system's) yield one precomputed Arrow batch of the same schema over and
+  over, N rows in all, so that it costs what Spark itself spends on a Python
+  data source's tasks and Arrow batches, and nothing else.
 
 Each run computes the same aggregate (count, the sum of the values'
 lengths, the largest offset), which makes Spark materialize the value and
-offset of every record, and checks that all agree. Throughput is records
+offset of every record, and checks that all agree (the floor's offsets are
+not the records', so for it the count and the lengths). Throughput is records
 per second of wall time for the aggregate; the figures that travel are the
 ratios system/baseline of each repetition, whose medians are reported with
 their ranges. The first query of each kind is run once untimed first (the
@@ -116,8 +121,70 @@ def write_json_lines(rows: list[list[dict[str, Any]]], directory: Path) -> None:
 JSON_SCHEMA = "topic string, partition int, offset long, timestamp double, key string, value string"
 
 
-BASELINES = ("json", "parquet")
+BASELINES = ("json", "parquet", "floor")
 """The reads the data source is compared with, besides itself (``source``)."""
+
+
+def floor_source(size: int) -> type:
+    """The floor's data source class (made here, so that Spark pickles it by value): format
+    ``bench_floor``, option ``records``, ``tasks`` tasks yielding one precomputed 8,192-row
+    batch of the data source's Arrow schema (values of ``size`` bytes) until they have
+    yielded ``records`` rows."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from trio_coord.spark import SCHEMA_WITHOUT_HEADERS
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, records: int, tasks: int) -> None:
+            self.records, self.tasks = records, tasks
+
+        def partitions(self) -> list[InputPartition]:
+            share, extra = divmod(self.records, self.tasks)
+            return [InputPartition(share + (i < extra)) for i in range(self.tasks)]
+
+        def read(self, partition: InputPartition) -> Any:
+            import pyarrow as pa
+
+            rows = 8192
+            batch = pa.RecordBatch.from_pydict(
+                {
+                    "key": [b"k%d" % (i % 1000) for i in range(rows)],
+                    "value": [b"v" * size] * rows,
+                    "topic": [TOPIC] * rows,
+                    "partition": [0] * rows,
+                    "offset": list(range(rows)),
+                    "timestamp": [T0_MS * 1000] * rows,
+                    "timestampType": [0] * rows,
+                },
+                schema=pa.schema(
+                    [
+                        ("key", pa.binary()),
+                        ("value", pa.binary()),
+                        ("topic", pa.string()),
+                        ("partition", pa.int32()),
+                        ("offset", pa.int64()),
+                        ("timestamp", pa.timestamp("us", tz="UTC")),
+                        ("timestampType", pa.int32()),
+                    ]
+                ),
+            )
+            left = partition.value
+            while left > 0:
+                yield batch if left >= rows else batch.slice(0, left)
+                left -= rows
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_floor"
+
+        def schema(self) -> Any:
+            return SCHEMA_WITHOUT_HEADERS
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return FloorReader(int(self.options["records"]), int(self.options["tasks"]))
+
+    return FloorSource
 
 
 def measure(params: Params) -> dict[str, Any]:
@@ -147,6 +214,13 @@ def measure(params: Params) -> dict[str, Any]:
             # The same rows as Parquet, one file per partition (written untimed).
             reads["json"].write.parquet(str(Path(tmp) / "parquet"))
             reads["parquet"] = spark.read.parquet(str(Path(tmp) / "parquet"))
+            spark.dataSource.register(floor_source(params.size))
+            reads["floor"] = (
+                spark.read.format("bench_floor")
+                .option("records", str(params.records))
+                .option("tasks", str(spark.sparkContext.defaultParallelism))
+                .load()
+            )
             aggregate = "count(*) AS n", "sum(length(value)) AS bytes", "max(offset) AS last"
 
             def timed(df: Any) -> tuple[float, tuple[int, int, int]]:
@@ -154,10 +228,13 @@ def measure(params: Params) -> dict[str, Any]:
                 row = df.selectExpr(*aggregate).collect()[0]
                 return time.perf_counter() - started, (row.n, row.bytes, row.last)
 
+            def same(name: str, got: tuple[int, int, int], expected: tuple[int, int, int]) -> bool:
+                return got[:2] == expected[:2] if name == "floor" else got == expected
+
             expected = timed(reads["source"])[1]  # warm-up, untimed
             for name in BASELINES:
                 got = timed(reads[name])[1]
-                if got != expected:
+                if not same(name, got, expected):
                     raise SystemExit(f"the reads disagree: {name} {got} != source {expected}")
             if expected[0] != params.records:
                 raise SystemExit(f"read {expected[0]} records, produced {params.records}")
@@ -167,7 +244,7 @@ def measure(params: Params) -> dict[str, Any]:
                 turn = rep % len(names)  # each read goes first in turn
                 for name in names[turn:] + names[:turn]:
                     seconds, got = timed(reads[name])
-                    if got != expected:
+                    if not same(name, got, expected):
                         raise SystemExit(f"{name} read {got}, expected {expected}")
                     samples[name].append(seconds)
         finally:
@@ -192,6 +269,7 @@ def measure(params: Params) -> dict[str, Any]:
         },
         "ratio": ratios("json"),
         "ratio_parquet": ratios("parquet"),
+        "ratio_floor": ratios("floor"),
     }
 
 
@@ -199,6 +277,7 @@ LABELS = {
     "source": "trio_coord data source",
     "json": "spark.read.json, same records",
     "parquet": "spark.read.parquet, same records",
+    "floor": "Python data source floor",
 }
 
 
@@ -224,7 +303,11 @@ def render(result: Mapping[str, Any]) -> str:
         ],
     )
     lines = [head, "", table, ""]
-    for key, baseline in (("ratio", "json"), ("ratio_parquet", "parquet")):
+    for key, baseline in (
+        ("ratio", "json"),
+        ("ratio_parquet", "parquet"),
+        ("ratio_floor", "floor"),
+    ):
         r = result[key]
         lines.append(
             f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"

@@ -12,7 +12,10 @@ so that the machine's noise hits both:
 * the system: ``df.write.format("trio_coord")`` to the topic (the key picks
   the partition, as the producer's hash does);
 * the baseline: ``df.write.json`` to a directory in the temporary directory
-  (overwritten each time), the cheapest text sink Spark has.
+  (overwritten each time), the cheapest text sink Spark has;
+* the floor of any Python data source writer: one whose tasks take Spark's
+  Arrow batches and drop them, so that it costs what Spark itself spends on
+  a Python data source's write (its planning, tasks and Arrow stream).
 
 Spark's JSON writer leaves its files in the page cache (no fsync), so by
 default the broker does too (its log's ``flush_interval`` 1 s: appends are
@@ -63,7 +66,34 @@ class Params:
 
 QUICK = Params(records=5_000, repeat=1, quick=True)
 TOPIC = "bench-spark-write"
-LABELS = {"source": "trio_coord data source", "json": "df.write.json, same rows"}
+LABELS = {
+    "source": "trio_coord data source",
+    "json": "df.write.json, same rows",
+    "floor": "Python data source floor",
+}
+
+
+def floor_sink() -> type:
+    """The floor's data source class (made here, so that Spark pickles it by value): format
+    ``bench_write_floor``, whose tasks read every Arrow batch Spark hands them and keep
+    nothing."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class FloorWriter(DataSourceArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            for _batch in iterator:
+                pass
+            return WriterCommitMessage()
+
+    class FloorSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_write_floor"
+
+        def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
+            return FloorWriter()
+
+    return FloorSink
 
 
 async def create_topic(bootstrap: str, partitions: int) -> None:
@@ -112,7 +142,12 @@ def measure(params: Params) -> dict[str, Any]:
             def write_json() -> None:
                 df.write.mode("overwrite").json(str(Path(tmp) / "json"))
 
-            writes = {"source": write_source, "json": write_json}
+            spark.dataSource.register(floor_sink())
+
+            def write_floor() -> None:
+                df.write.format("bench_write_floor").mode("append").save()
+
+            writes = {"source": write_source, "json": write_json, "floor": write_floor}
             for write in writes.values():  # warm-up, untimed
                 write()
             samples: dict[str, list[float]] = {name: [] for name in writes}
@@ -130,10 +165,14 @@ def measure(params: Params) -> dict[str, Any]:
                 )
         finally:
             spark.stop()
-    each = [
-        ratio(params.records / s, params.records / j)
-        for s, j in zip(samples["source"], samples["json"], strict=True)
-    ]
+
+    def ratios(baseline: str) -> dict[str, float]:
+        each = [
+            ratio(params.records / s, params.records / b)
+            for s, b in zip(samples["source"], samples[baseline], strict=True)
+        ]
+        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
+
     return {
         "params": asdict(params),
         "machine": {"cpus": cpu_count(), "load_average": load},
@@ -141,7 +180,8 @@ def measure(params: Params) -> dict[str, Any]:
             name: {"samples_s": times, "records_per_s": params.records / statistics.median(times)}
             for name, times in samples.items()
         },
-        "ratio": {"median": statistics.median(each), "min": min(each), "max": max(each)},
+        "ratio": ratios("json"),
+        "ratio_floor": ratios("floor"),
     }
 
 
@@ -167,11 +207,13 @@ def render(result: Mapping[str, Any]) -> str:
             for name, label in LABELS.items()
         ],
     )
-    r = result["ratio"]
-    return (
-        f"{head}\n\n{table}\n\nratio source/json: {r['median']:.2f} "
-        f"(range {r['min']:.2f}-{r['max']:.2f})"
-    )
+    lines = [head, "", table, ""]
+    for key, baseline in (("ratio", "json"), ("ratio_floor", "floor")):
+        r = result[key]
+        lines.append(
+            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -216,3 +216,4 @@ async def test_a_stop_that_finds_the_lease_run_out_says_lost_not_revoked(autojum
     gone = [tp(1)] if protocol == "cooperative" else [tp(0), tp(1)]
     assert heard == [("assigned", [tp(0), tp(1)]), ("lost", gone)]
     assert not any(event[0] == "revoked" for event in heard)
+    assert set(fetcher.owned).isdisjoint(gone)  # given up all the same

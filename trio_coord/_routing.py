@@ -10,13 +10,18 @@ yet: the client then asks Metadata once, looks again, and raises that error if
 the fresh answer does not say either (its caller backs off and retries).
 :func:`classify` says what an error answer means for the next try, and every
 error a user may see about routing is worded here, once. Each client does its
-own I/O (async or blocking sockets); the decisions are made here.
+own I/O (async or blocking sockets); the decisions are made here. The two
+rules of where a client starts and where a keyed record goes
+(:func:`parse_bootstrap`, :func:`partition_for_key`) live here too: Spark's
+Python workers need them and must not import Trio or the Trio clients to get
+them (see :mod:`trio_coord._lazy`); :mod:`trio_coord.client` re-exports them.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -31,7 +36,15 @@ from .protocol.errors import (
 )
 from .protocol.messages import BrokerInfo, MetadataResponse, TopicInfo, TopicPartition
 
-__all__ = ["Action", "Address", "Routing", "classify", "coordinator_of"]
+__all__ = [
+    "Action",
+    "Address",
+    "Routing",
+    "classify",
+    "coordinator_of",
+    "parse_bootstrap",
+    "partition_for_key",
+]
 
 Address = tuple[str, int]
 
@@ -224,3 +237,30 @@ class Routing:
             else:
                 grouped.setdefault(found, []).append(tp)
         return grouped, unknown
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[Address]:
+    """Parse ``"h1:p1,h2:p2"`` (or a list of ``"h:p"``) into addresses.
+
+    Raises ValueError with the offending entry if one is not ``host:port``.
+    """
+    entries = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    addresses: list[Address] = []
+    for raw in entries:
+        entry = raw.strip()
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"bootstrap entry {entry!r} is not host:port (for example 127.0.0.1:9092)"
+            )
+        addresses.append((host.strip("[]"), int(port)))
+    if not addresses:
+        raise ValueError("the bootstrap list is empty; give at least one broker as host:port")
+    return addresses
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition a keyed record goes to: CRC-32 of the key modulo the partition count."""
+    return zlib.crc32(key) % partitions

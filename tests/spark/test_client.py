@@ -51,6 +51,46 @@ def test_no_socket_before_the_first_request_and_a_clear_error_without_a_broker()
     assert "is the bootstrap option right?" in message
 
 
+def test_a_write_task_takes_the_connection_a_task_before_it_left(bootstrap, monkeypatch):
+    import pyarrow as pa
+
+    from trio_coord.spark._options import write_options
+    from trio_coord.spark._write import write_batches
+
+    make_topic(bootstrap, "client-w", 2)
+    monkeypatch.setattr(_read, "_idle", {})
+    options = write_options({"bootstrap": bootstrap, "topic": "client-w"})
+    rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"]})
+    assert write_batches(options, iter([rows])).records == 3
+    [client] = _read._idle.values()
+    sockets = dict(client._sockets)
+    assert sockets  # connected, and idle for the worker's next task
+    assert write_batches(options, iter([rows])).records == 3
+    assert list(_read._idle.values()) == [client] and client._sockets == sockets
+    with BlockingClient(bootstrap) as reader:
+        ends = reader.list_offsets([TopicPartition("client-w", p) for p in range(2)], LATEST)
+    assert sum(o.log_end for o in ends.values()) == 6
+    _read.close_idle_clients()
+
+
+def test_an_idle_connection_never_serves_a_task_with_another_login(monkeypatch):
+    monkeypatch.setattr(_read, "_idle", {})
+    anonymous = read_options({"bootstrap": "127.0.0.1:1", "topic": "t"}, streaming=False)
+    alice = read_options(
+        {"bootstrap": "127.0.0.1:1", "topic": "t", "user": "alice", "password": "pw"},
+        streaming=False,
+    )
+    with _read._task_client(anonymous) as first:
+        pass
+    with _read._task_client(alice) as second:
+        assert second is not first  # same brokers, another login: a client of its own
+    with _read._task_client(anonymous) as again:
+        assert again is first
+    with _read._task_client(alice) as again:
+        assert again is second
+    _read.close_idle_clients()
+
+
 def test_produce_list_offsets_and_fetch_round_trip(bootstrap):
     make_topic(bootstrap, "client-a", 2)
     tp = TopicPartition("client-a", 1)

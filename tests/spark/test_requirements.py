@@ -94,3 +94,23 @@ def test_java_versions_are_read_from_the_banner():
     assert java_major('openjdk version "17.0.9" 2023-10-17 LTS') == 17
     assert java_major('java version "1.8.0_392"') == 8
     assert java_major("something else") is None
+
+
+def test_a_spark_worker_imports_neither_the_broker_nor_the_trio_clients():
+    # Spark's Python workers import the package to find the data source (and its reader and
+    # writer) in every process they start: the broker and the Trio clients would add a few
+    # hundred milliseconds to each, and are only imported when a program asks for them.
+    code = (
+        "import sys, trio_coord.spark._source as s; "
+        "print(sorted(m for m in ('trio_coord.broker', 'trio_coord.client.admin', "
+        "'trio_coord.client.consumer', 'trio_coord.client.producer', 'trio_coord.log', "
+        "'trio_coord.store', 'trio_coord.security.server') if m in sys.modules)); "
+        "from trio_coord.spark import background_broker; import trio_coord; "
+        "print(background_broker.__module__, trio_coord.open_broker.__module__, "
+        "trio_coord.Sasl.__module__, 'open_broker' in dir(trio_coord))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [
+        "[]",
+        "trio_coord.spark._embedded trio_coord.broker.server trio_coord.security.client True",
+    ]

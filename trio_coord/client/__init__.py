@@ -8,9 +8,43 @@ answers, up to a deadline, after which the error names every address they
 could not reach and why.
 """
 
-from .admin import Admin, PartitionLag, PlannedOffset, open_admin
-from .consumer import Consumer, ConsumerState, PartitionsCallback, open_consumer
-from .producer import Delivery, Producer, RecordMetadata, open_producer, partition_for_key
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .admin import Admin as Admin
+    from .admin import PartitionLag as PartitionLag
+    from .admin import PlannedOffset as PlannedOffset
+    from .admin import open_admin as open_admin
+    from .consumer import Consumer as Consumer
+    from .consumer import ConsumerState as ConsumerState
+    from .consumer import PartitionsCallback as PartitionsCallback
+    from .consumer import open_consumer as open_consumer
+    from .producer import Delivery as Delivery
+    from .producer import Producer as Producer
+    from .producer import RecordMetadata as RecordMetadata
+    from .producer import open_producer as open_producer
+    from .producer import partition_for_key as partition_for_key
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "Admin": ".admin",
+        "PartitionLag": ".admin",
+        "PlannedOffset": ".admin",
+        "open_admin": ".admin",
+        "Consumer": ".consumer",
+        "ConsumerState": ".consumer",
+        "PartitionsCallback": ".consumer",
+        "open_consumer": ".consumer",
+        "Delivery": ".producer",
+        "Producer": ".producer",
+        "RecordMetadata": ".producer",
+        "open_producer": ".producer",
+        "partition_for_key": ".producer",
+    },
+)
 
 __all__ = [
     "Admin",

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import trio
 
 from .._retry import RetryPolicy
-from .._routing import coordinator_of
+from .._routing import Address, coordinator_of, parse_bootstrap
 from ..protocol.connection import Connection, os_reason, serving
 from ..protocol.errors import ConnectionClosedError, CoordError, RequestTimedOutError
 from ..protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse
@@ -36,36 +36,12 @@ log = logging.getLogger(__name__)
 _WARN_AFTER = 3.0
 _WARN_EVERY = 30.0
 
-Address = tuple[str, int]
-
 
 class Answer(NamedTuple):
     """A Metadata answer and the address of the broker that gave it (None: not known)."""
 
     response: MetadataResponse
     address: Address | None
-
-
-def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[Address]:
-    """Parse ``"h1:p1,h2:p2"`` (or a list of ``"h:p"``) into addresses.
-
-    Raises ValueError with the offending entry if one is not ``host:port``.
-    """
-    entries = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
-    addresses: list[Address] = []
-    for raw in entries:
-        entry = raw.strip()
-        if not entry:
-            continue
-        host, sep, port = entry.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"bootstrap entry {entry!r} is not host:port (for example 127.0.0.1:9092)"
-            )
-        addresses.append((host.strip("[]"), int(port)))
-    if not addresses:
-        raise ValueError("the bootstrap list is empty; give at least one broker as host:port")
-    return addresses
 
 
 def lower_reason(exc: OSError) -> str:

@@ -26,7 +26,6 @@ import logging
 import math
 import ssl
 import time
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -36,7 +35,7 @@ from typing import Any, Literal
 import trio
 
 from .._aio import EnterOnce, unwrap_lone_exception
-from .._routing import Action, classify
+from .._routing import Action, classify, partition_for_key
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,
@@ -149,11 +148,6 @@ def _as_bytes(value: bytes | bytearray | memoryview | str | None, what: str) -> 
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"a record's {what} must be bytes, str or None, not {type(value).__name__}")
-
-
-def partition_for_key(key: bytes, partitions: int) -> int:
-    """The partition a keyed record goes to: CRC-32 of the key modulo the partition count."""
-    return zlib.crc32(key) % partitions
 
 
 class Producer(EnterOnce):

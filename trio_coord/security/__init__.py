@@ -8,14 +8,33 @@ broker's TLS context and logins) and :mod:`.client` (a client's). See
 ``docs/security.md`` for how to set it up.
 """
 
-from .acl import ANONYMOUS as ANONYMOUS
-from .acl import Acl as Acl
-from .acl import Authorizer as Authorizer
-from .acl import principal_of as principal_of
-from .client import ClientSecurity as ClientSecurity
-from .client import Sasl as Sasl
-from .client import client_ssl_context as client_ssl_context
-from .scram import ScramCredential as ScramCredential
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .acl import ANONYMOUS as ANONYMOUS
+    from .acl import Acl as Acl
+    from .acl import Authorizer as Authorizer
+    from .acl import principal_of as principal_of
+    from .client import ClientSecurity as ClientSecurity
+    from .client import Sasl as Sasl
+    from .client import client_ssl_context as client_ssl_context
+    from .scram import ScramCredential as ScramCredential
+
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "ANONYMOUS": ".acl",
+        "Acl": ".acl",
+        "Authorizer": ".acl",
+        "principal_of": ".acl",
+        "ClientSecurity": ".client",
+        "Sasl": ".client",
+        "client_ssl_context": ".client",
+        "ScramCredential": ".scram",
+    },
+)
 
 __all__ = [
     "ANONYMOUS",

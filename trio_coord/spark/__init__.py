@@ -30,10 +30,10 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import lazy_exports
 from . import _requirements as _requirements  # first: checks pyspark, sets PYSPARK_PYTHON
 from ._client import BlockingClient as BlockingClient
 from ._client import BrokerUnreachableError as BrokerUnreachableError
-from ._embedded import background_broker as background_broker
 from ._options import OptionError as OptionError
 from ._read import ARROW_SCHEMA as ARROW_SCHEMA
 from ._read import SCHEMA as SCHEMA
@@ -46,6 +46,8 @@ from ._source import bound_to
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from ._embedded import background_broker as background_broker
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -67,6 +69,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The broker is imported only by a program that runs one: Spark's Python workers import this
+# package (to find the data source) and must not pay for the broker's import.
+__getattr__, __dir__ = lazy_exports(globals(), {"background_broker": "._embedded"})
 
 _registered: weakref.WeakKeyDictionary[Any, GroupCommitListener] = weakref.WeakKeyDictionary()
 

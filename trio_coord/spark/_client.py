@@ -37,8 +37,7 @@ from typing import TypeVar
 import msgspec
 
 from .._retry import RetryPolicy
-from .._routing import Action, Routing, classify, coordinator_of
-from ..client._bootstrap import parse_bootstrap
+from .._routing import Action, Routing, classify, coordinator_of, parse_bootstrap
 from ..protocol.errors import (
     ConnectionClosedError,
     CoordError,

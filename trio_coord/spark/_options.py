@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..client._bootstrap import parse_bootstrap
+from .._routing import parse_bootstrap
 from ..core.validation import validate_group_id, validate_topic_name
 from ..protocol.errors import CoordError
 from ..protocol.messages import EARLIEST, TopicPartition

@@ -67,7 +67,7 @@ from ..protocol.errors import (
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
 from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, decode_records
 from ._client import BlockingClient
-from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity
+from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity, WriteOptions
 from ._plan import (
     OffsetRange,
     admit,
@@ -125,7 +125,7 @@ class DataLossError(OffsetOutOfRangeError):
 # -- planning ------------------------------------------------------------------------------
 
 
-def _client(options: ReadOptions) -> BlockingClient:
+def _client(options: ReadOptions | WriteOptions) -> BlockingClient:
     return BlockingClient(options.bootstrap, timeout=options.timeout, security=options.security)
 
 
@@ -246,12 +246,12 @@ def _skip_lost(client: BlockingClient, r: OffsetRange, position: int, fail: bool
     return start
 
 
-def _chunks(
+def _fetches(
     client: BlockingClient, r: OffsetRange, fetch_max_bytes: int, fail_on_data_loss: bool
-) -> Generator[tuple[int, list[Any]], None, None]:
-    """The records of ``r``, decoded, as ``(offset of the first, records)`` chunks in offset
-    order; a chunk that does not start where the last one ended follows records lost to
-    retention (failOnDataLoss=false)."""
+) -> Generator[list[tuple[int, list[Any]]], None, None]:
+    """The records of ``r``, decoded, one fetch's worth at a time: each a list of
+    ``(offset of the first, records)`` chunks in offset order; a chunk that does not start
+    where the last one ended follows records lost to retention (failOnDataLoss=false)."""
     position = r.start
     while position < r.end:
         try:
@@ -267,6 +267,7 @@ def _chunks(
                 f"{r.tp} ends at offset {part.log_end}, before the end of the range planned "
                 f"({r.end}): the broker lost records it had (was it restored from a backup?)"
             )
+        chunks = []
         for fetched in part.batches:
             if fetched.base_offset > position:  # the log's start moved past us meanwhile
                 position = _skip_lost(client, r, position, fail_on_data_loss)
@@ -278,20 +279,22 @@ def _chunks(
             records = decode_records(fetched.records)
             if low > 0 or high < len(records):
                 records = records[max(0, low) : high]
-            yield position, records
+            chunks.append((position, records))
             position += len(records)
             if position >= r.end:
                 break
+        if chunks:
+            yield chunks
 
 
-_AHEAD: Final = 4
-"""Decoded chunks the fetching thread of a task may hold ahead of the Arrow building."""
+_AHEAD: Final = 2
+"""Fetches (decoded) the fetching thread of a task may hold ahead of the Arrow building."""
 _DONE: Final = object()
 
 
 def _ahead(
-    chunks: Iterator[tuple[int, list[Any]]],
-) -> Generator[tuple[int, list[Any]], None, None]:
+    chunks: Iterator[list[tuple[int, list[Any]]]],
+) -> Generator[list[tuple[int, list[Any]]], None, None]:
     """``chunks``, produced by a thread up to :data:`_AHEAD` ahead: the next fetch waits on
     the broker while this thread builds Arrow batches. The thread has stopped (so the
     task's client is idle again) when this generator ends or is closed."""
@@ -327,9 +330,9 @@ def _ahead(
         stop.set()
         while thread.is_alive():
             try:  # unblock a put, then wait for the fetch in progress
-                handoff.get(timeout=0.1)
+                handoff.get_nowait()
             except queue.Empty:
-                pass
+                thread.join(0.01)
         thread.join()
 
 
@@ -351,13 +354,13 @@ def read_range(
     offset of their first one. With ``prefetch``, a thread fetches and decodes
     the next records while this one builds batches (see :func:`_ahead`).
     """
-    chunks = _chunks(client, r, fetch_max_bytes, fail_on_data_loss)
+    fetches = _fetches(client, r, fetch_max_bytes, fail_on_data_loss)
     if prefetch:
-        chunks = _ahead(chunks)
+        fetches = _ahead(fetches)
     pending = Pending(include_headers)
     first = r.start
     try:
-        for position, records in chunks:
+        for position, records in (chunk for fetch in fetches for chunk in fetch):
             if pending and position != first + len(pending):  # records were lost in between
                 yield pending.take(r.topic, r.partition, first, len(pending))
             if not pending:
@@ -369,20 +372,25 @@ def read_range(
         if pending:
             yield pending.take(r.topic, r.partition, first, len(pending))
     finally:
-        chunks.close()  # (with prefetch) the thread has stopped
+        fetches.close()  # (with prefetch) the thread has stopped
 
 
 _IDLE_LIMIT = 8
-_idle: dict[tuple[str, float], BlockingClient] = {}
-"""Clients that finished a task in this process, by (bootstrap, timeout), for the next task.
+_ClientKey = tuple[str, float, SparkSecurity]
+_idle: dict[_ClientKey, BlockingClient] = {}
+"""Clients that finished a task in this process, by (bootstrap, timeout, security), for the
+next task.
 
 Spark reuses its Python workers from task to task, so a worker's next task
-takes the connections of its last one instead of opening its own."""
+(a read's or a write's) takes the connections of its last one instead of
+opening its own. The key holds the login: a connection authenticated as one
+user never serves a task that gives another's credentials."""
 
 
 @contextmanager
-def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
-    """A client for one task: this process's idle one for the same brokers, or a new one.
+def _task_client(options: ReadOptions | WriteOptions) -> Iterator[BlockingClient]:
+    """A client for one task: this process's idle one for the same brokers and login, or a
+    new one.
 
     It goes back to the idle pool when the task ends or is abandoned between
     batches (its connections are idle then: every request's answer is read in
@@ -390,7 +398,7 @@ def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
     keeps its connections but not its metadata: the first request asks the
     brokers afresh, so a topic grown since, or a leader moved, is seen.
     """
-    key = (options.bootstrap, options.timeout)
+    key = (options.bootstrap, options.timeout, options.security)
     client = _idle.pop(key, None)
     if client is None:
         client = _client(options)
@@ -407,7 +415,7 @@ def _task_client(options: ReadOptions) -> Iterator[BlockingClient]:
     _park(key, client)
 
 
-def _park(key: tuple[str, float], client: BlockingClient) -> None:
+def _park(key: _ClientKey, client: BlockingClient) -> None:
     stale = _idle.pop(key, None)
     if stale is not None and stale is not client:
         stale.close()

@@ -62,11 +62,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..client.producer import partition_for_key
+from .._routing import partition_for_key
 from ..protocol.messages import ProduceRequest, TopicPartition
 from ..protocol.records import COMPRESSION, Header
 from ._client import BlockingClient
 from ._options import OptionError, WriteOptions
+from ._read import _task_client
 
 __all__ = ["BatchWriter", "StreamWriter", "WriteResult", "check_columns", "write_batches"]
 
@@ -467,12 +468,11 @@ class _Batches:
 
 
 def write_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteResult:
-    """Produce the rows of ``batches`` (one task's) with a client of its own, each round of
-    requests sent from a thread while the next rows are encoded; what was written."""
+    """Produce the rows of ``batches`` (one task's) with this process's idle client or a new
+    one (as a read's task does: see ``_read._task_client``), each round of requests sent from
+    a thread while the next rows are encoded; what was written."""
     with (
-        BlockingClient(
-            options.bootstrap, timeout=options.timeout, security=options.security
-        ) as client,
+        _task_client(options) as client,
         ThreadPoolExecutor(1, thread_name_prefix="trio_coord produce") as pool,
     ):
         out = _Batches(client, options, pool)
