@@ -437,3 +437,15 @@ async def test_a_tls_connection_is_never_parked(tmp_path) -> None:
             assert [t.name for t in await admin.describe_topics(["t"])] == ["t"]
             assert broker.connection_count() >= 1
             assert broker.parked_count() == 0
+
+
+async def test_a_parked_socket_keeps_a_max_frame_size_below_4_kib(tmp_path) -> None:
+    # The parking task answers small frames itself; "small" must not exceed the limit.
+    async with _broker(tmp_path, max_frame_size=1024) as broker:
+        stream = await trio.open_tcp_stream(*broker.address)
+        await _until(lambda: broker.parked_count() == 1, "parked")
+        frame = CODEC.encode(Request(1, HeartbeatRequest("g" * 2000, "m", 1)))
+        assert 1024 < len(frame) < 4096
+        await stream.send_all(frame)
+        (goodbye,) = await _read_frames(stream, 1)
+        assert isinstance(goodbye, Goodbye) and goodbye.error == ErrorCode.FRAME_TOO_LARGE

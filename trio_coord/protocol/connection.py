@@ -618,11 +618,13 @@ class Connection:
         own = shared = 0
         view = memoryview(data)
         pos, size_read, frames = 0, len(data), 0
+        # (A limit set below 4 KiB is the reader's to enforce: it says goodbye.)
+        small = min(SMALL_FRAME, self._reader.max_frame_size)
         while pos + HEADER_SIZE <= size_read and frames < _PARKED_FRAMES:
             size = int.from_bytes(view[pos : pos + HEADER_SIZE], "big")
             end = pos + HEADER_SIZE + size
-            if size > SMALL_FRAME or end > size_read:
-                break  # a large or partial frame: the reader's (budget, read timeout)
+            if size > small or end > size_read:
+                break  # a large or partial frame: the reader's (budget, read timeout, limit)
             try:
                 frame = self._codec.decode(view[pos + HEADER_SIZE : end])
             except CoordError:
