@@ -710,16 +710,17 @@ class Broker:
         """
         ip = _peer_ip(stream)
         config = self.config
+        refusal = None
         if len(self._connections) + self._handshaking >= self.max_connections:
-            why = f"{len(self._connections)} open (max_connections {self.max_connections})"
-            await self._refuse(stream, why)
-            await trio.aclose_forcefully(stream)
-            return
-        if ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
+            refusal = f"{len(self._connections)} open (max_connections {self.max_connections})"
+        elif ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
             limit = config.max_connections_per_ip
-            why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
-            await self._refuse(stream, why)
-            await trio.aclose_forcefully(stream)
+            refusal = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
+        if refusal is not None:
+            try:
+                await self._refuse(stream, refusal)
+            finally:  # (also when cancelled: trio.serve_tcp closed every stream it accepted)
+                await trio.aclose_forcefully(stream)
             return
         conn: Connection | None = None
         counted: str | None = None
