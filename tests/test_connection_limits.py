@@ -198,3 +198,18 @@ async def test_a_refused_stream_is_closed_even_if_the_refusal_is_cancelled(tmp_p
         assert stream.socket.fileno() == -1  # closed, not left to the garbage collector
         for resource in (theirs, listener, held):
             await resource.aclose()
+
+
+async def test_serve_stream_takes_a_unix_socket(tmp_path) -> None:
+    # (serve_stream's promise to an embedding application: any Trio stream, UNIX sockets
+    # too, whose peer has no IP address to count and no port to name.)
+    from trio_coord.protocol.connection import Connection, serving
+    from trio_coord.protocol.messages import MetadataRequest, MetadataResponse
+
+    async with open_broker(tmp_path) as broker, trio.open_nursery() as nursery:
+        ours, theirs = trio.socket.socketpair()
+        nursery.start_soon(broker.serve_stream, trio.SocketStream(theirs))
+        async with serving(Connection(trio.SocketStream(ours))) as conn:
+            with trio.fail_after(TIMEOUT):
+                answer = await conn.request(MetadataRequest([]))
+        assert isinstance(answer, MetadataResponse) and answer.brokers

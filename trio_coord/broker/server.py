@@ -1077,9 +1077,11 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
     if sock is None:
         return None
     try:
-        return str(sock.getpeername()[0])
+        address = sock.getpeername()
     except OSError:
         return None
+    # (A UNIX socket's peer is a path, usually empty: no address to count per IP.)
+    return str(address[0]) if isinstance(address, tuple) else None
 
 
 @asynccontextmanager

@@ -694,9 +694,12 @@ def _peer_name(stream: trio.abc.Stream) -> str:
     if sock is None:
         return "memory-stream"
     try:
-        host, port = sock.getpeername()[:2]
+        address = sock.getpeername()
     except OSError:
         return "socket"
+    if not isinstance(address, tuple):  # a UNIX socket's peer: a path, usually empty
+        return f"unix:{address}" if address else "unix-socket"
+    host, port = address[:2]
     return f"{host}:{port}"
 
 
