@@ -449,3 +449,42 @@ async def test_a_parked_socket_keeps_a_max_frame_size_below_4_kib(tmp_path) -> N
         await stream.send_all(frame)
         (goodbye,) = await _read_frames(stream, 1)
         assert isinstance(goodbye, Goodbye) and goodbye.error == ErrorCode.FRAME_TOO_LARGE
+
+
+def test_without_epoll_the_package_imports_and_a_broker_serves_unparked(tmp_path) -> None:
+    # macOS and Windows have no epoll: parking is Linux's, the package (clients, Spark's
+    # workers, a broker) everyone's. Simulated: trio_coord is imported with a select
+    # module that lacks epoll (Trio itself keeps the real one).
+    import subprocess
+    import sys
+
+    script = """
+import select, sys, types, pathlib
+import trio
+fake = types.ModuleType("select")
+for name in dir(select):
+    if not name.upper().startswith("EPOLL"):
+        setattr(fake, name, getattr(select, name))
+sys.modules["select"] = fake
+import trio_coord.protocol
+from trio_coord.broker.server import open_broker
+from trio_coord.protocol.messages import MetadataRequest, MetadataResponse
+sys.modules["select"] = select
+
+async def main():
+    async with open_broker(pathlib.Path(sys.argv[1])) as broker:
+        async with trio_coord.protocol.open_connection(*broker.address) as conn:
+            assert isinstance(await conn.request(MetadataRequest([])), MetadataResponse)
+            await trio.sleep(0.1)
+            assert broker.connection_count() == 1 and broker.parked_count() == 0
+    print("served")
+
+trio.run(main)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr[-2000:]

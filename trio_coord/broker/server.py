@@ -45,6 +45,7 @@ from ..core.records import Record, TopicRecord, TopicTombstone
 from ..core.validation import MAX_NAME_LENGTH as MAX_RACK_LENGTH
 from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
+from ..protocol._parking import AVAILABLE as PARKING_AVAILABLE
 from ..protocol._parking import Parking
 from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection, os_reason
@@ -149,7 +150,8 @@ class BrokerConfig:
     park_idle_connections: bool = True
     """An idle plaintext native connection gives up its task: one parking task watches
     every such socket and answers heartbeats itself (docs/architecture.md, "What a
-    member costs"). False: a reader task per connection, always."""
+    member costs"). False: a reader task per connection, always (so on an OS without
+    epoll, such as macOS, whatever this says)."""
     request_read_timeout: float = 30.0
     """A frame must arrive whole within this long of its first byte, or its connection
     is closed (a slowloris peer holding half-sent frames)."""
@@ -451,8 +453,10 @@ class Broker:
         """The connection limit in force (``config.max_connections``, or what fits the
         file-descriptor limit: see :func:`connection_limit`)."""
         self._codec = FrameCodec(config.max_frame_size)  # (refusals, and every connection's)
-        self._parking = Parking() if config.park_idle_connections else None
-        """Idle plaintext connections' one watcher (None: off, a reader task each)."""
+        parking = config.park_idle_connections and PARKING_AVAILABLE
+        self._parking = Parking() if parking else None
+        """Idle plaintext connections' one watcher (None: off, or no epoll on this OS: a
+        reader task each)."""
         self._refused = 0
         self._refusals_logged = -math.inf
         self._services = trio.CancelScope()

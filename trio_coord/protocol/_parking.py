@@ -34,13 +34,15 @@ if TYPE_CHECKING:
     from .connection import Connection
     from .messages import Request
 
-__all__ = ["MAX_EVENTS", "Parking", "Resume"]
+__all__ = ["AVAILABLE", "MAX_EVENTS", "Parking", "Resume"]
 
 log = logging.getLogger(__name__)
 
 MAX_EVENTS = 256
 """The most parked sockets one wake-up of the service handles before it yields."""
-_ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+AVAILABLE = hasattr(select, "epoll")
+"""False where the OS has no epoll (macOS, Windows): connections keep their reader tasks."""
+_ARMED = (select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT) if AVAILABLE else 0
 
 
 class Resume:
