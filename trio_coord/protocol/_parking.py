@@ -19,7 +19,7 @@ level-triggered with ``EPOLLONESHOT``: an event disables its socket until it
 is re-armed, so a socket is never handled twice at once, and one re-armed
 with bytes still unread fires again at once (no wake-up is lost). One
 wake-up handles at most :data:`MAX_EVENTS` sockets, each one read of at most
-64 KiB and 32 frames, then lets other tasks run.
+64 KiB, 32 frames and 64 KiB of answers, then lets other tasks run.
 """
 
 from __future__ import annotations

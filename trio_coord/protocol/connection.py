@@ -75,6 +75,10 @@ _RECEIVE_CHUNK = 64 * 1024
 """The most a parked connection's wake-up reads."""
 _PARKED_FRAMES = 32
 """The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
+_PARKED_ANSWER_BYTES = 64 * 1024
+"""Answers one wake-up encodes before it leaves the rest to the reader, which writes each
+before it reads on: a small request may have a large answer (Metadata of every topic),
+and a peer that does not read them must hold one, not 32 (times every socket woken)."""
 
 
 class RequestHandler:
@@ -615,7 +619,7 @@ class Connection:
         self.last_active = now
         resume = Resume()
         answers: list[bytes] = []
-        own = shared = 0
+        own = shared = encoded = 0
         view = memoryview(data)
         pos, size_read, frames = 0, len(data), 0
         # (A limit set below 4 KiB is the reader's to enforce: it says goodbye.)
@@ -645,11 +649,14 @@ class Connection:
                         pos = end
                         break
                     answers.append(self.encode_answer(frame.corr_id, body))
+                encoded += len(answers[-1])
                 own += charge[0]
                 shared += charge[1]
             else:
                 break  # a Goodbye: the reader's
             pos, frames = end, frames + 1
+            if encoded >= _PARKED_ANSWER_BYTES:
+                break  # (the rest, read or not, one at a time by the reader)
         if pos < size_read:
             self._reader.feed(view[pos:], now)
         if answers:
