@@ -599,7 +599,8 @@ class Connection:
         connection ended), else what a revived reader task must finish: a
         request that needs a task, answers the socket would not take at once,
         and the rest of the bytes (a partial, large, corrupt or unusual frame,
-        or more frames than one wake-up may answer), left in the frame reader.
+        or more frames or answer bytes than one wake-up may hold), left in the
+        frame reader.
         """
         assert isinstance(self._stream, trio.SocketStream)
         if self._is_closed:  # (failed meanwhile: a send to it broke)
