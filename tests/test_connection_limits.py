@@ -179,3 +179,37 @@ async def test_a_connection_closed_while_muted_gives_back_everything(tmp_path) -
         with trio.fail_after(TIMEOUT):
             while broker._shared_bytes.used or broker.connection_count():
                 await trio.sleep(0.01)
+
+
+async def test_a_refused_stream_is_closed_even_if_the_refusal_is_cancelled(tmp_path) -> None:
+    # (trio.serve_tcp closed every stream it accepted; the broker's own accept loop leaves
+    # that to serve_stream, whose refusal may be cancelled: a shutdown meanwhile.)
+    async with open_broker(tmp_path, max_connections=1) as broker:
+        held = await trio.open_tcp_stream(*broker.address)
+        with trio.fail_after(TIMEOUT):
+            while broker.connection_count() < 1:
+                await trio.sleep(0.01)
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        theirs = await trio.open_tcp_stream(*listener.socket.getsockname()[:2])
+        stream = await listener.accept()
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await broker.serve_stream(stream)
+        assert stream.socket.fileno() == -1  # closed, not left to the garbage collector
+        for resource in (theirs, listener, held):
+            await resource.aclose()
+
+
+async def test_serve_stream_takes_a_unix_socket(tmp_path) -> None:
+    # (serve_stream's promise to an embedding application: any Trio stream, UNIX sockets
+    # too, whose peer has no IP address to count and no port to name.)
+    from trio_coord.protocol.connection import Connection, serving
+    from trio_coord.protocol.messages import MetadataRequest, MetadataResponse
+
+    async with open_broker(tmp_path) as broker, trio.open_nursery() as nursery:
+        ours, theirs = trio.socket.socketpair()
+        nursery.start_soon(broker.serve_stream, trio.SocketStream(theirs))
+        async with serving(Connection(trio.SocketStream(ours))) as conn:
+            with trio.fail_after(TIMEOUT):
+                answer = await conn.request(MetadataRequest([]))
+        assert isinstance(answer, MetadataResponse) and answer.brokers

@@ -437,3 +437,95 @@ async def test_a_tls_connection_is_never_parked(tmp_path) -> None:
             assert [t.name for t in await admin.describe_topics(["t"])] == ["t"]
             assert broker.connection_count() >= 1
             assert broker.parked_count() == 0
+
+
+async def test_a_parked_socket_keeps_a_max_frame_size_below_4_kib(tmp_path) -> None:
+    # The parking task answers small frames itself; "small" must not exceed the limit.
+    async with _broker(tmp_path, max_frame_size=1024) as broker:
+        stream = await trio.open_tcp_stream(*broker.address)
+        await _until(lambda: broker.parked_count() == 1, "parked")
+        frame = CODEC.encode(Request(1, HeartbeatRequest("g" * 2000, "m", 1)))
+        assert 1024 < len(frame) < 4096
+        await stream.send_all(frame)
+        (goodbye,) = await _read_frames(stream, 1)
+        assert isinstance(goodbye, Goodbye) and goodbye.error == ErrorCode.FRAME_TOO_LARGE
+
+
+def test_without_epoll_the_package_imports_and_a_broker_serves_unparked(tmp_path) -> None:
+    # macOS and Windows have no epoll: parking is Linux's, the package (clients, Spark's
+    # workers, a broker) everyone's. Simulated: trio_coord is imported with a select
+    # module that lacks epoll (Trio itself keeps the real one).
+    import subprocess
+    import sys
+
+    script = """
+import select, sys, types, pathlib
+import trio
+fake = types.ModuleType("select")
+for name in dir(select):
+    if not name.upper().startswith("EPOLL"):
+        setattr(fake, name, getattr(select, name))
+sys.modules["select"] = fake
+import trio_coord.protocol
+from trio_coord.broker.server import open_broker
+from trio_coord.protocol.messages import MetadataRequest, MetadataResponse
+sys.modules["select"] = select
+
+async def main():
+    async with open_broker(pathlib.Path(sys.argv[1])) as broker:
+        async with trio_coord.protocol.open_connection(*broker.address) as conn:
+            assert isinstance(await conn.request(MetadataRequest([])), MetadataResponse)
+            await trio.sleep(0.1)
+            assert broker.connection_count() == 1 and broker.parked_count() == 0
+    print("served")
+
+trio.run(main)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr[-2000:]
+
+
+async def test_a_parked_peer_that_does_not_read_large_inline_answers_is_not_answered_ahead(
+    tmp_path,
+) -> None:
+    # A reader answers inline requests one at a time, each written before the next frame
+    # is read: a peer that pipelines cheap requests with large answers (Metadata of
+    # every topic, a big group described) and never reads them holds one answer. The
+    # parking task must not encode a wake-up's 32 at once (x 256 sockets per wake-up).
+    from trio_coord.protocol.messages import MetadataRequest, MetadataResponse, TopicInfo
+
+    big = MetadataResponse([], [TopicInfo(f"{i:04d}" + "x" * 200, 1) for i in range(600)])
+    answered: list[int] = []
+
+    class Lister(RequestHandler):
+        def handle_now(self, body: RequestBody) -> ResponseBody | None:
+            answered.append(1)
+            return big
+
+    parking = _parking.Parking()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(parking.run)
+        (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        peer = await trio.open_tcp_stream(*listener.socket.getsockname()[:2])
+        stream = await listener.accept()
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (no autotuning)
+        conn = Connection(stream, Lister(), parking=parking, max_bytes=1 << 20)
+        nursery.start_soon(conn.serve)
+        await _until(lambda: len(parking) == 1, "parked")
+        requests = [CODEC.encode(Request(i, MetadataRequest(None))) for i in range(1, 33)]
+        await peer.send_all(b"".join(requests))  # (one read's worth, all small; each answer
+        # ~126 KB, about what the socket buffers hold: the second cannot be written)
+        await _until(lambda: answered, "the first answered")
+        assert len(answered) <= 2  # (a wake-up answers in one go: 32 here without a bound)
+        frames = await _read_frames(peer, 32)  # (read now: every one answered, in order)
+        assert [f.corr_id for f in frames] == list(range(1, 33))  # type: ignore[attr-defined]
+        assert len(answered) == 32
+        await _until(lambda: len(parking) == 1, "parked again")
+        await peer.aclose()
+        await listener.aclose()
+        nursery.cancel_scope.cancel()

@@ -45,6 +45,7 @@ from ..core.records import Record, TopicRecord, TopicTombstone
 from ..core.validation import MAX_NAME_LENGTH as MAX_RACK_LENGTH
 from ..kafka.service import KafkaLimits, KafkaNode
 from ..log import LogConfig, LogManager, open_log_manager
+from ..protocol._parking import AVAILABLE as PARKING_AVAILABLE
 from ..protocol._parking import Parking
 from ..protocol.budget import ByteBudget
 from ..protocol.connection import Connection, os_reason
@@ -149,7 +150,8 @@ class BrokerConfig:
     park_idle_connections: bool = True
     """An idle plaintext native connection gives up its task: one parking task watches
     every such socket and answers heartbeats itself (docs/architecture.md, "What a
-    member costs"). False: a reader task per connection, always."""
+    member costs"). False: a reader task per connection, always (so on an OS without
+    epoll, such as macOS, whatever this says)."""
     request_read_timeout: float = 30.0
     """A frame must arrive whole within this long of its first byte, or its connection
     is closed (a slowloris peer holding half-sent frames)."""
@@ -451,8 +453,10 @@ class Broker:
         """The connection limit in force (``config.max_connections``, or what fits the
         file-descriptor limit: see :func:`connection_limit`)."""
         self._codec = FrameCodec(config.max_frame_size)  # (refusals, and every connection's)
-        self._parking = Parking() if config.park_idle_connections else None
-        """Idle plaintext connections' one watcher (None: off, a reader task each)."""
+        parking = config.park_idle_connections and PARKING_AVAILABLE
+        self._parking = Parking() if parking else None
+        """Idle plaintext connections' one watcher (None: off, or no epoll on this OS: a
+        reader task each)."""
         self._refused = 0
         self._refusals_logged = -math.inf
         self._services = trio.CancelScope()
@@ -710,16 +714,17 @@ class Broker:
         """
         ip = _peer_ip(stream)
         config = self.config
+        refusal = None
         if len(self._connections) + self._handshaking >= self.max_connections:
-            why = f"{len(self._connections)} open (max_connections {self.max_connections})"
-            await self._refuse(stream, why)
-            await trio.aclose_forcefully(stream)
-            return
-        if ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
+            refusal = f"{len(self._connections)} open (max_connections {self.max_connections})"
+        elif ip is not None and self._per_ip[ip] >= config.max_connections_per_ip:
             limit = config.max_connections_per_ip
-            why = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
-            await self._refuse(stream, why)
-            await trio.aclose_forcefully(stream)
+            refusal = f"{self._per_ip[ip]} open from {ip} (max_connections_per_ip {limit})"
+        if refusal is not None:
+            try:
+                await self._refuse(stream, refusal)
+            finally:  # (also when cancelled: trio.serve_tcp closed every stream it accepted)
+                await trio.aclose_forcefully(stream)
             return
         conn: Connection | None = None
         counted: str | None = None
@@ -1076,9 +1081,11 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
     if sock is None:
         return None
     try:
-        return str(sock.getpeername()[0])
+        address = sock.getpeername()
     except OSError:
         return None
+    # (A UNIX socket's peer is a path, usually empty: no address to count per IP.)
+    return str(address[0]) if isinstance(address, tuple) else None
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ level-triggered with ``EPOLLONESHOT``: an event disables its socket until it
 is re-armed, so a socket is never handled twice at once, and one re-armed
 with bytes still unread fires again at once (no wake-up is lost). One
 wake-up handles at most :data:`MAX_EVENTS` sockets, each one read of at most
-64 KiB and 32 frames, then lets other tasks run.
+64 KiB, 32 frames and 64 KiB of answers, then lets other tasks run.
 """
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ if TYPE_CHECKING:
     from .connection import Connection
     from .messages import Request
 
-__all__ = ["MAX_EVENTS", "Parking", "Resume"]
+__all__ = ["AVAILABLE", "MAX_EVENTS", "Parking", "Resume"]
 
 log = logging.getLogger(__name__)
 
 MAX_EVENTS = 256
 """The most parked sockets one wake-up of the service handles before it yields."""
-_ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+AVAILABLE = hasattr(select, "epoll")
+"""False where the OS has no epoll (macOS, Windows): connections keep their reader tasks."""
+_ARMED = (select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT) if AVAILABLE else 0
 
 
 class Resume:

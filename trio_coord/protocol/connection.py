@@ -75,6 +75,10 @@ _RECEIVE_CHUNK = 64 * 1024
 """The most a parked connection's wake-up reads."""
 _PARKED_FRAMES = 32
 """The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
+_PARKED_ANSWER_BYTES = 64 * 1024
+"""Answers one wake-up encodes before it leaves the rest to the reader, which writes each
+before it reads on: a small request may have a large answer (Metadata of every topic),
+and a peer that does not read them must hold one, not 32 (times every socket woken)."""
 
 
 class RequestHandler:
@@ -595,7 +599,8 @@ class Connection:
         connection ended), else what a revived reader task must finish: a
         request that needs a task, answers the socket would not take at once,
         and the rest of the bytes (a partial, large, corrupt or unusual frame,
-        or more frames than one wake-up may answer), left in the frame reader.
+        or more frames or answer bytes than one wake-up may hold), left in the
+        frame reader.
         """
         assert isinstance(self._stream, trio.SocketStream)
         if self._is_closed:  # (failed meanwhile: a send to it broke)
@@ -615,14 +620,16 @@ class Connection:
         self.last_active = now
         resume = Resume()
         answers: list[bytes] = []
-        own = shared = 0
+        own = shared = encoded = 0
         view = memoryview(data)
         pos, size_read, frames = 0, len(data), 0
+        # (A limit set below 4 KiB is the reader's to enforce: it says goodbye.)
+        small = min(SMALL_FRAME, self._reader.max_frame_size)
         while pos + HEADER_SIZE <= size_read and frames < _PARKED_FRAMES:
             size = int.from_bytes(view[pos : pos + HEADER_SIZE], "big")
             end = pos + HEADER_SIZE + size
-            if size > SMALL_FRAME or end > size_read:
-                break  # a large or partial frame: the reader's (budget, read timeout)
+            if size > small or end > size_read:
+                break  # a large or partial frame: the reader's (budget, read timeout, limit)
             try:
                 frame = self._codec.decode(view[pos + HEADER_SIZE : end])
             except CoordError:
@@ -643,11 +650,14 @@ class Connection:
                         pos = end
                         break
                     answers.append(self.encode_answer(frame.corr_id, body))
+                encoded += len(answers[-1])
                 own += charge[0]
                 shared += charge[1]
             else:
                 break  # a Goodbye: the reader's
             pos, frames = end, frames + 1
+            if encoded >= _PARKED_ANSWER_BYTES:
+                break  # (the rest, read or not, one at a time by the reader)
         if pos < size_read:
             self._reader.feed(view[pos:], now)
         if answers:
@@ -692,9 +702,12 @@ def _peer_name(stream: trio.abc.Stream) -> str:
     if sock is None:
         return "memory-stream"
     try:
-        host, port = sock.getpeername()[:2]
+        address = sock.getpeername()
     except OSError:
         return "socket"
+    if not isinstance(address, tuple):  # a UNIX socket's peer: a path, usually empty
+        return f"unix:{address}" if address else "unix-socket"
+    host, port = address[:2]
     return f"{host}:{port}"
 
 
