@@ -11,30 +11,15 @@ from __future__ import annotations
 
 import pytest
 import trio
+from wire import read_goodbye
 
 from trio_coord import open_admin, open_broker, open_producer
 from trio_coord.broker.server import BrokerConfig, connection_limit
 from trio_coord.protocol.errors import ErrorCode
 from trio_coord.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameCodec
-from trio_coord.protocol.messages import FetchPartition, FetchRequest, Goodbye, Request, TopicInfo
+from trio_coord.protocol.messages import FetchPartition, FetchRequest, Request, TopicInfo
 
 TIMEOUT = 10
-
-
-async def _goodbye(stream: trio.SocketStream) -> Goodbye | None:
-    """The Goodbye the broker sent before closing, or None if it just closed."""
-    data = b""
-    with trio.fail_after(TIMEOUT):
-        try:
-            while chunk := await stream.receive_some():
-                data += chunk
-        except trio.BrokenResourceError:
-            pass
-    if len(data) < 4:
-        return None
-    frame = FrameCodec().decode(data[4 : 4 + int.from_bytes(data[:4], "big")])
-    assert isinstance(frame, Goodbye)
-    return frame
 
 
 async def _served(bootstrap: str, topic: str) -> None:
@@ -52,7 +37,7 @@ async def test_connections_beyond_the_limit_are_refused_and_told_why(tmp_path, l
                 await trio.sleep(0.01)
         refusals = []
         for stream in streams[5:]:
-            goodbye = await _goodbye(stream)
+            goodbye = await read_goodbye(stream, TIMEOUT)
             assert goodbye is not None and goodbye.error == ErrorCode.RESOURCES_EXHAUSTED
             refusals.append(goodbye.message)
         assert all(f"({limit} 5)" in m and "too many connections" in m for m in refusals)
@@ -87,7 +72,7 @@ async def test_a_frame_sent_too_slowly_closes_its_connection(tmp_path) -> None:
         slow = await trio.open_tcp_stream(*broker.address)
         await slow.send_all((1000).to_bytes(4, "big") + b"\x93\x01")  # and nothing more
         started = trio.current_time()
-        goodbye = await _goodbye(slow)
+        goodbye = await read_goodbye(slow, TIMEOUT)
         assert goodbye is not None and goodbye.error == ErrorCode.REQUEST_TIMED_OUT
         assert "request_read_timeout" in goodbye.message
         assert trio.current_time() - started < 0.3 + 5 * 0.075 + 2  # (reaped within a scan)
@@ -101,7 +86,7 @@ async def test_an_idle_connection_is_closed_a_busy_one_is_not(tmp_path) -> None:
             for i in range(6):  # 1.2 s of activity, every 0.2 s
                 await busy.create_topic(f"t{i}", 1)
                 await trio.sleep(0.2)
-            assert await _goodbye(idle) is None  # closed, silently (as Kafka does)
+            assert await read_goodbye(idle, TIMEOUT) is None  # closed, silently (as Kafka does)
             assert len(await busy.list_topics()) == 6
 
 
@@ -154,7 +139,7 @@ async def test_half_sent_frames_take_from_the_shared_budget_and_give_it_back(tmp
         assert broker._shared_bytes.used == total
         await _served(broker.bootstrap, "small-frames-still-go")  # heartbeats, joins...
         for stream in streams:
-            await _goodbye(stream)  # each is closed at its read timeout
+            await read_goodbye(stream, TIMEOUT)  # each is closed at its read timeout
         with trio.fail_after(TIMEOUT):
             while broker._shared_bytes.used:
                 await trio.sleep(0.01)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+from wire import read_goodbye
 
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.protocol import _parking
@@ -145,22 +146,6 @@ async def _until_closed(stream: trio.SocketStream) -> list[object]:
     return frames
 
 
-async def _goodbye(stream: trio.SocketStream) -> Goodbye | None:
-    """The Goodbye the broker sent before closing, or None if it just closed."""
-    data = b""
-    with trio.fail_after(TIMEOUT):
-        try:
-            while chunk := await stream.receive_some():
-                data += chunk
-        except trio.BrokenResourceError:
-            pass
-    if len(data) < 4:
-        return None
-    frame = CODEC.decode(data[4 : 4 + int.from_bytes(data[:4], "big")])
-    assert isinstance(frame, Goodbye)
-    return frame
-
-
 def _heartbeat(corr_id: int, member_id: str = "nobody", generation: int = 1) -> bytes:
     return CODEC.encode(Request(corr_id, HeartbeatRequest("g", member_id, generation)))
 
@@ -226,7 +211,7 @@ async def test_a_partial_frame_wakes_the_reader_which_finishes_it_or_times_it_ou
         (answer,) = await _read_frames(whole, 1)
         assert isinstance(answer, Response) and answer.corr_id == 7
         assert answer.error != ErrorCode.NONE  # (answered: nobody is in "g")
-        goodbye = await _goodbye(torn)  # never finished: the read timeout applies
+        goodbye = await read_goodbye(torn, TIMEOUT)  # never finished: the read timeout applies
         assert goodbye is not None and goodbye.error == ErrorCode.REQUEST_TIMED_OUT
         await _until(lambda: broker.parked_count() == 1, "the whole one parked again")
         await whole.send_all(_heartbeat(8))
@@ -250,7 +235,7 @@ async def test_a_slow_parked_client_is_timed_out_and_a_member_is_unaffected(tmp_
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(drip)
-                goodbye = await _goodbye(slow)
+                goodbye = await read_goodbye(slow, TIMEOUT)
                 nursery.cancel_scope.cancel()
             assert goodbye is not None and goodbye.error == ErrorCode.REQUEST_TIMED_OUT
             member_id = broker.coordinator.describe_group("g").members[0].member_id
@@ -291,7 +276,7 @@ async def test_a_large_frame_announced_on_a_parked_socket_waits_for_its_reader(t
         stream = await trio.open_tcp_stream(*broker.address)
         await _until(lambda: broker.parked_count() == 1, "parked")
         await stream.send_all((100_000).to_bytes(4, "big") + b"\x93")
-        goodbye = await _goodbye(stream)
+        goodbye = await read_goodbye(stream, TIMEOUT)
         assert goodbye is not None and goodbye.error == ErrorCode.REQUEST_TIMED_OUT
         await _until(lambda: broker._shared_bytes.used == 0, "the shared budget given back")
 
@@ -315,7 +300,7 @@ async def test_an_idle_parked_connection_is_reaped(tmp_path) -> None:
     async with _broker(tmp_path, connections_max_idle=0.5) as broker:
         stream = await trio.open_tcp_stream(*broker.address)
         await _until(lambda: broker.parked_count() == 1, "parked")
-        assert await _goodbye(stream) is None  # closed silently, as Kafka does
+        assert await read_goodbye(stream, TIMEOUT) is None  # closed silently, as Kafka does
         await _until(lambda: broker.connection_count() == 0, "counted out")
         assert broker.parked_count() == 0
 
@@ -325,7 +310,7 @@ async def test_shutdown_closes_parked_connections(tmp_path) -> None:
         streams = [await trio.open_tcp_stream(*broker.address) for _ in range(3)]
         await _until(lambda: broker.parked_count() == 3, "parked")
     for stream in streams:
-        assert await _goodbye(stream) is None
+        assert await read_goodbye(stream, TIMEOUT) is None
     assert broker.connection_count() == 0
     assert broker.parked_count() == 0
 
