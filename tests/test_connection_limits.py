@@ -198,3 +198,52 @@ async def test_serve_stream_takes_a_unix_socket(tmp_path) -> None:
             with trio.fail_after(TIMEOUT):
                 answer = await conn.request(MetadataRequest([]))
         assert isinstance(answer, MetadataResponse) and answer.brokers
+
+
+async def test_accept_out_of_descriptors_is_retried_and_said_once_per_interval(
+    autojump_clock, caplog
+) -> None:
+    # Out of file descriptors, accept() fails until some close; the broker keeps
+    # accepting (as trio.serve_tcp did), says why at most every 10 s, not every 0.1 s.
+    import errno
+    from types import SimpleNamespace
+
+    from trio_coord.broker.server import Broker
+
+    failures = 300  # 30 s of EMFILE at one retry per 0.1 s
+    served: list[object] = []
+
+    class Listener:
+        handed = False
+
+        async def accept(self):
+            nonlocal failures
+            await trio.lowlevel.checkpoint()
+            if failures:
+                failures -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            if self.handed:
+                await trio.sleep_forever()
+            self.handed = True
+            return "a stream"
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return None
+
+    async def serve_stream(stream):
+        served.append(stream)
+
+    broker = SimpleNamespace(serve_stream=serve_stream)
+    with caplog.at_level("ERROR", logger="trio_coord.broker.server"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Broker._accept, broker, Listener(), nursery)
+            await trio.sleep(31)
+            nursery.cancel_scope.cancel()
+    assert served == ["a stream"]
+    said = [r for r in caplog.records if "accepting connections" in r.getMessage()]
+    assert 3 <= len(said) <= 4, [r.getMessage() for r in said]
+    assert "too many open files" in said[0].getMessage().lower()
+    assert "ulimit -n" in said[0].getMessage()

@@ -895,6 +895,7 @@ class Broker:
     async def _accept(self, listener: trio.SocketListener, handler_nursery: trio.Nursery) -> None:
         """Accept connections for ``serve_stream`` (``trio.serve_listeners``, except that
         a connection's stream is closed by the connection: a parked one outlives its task)."""
+        logged = -math.inf
         async with listener:
             while True:
                 try:
@@ -902,7 +903,14 @@ class Broker:
                 except OSError as exc:
                     if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                         raise
-                    log.error("accepting connections: %s; retrying in 0.1 s", os_reason(exc))
+                    if trio.current_time() - logged >= _REFUSAL_LOG_INTERVAL:
+                        logged = trio.current_time()
+                        log.error(
+                            "accepting connections: %s; retrying every 0.1 s (said at most "
+                            "every %g s); raise `ulimit -n` or lower --max-connections",
+                            os_reason(exc),
+                            _REFUSAL_LOG_INTERVAL,
+                        )
                     await trio.sleep(0.1)
                 else:
                     handler_nursery.start_soon(self.serve_stream, stream)
