@@ -148,6 +148,7 @@ MISTAKES = [
     "not a TopicPartition",
     "a plain tuple",
     "a topic that is not a str",
+    "an unhashable topic",
 ]
 
 
@@ -187,6 +188,8 @@ def _spoil(spec: GroupSpec, good: dict[str, list[TP]], mistake: str, data: st.Da
         bad[member].append("a-0")  # type: ignore[arg-type]
     elif mistake == "a plain tuple" and bad[member]:
         bad[member][0] = tuple(bad[member][0])  # type: ignore[call-overload]
+    elif mistake == "an unhashable topic":  # (a custom assignor's mistake)
+        bad[member].append(TP([sorted(spec.partitions)[0]], 0))  # type: ignore[arg-type]
     elif mistake == "a topic that is not a str":
         bad[member].append(TP(("a",), 0))  # type: ignore[arg-type]
     return bad
