@@ -6,7 +6,10 @@ take a few hundred milliseconds to import. A program that needs one part
 never the broker) should not pay for the rest: a package lists its exports
 as ``{name: submodule}`` and :func:`lazy_exports` gives it the module-level
 ``__getattr__`` and ``__dir__`` that import a submodule when one of its names
-is first asked for (then the name is cached in the package).
+is first asked for (then the name is cached in the package). A package
+imports the same names under ``if TYPE_CHECKING:`` for type checkers, and
+assigns the ``__getattr__`` under ``if not TYPE_CHECKING:``: a module
+``__getattr__`` that mypy sees makes it type every missing name as ``Any``.
 """
 
 from __future__ import annotations
