@@ -39,33 +39,34 @@ if TYPE_CHECKING:
     from .security import Sasl as Sasl
     from .security import client_ssl_context as client_ssl_context
 
-__getattr__, __dir__ = lazy_exports(
-    globals(),
-    {
-        "Broker": ".broker",
-        "BrokerConfig": ".broker",
-        "open_broker": ".broker",
-        "GroupEvent": ".broker.events",
-        "Admin": ".client",
-        "Consumer": ".client",
-        "ConsumerState": ".client",
-        "Delivery": ".client",
-        "PartitionLag": ".client",
-        "Producer": ".client",
-        "RecordMetadata": ".client",
-        "open_admin": ".client",
-        "open_consumer": ".client",
-        "open_producer": ".client",
-        "LogConfig": ".log",
-        "EARLIEST": ".protocol.messages",
-        "LATEST": ".protocol.messages",
-        "TopicPartition": ".protocol.messages",
-        "ConsumerRecord": ".protocol.records",
-        "Acl": ".security",
-        "Sasl": ".security",
-        "client_ssl_context": ".security",
-    },
-)
+if not TYPE_CHECKING:  # (mypy would take every name the module lacks for an Any)
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "Broker": ".broker",
+            "BrokerConfig": ".broker",
+            "open_broker": ".broker",
+            "GroupEvent": ".broker.events",
+            "Admin": ".client",
+            "Consumer": ".client",
+            "ConsumerState": ".client",
+            "Delivery": ".client",
+            "PartitionLag": ".client",
+            "Producer": ".client",
+            "RecordMetadata": ".client",
+            "open_admin": ".client",
+            "open_consumer": ".client",
+            "open_producer": ".client",
+            "LogConfig": ".log",
+            "EARLIEST": ".protocol.messages",
+            "LATEST": ".protocol.messages",
+            "TopicPartition": ".protocol.messages",
+            "ConsumerRecord": ".protocol.records",
+            "Acl": ".security",
+            "Sasl": ".security",
+            "client_ssl_context": ".security",
+        },
+    )
 
 __version__ = "0.1.0"
 

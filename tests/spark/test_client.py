@@ -10,6 +10,7 @@ client is closed however the task ends; commits to a group never move back.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
 import pytest
@@ -88,6 +89,45 @@ def test_an_idle_connection_never_serves_a_task_with_another_login(monkeypatch):
         assert again is first
     with _read._task_client(alice) as again:
         assert again is second
+    _read.close_idle_clients()
+
+
+def test_the_idle_pool_is_bounded_and_closes_what_it_lets_go(monkeypatch):
+    monkeypatch.setattr(_read, "_idle", {})
+    closed: list[BlockingClient] = []
+    real_close = BlockingClient.close
+    monkeypatch.setattr(
+        BlockingClient, "close", lambda self: (closed.append(self), real_close(self))[1]
+    )
+    made = []
+    for port in range(1, _read._IDLE_LIMIT + 4):  # as many brokers' tasks, one after another
+        options = read_options({"bootstrap": f"127.0.0.1:{port}", "topic": "t"}, streaming=False)
+        with _read._task_client(options) as client:
+            made.append(client)
+    assert len(_read._idle) == _read._IDLE_LIMIT
+    assert closed == made[:3]  # the oldest let go, and closed
+    assert list(_read._idle.values()) == made[3:]
+    _read.close_idle_clients()
+
+
+def test_a_pooled_connection_the_broker_dropped_is_not_used_again(bootstrap, monkeypatch):
+    make_topic(bootstrap, "client-dropped", 1)
+    produce(bootstrap, "client-dropped", [{"value": b"x"} for _ in range(5)])
+    monkeypatch.setattr(_read, "_idle", {})
+    options = read_options({"bootstrap": bootstrap, "topic": "client-dropped"}, streaming=False)
+    from pyspark.sql.datasource import InputPartition
+
+    task = InputPartition(OffsetRange("client-dropped", 0, 0, 5))
+    assert sum(b.num_rows for b in read_task(options, task)) == 5
+    [client] = _read._idle.values()
+    dropped = dict(client._sockets)
+    for sock in dropped.values():  # the connections die while the client is idle
+        sock.sock.shutdown(socket.SHUT_RDWR)
+    assert sum(b.num_rows for b in read_task(options, task)) == 5
+    assert list(_read._idle.values()) == [client]  # the same client, with new connections
+    assert client._sockets and not set(map(id, client._sockets.values())) & set(
+        map(id, dropped.values())
+    )
     _read.close_idle_clients()
 
 

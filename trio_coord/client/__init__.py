@@ -27,24 +27,25 @@ if TYPE_CHECKING:
     from .producer import open_producer as open_producer
     from .producer import partition_for_key as partition_for_key
 
-__getattr__, __dir__ = lazy_exports(
-    globals(),
-    {
-        "Admin": ".admin",
-        "PartitionLag": ".admin",
-        "PlannedOffset": ".admin",
-        "open_admin": ".admin",
-        "Consumer": ".consumer",
-        "ConsumerState": ".consumer",
-        "PartitionsCallback": ".consumer",
-        "open_consumer": ".consumer",
-        "Delivery": ".producer",
-        "Producer": ".producer",
-        "RecordMetadata": ".producer",
-        "open_producer": ".producer",
-        "partition_for_key": ".producer",
-    },
-)
+if not TYPE_CHECKING:  # (mypy would take every name the module lacks for an Any)
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "Admin": ".admin",
+            "PartitionLag": ".admin",
+            "PlannedOffset": ".admin",
+            "open_admin": ".admin",
+            "Consumer": ".consumer",
+            "ConsumerState": ".consumer",
+            "PartitionsCallback": ".consumer",
+            "open_consumer": ".consumer",
+            "Delivery": ".producer",
+            "Producer": ".producer",
+            "RecordMetadata": ".producer",
+            "open_producer": ".producer",
+            "partition_for_key": ".producer",
+        },
+    )
 
 __all__ = [
     "Admin",

@@ -347,11 +347,11 @@ def _plainly_valid(spec: GroupSpec, assignment: Mapping[str, object]) -> bool:
 
     The fast check of :func:`validate_assignment` (a coordinator checks every
     assignment it gets, 100,000 partitions in a large group): lists of exact
-    ``TopicPartition`` with ``int`` partitions, each counted in its topic's row;
-    valid when every row is all ones. Anything it does not expect (another
-    type, a partition out of range or of a topic the member does not
-    subscribe to, given twice or never) makes it answer False, and the
-    detailed check then says what is wrong. Never True when that check
+    ``TopicPartition`` with ``str`` topics and ``int`` partitions, each
+    counted in its topic's row; valid when every row is all ones. Anything
+    it does not expect (another type, a partition out of range or of a
+    topic the member does not subscribe to, given twice or never) makes it
+    answer False, and the detailed check then says what is wrong. Never True when that check
     would find a problem.
     """
     members = spec.members
@@ -369,6 +369,8 @@ def _plainly_valid(spec: GroupSpec, assignment: Mapping[str, object]) -> bool:
             if tp.__class__ is not TopicPartition:
                 return False
             topic, p = tp
+            if topic.__class__ is not str:  # (an unhashable one would raise TypeError here)
+                return False
             row = view.get(topic)
             if row is None or p.__class__ is not int or not 0 <= p < len(row):
                 return False

@@ -22,19 +22,20 @@ if TYPE_CHECKING:
     from .client import client_ssl_context as client_ssl_context
     from .scram import ScramCredential as ScramCredential
 
-__getattr__, __dir__ = lazy_exports(
-    globals(),
-    {
-        "ANONYMOUS": ".acl",
-        "Acl": ".acl",
-        "Authorizer": ".acl",
-        "principal_of": ".acl",
-        "ClientSecurity": ".client",
-        "Sasl": ".client",
-        "client_ssl_context": ".client",
-        "ScramCredential": ".scram",
-    },
-)
+if not TYPE_CHECKING:  # (mypy would take every name the module lacks for an Any)
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "ANONYMOUS": ".acl",
+            "Acl": ".acl",
+            "Authorizer": ".acl",
+            "principal_of": ".acl",
+            "ClientSecurity": ".client",
+            "Sasl": ".client",
+            "client_ssl_context": ".client",
+            "ScramCredential": ".scram",
+        },
+    )
 
 __all__ = [
     "ANONYMOUS",

@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 
 # The broker is imported only by a program that runs one: Spark's Python workers import this
 # package (to find the data source) and must not pay for the broker's import.
-__getattr__, __dir__ = lazy_exports(globals(), {"background_broker": "._embedded"})
+if not TYPE_CHECKING:  # (mypy would take every name the module lacks for an Any)
+    __getattr__, __dir__ = lazy_exports(globals(), {"background_broker": "._embedded"})
 
 _registered: weakref.WeakKeyDictionary[Any, GroupCommitListener] = weakref.WeakKeyDictionary()
 
