@@ -514,3 +514,20 @@ async def test_a_parked_peer_that_does_not_read_large_inline_answers_is_not_answ
         await peer.aclose()
         await listener.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_busy_connection_is_not_parked_between_its_requests(tmp_path) -> None:
+    # A producer sends a request that needs a task every few milliseconds: parking it
+    # after each answer and reviving it for the next would cost the broker a task, a
+    # nursery and two epoll calls per request. It parks once it has been quiet.
+    from trio_coord import open_producer
+
+    async with _broker(tmp_path) as broker:
+        revived = broker._parking.revived
+        async with open_producer(f"{broker.address[0]}:{broker.address[1]}") as producer:
+            for i in range(40):  # one at a time: each Produce runs in a handler task
+                await producer.send("t", f"record {i}".encode(), partition=0)
+                await producer.flush()
+            assert broker._parking.revived - revived <= 2  # (not one per Produce)
+            assert broker.parked_count() == 0  # still in use
+            await _until(lambda: broker.parked_count() == 1, "parked once quiet")

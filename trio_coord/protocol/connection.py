@@ -75,6 +75,9 @@ _RECEIVE_CHUNK = 64 * 1024
 """The most a parked connection's wake-up reads."""
 _PARKED_FRAMES = 32
 """The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
+_PARK_LINGER = 0.1
+"""How long a connection with nothing in flight must have been quiet (no frame read, no
+answer written) before its reader parks it."""
 _PARKED_ANSWER_BYTES = 64 * 1024
 """Answers one wake-up encodes before it leaves the rest to the reader, which writes each
 before it reads on: a small request may have a large answer (Metadata of every topic),
@@ -375,17 +378,27 @@ class Connection:
     async def _read_loop(self, nursery: trio.Nursery) -> bool:
         """Read and dispatch frames; True if the connection was parked, False if it ended."""
         while True:
+            linger = False
             if self._parkable():
                 assert self._parking is not None
-                if self._parking.park(self):
+                # A connection in use (a producer, a fetching consumer: a request that
+                # needs a task every few milliseconds) would park and be revived for each
+                # one; it parks once it has been quiet for _PARK_LINGER.
+                linger = trio.current_time() < self.last_active + _PARK_LINGER
+                if not linger and self._parking.park(self):
                     return True
             if self._is_closed:
                 return False
             try:
-                if self._in_flight and self._parking is not None and self._reader.between_frames:
-                    # Idle but for handler tasks: the last to finish wakes this wait, and
-                    # the connection parks without waiting for the peer's next frame.
+                if linger or (
+                    self._in_flight and self._parking is not None and self._reader.between_frames
+                ):
+                    # Idle but for handler tasks (the last to finish wakes this wait), or
+                    # for the linger (its end does): the connection then parks without
+                    # waiting for the peer's next frame.
                     with trio.CancelScope() as idle:
+                        if linger:
+                            idle.deadline = self.last_active + _PARK_LINGER
                         self._idle_wait = idle
                         body = await self._reader.read_frame()
                     self._idle_wait = None
