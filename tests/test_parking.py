@@ -406,7 +406,7 @@ async def test_requests_on_a_parked_connection_fail_cleanly_when_it_breaks(tmp_p
 
 async def test_a_tls_connection_is_never_parked(tmp_path) -> None:
     # An SSLStream holds decrypted bytes its socket does not show: its reader stays.
-    from test_security import make_certificates
+    from certs import make_certificates
 
     from trio_coord import open_admin
     from trio_coord.security import client_ssl_context

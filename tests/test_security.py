@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from certs import make_certificates
 
 from trio_coord import open_admin, open_broker, open_producer
 from trio_coord.client._bootstrap import Bootstrap
@@ -158,23 +159,6 @@ def test_authorizer_denies_by_default_and_grants_what_acls_say() -> None:
 
 
 # -- Spark's blocking client ------------------------------------------------------------------
-
-
-def make_certificates(directory: Path) -> Path:
-    """A CA and a server certificate for 127.0.0.1 (openssl); returns the directory."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=test CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "san.ext")  # fmt: skip
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from certs import make_certificates
 from kafka_fixtures import KafkaBroker, start_broker, stop_broker
 
 from trio_coord import open_admin, open_consumer, open_producer
@@ -117,22 +118,6 @@ class Secured:
             "sasl.password": password or PASSWORDS[user],
             "ssl.ca.location": self.ca,
         }
-
-
-def make_certificates(directory: Path) -> None:
-    """A CA, and a server certificate for 127.0.0.1/localhost signed by it (openssl)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=trio-coord test CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "san.ext")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
