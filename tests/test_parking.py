@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
-from wire import read_goodbye
+from wire import read_goodbye, read_until_closed
 
 from trio_coord.broker.server import Broker, open_broker
 from trio_coord.protocol import _parking
@@ -126,23 +126,6 @@ async def _read_frames(stream: trio.SocketStream, count: int) -> list[object]:
             chunk = await stream.receive_some()
             assert chunk, f"closed after {len(frames)} of {count} frames"
             data += chunk
-    return frames
-
-
-async def _until_closed(stream: trio.SocketStream) -> list[object]:
-    """Every frame (decoded) the broker sends until it closes the connection."""
-    data = b""
-    with trio.fail_after(TIMEOUT):
-        try:
-            while chunk := await stream.receive_some():
-                data += chunk
-        except trio.BrokenResourceError:
-            pass
-    frames = []
-    while len(data) >= 4:
-        size = int.from_bytes(data[:4], "big")
-        frames.append(CODEC.decode(data[4 : 4 + size]))
-        data = data[4 + size :]
     return frames
 
 
@@ -260,7 +243,7 @@ async def test_a_bad_frame_on_a_parked_socket_gets_a_goodbye_and_others_are_unaf
         hostile = await trio.open_tcp_stream(*broker.address)
         await _until(lambda: broker.parked_count() == 2, "both parked")
         await hostile.send_all(_heartbeat(1) + data)  # a good frame first, then the bad
-        answer, goodbye = await _until_closed(hostile)
+        answer, goodbye = await read_until_closed(hostile, TIMEOUT)
         assert isinstance(answer, Response) and answer.corr_id == 1
         assert isinstance(goodbye, Goodbye) and goodbye.error == error
         await _until(lambda: broker.connection_count() == 1, "the hostile one counted out")

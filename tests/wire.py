@@ -10,8 +10,8 @@ from trio_coord.protocol.messages import Goodbye
 _CODEC = FrameCodec()
 
 
-async def read_goodbye(stream: trio.SocketStream, timeout: float) -> Goodbye | None:
-    """The Goodbye the broker sent before closing ``stream``, or None if it just closed."""
+async def read_until_closed(stream: trio.SocketStream, timeout: float) -> list[object]:
+    """Every frame (decoded) the broker sends on ``stream`` until it closes it."""
     data = b""
     with trio.fail_after(timeout):
         try:
@@ -19,8 +19,18 @@ async def read_goodbye(stream: trio.SocketStream, timeout: float) -> Goodbye | N
                 data += chunk
         except trio.BrokenResourceError:
             pass
-    if len(data) < 4:
+    frames = []
+    while len(data) >= 4:
+        size = int.from_bytes(data[:4], "big")
+        frames.append(_CODEC.decode(data[4 : 4 + size]))
+        data = data[4 + size :]
+    return frames
+
+
+async def read_goodbye(stream: trio.SocketStream, timeout: float) -> Goodbye | None:
+    """The Goodbye the broker sent before closing ``stream``, or None if it just closed."""
+    frames = await read_until_closed(stream, timeout)
+    if not frames:
         return None
-    frame = _CODEC.decode(data[4 : 4 + int.from_bytes(data[:4], "big")])
-    assert isinstance(frame, Goodbye)
-    return frame
+    assert isinstance(frames[0], Goodbye), frames
+    return frames[0]
