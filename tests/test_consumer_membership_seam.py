@@ -28,6 +28,8 @@ from trio_coord.client._membership import (
 from trio_coord.protocol import StopFetchersRequest
 from trio_coord.protocol.errors import UnknownMemberError
 from trio_coord.protocol.messages import (
+    JoinGroupRequest,
+    JoinGroupResponse,
     PartitionOffset,
     StartFetchersRequest,
     StopFetchersResponse,
@@ -217,3 +219,45 @@ async def test_a_stop_that_finds_the_lease_run_out_says_lost_not_revoked(autojum
     assert heard == [("assigned", [tp(0), tp(1)]), ("lost", gone)]
     assert not any(event[0] == "revoked" for event in heard)
     assert set(fetcher.owned).isdisjoint(gone)  # given up all the same
+
+
+class AcceptingCoordinator:
+    """A coordinator connection that accepts every JoinGroup of member "m"."""
+
+    name = "coordinator"
+
+    def __init__(self) -> None:
+        self.joins: list[JoinGroupRequest] = []
+
+    async def request(self, body):
+        self.joins.append(body)
+        return JoinGroupResponse("m", 7, round(S * 1000))
+
+
+async def test_a_rejoin_accepted_after_the_lease_ran_out_loses_what_was_owned(autojump_clock):
+    # The watchdog had not run yet (a stalled process), and a rejoin is accepted: the
+    # coordinator may have expelled the member and handed its partitions to another
+    # meanwhile. Renewing the lease must not carry them into the new session (which the
+    # next start would then hand it again, "assigned" while already owned).
+    membership, fetcher, heard = make()
+    await membership._handler.handle(start(2, (0, 10)))
+    await trio.sleep(S + 0.1)
+    coordinator = AcceptingCoordinator()
+    await membership._join(coordinator)  # type: ignore[arg-type]
+    assert coordinator.joins[0].owned == []  # said to the coordinator too
+    assert heard == [("assigned", [tp(0)]), ("lost", [tp(0)])]
+    assert fetcher.owned == {} and dict(membership.assignment) == {}
+    assert membership.holds_lease() and membership.state is ConsumerState.REBALANCING
+    await membership._handler.handle(start(8, (0, 12)))
+    assert heard[-1] == ("assigned", [tp(0)])  # owned once again, after it was lost
+
+
+async def test_a_rejoin_within_the_lease_keeps_fetching(autojump_clock):
+    membership, fetcher, heard = make(protocol="cooperative")
+    await membership._handler.handle(start(2, (0, 10)))
+    await trio.sleep(S / 2)
+    coordinator = AcceptingCoordinator()
+    await membership._join(coordinator)  # type: ignore[arg-type]
+    assert coordinator.joins[0].owned == [tp(0)]
+    assert heard == [("assigned", [tp(0)])]
+    assert fetcher.owned == {tp(0): 10} and membership.state is ConsumerState.STABLE

@@ -229,6 +229,7 @@ class FakeMember(RequestHandler):
                 instance_id=self.instance_id,
                 client_assignors=[self.compute.name] if self.compute is not None else [],
                 rack=self.rack,
+                owned=self.owned if self.member_id else None,
             )
         )
         assert isinstance(response, JoinGroupResponse)

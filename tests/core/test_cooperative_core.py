@@ -14,6 +14,7 @@ import pytest
 from trio_coord.core.assignors import ASSIGNORS
 from trio_coord.core.fencing import check_commit
 from trio_coord.core.group import Group, GroupLimits, GroupState
+from trio_coord.core.records import GroupRecord, MemberRecord
 from trio_coord.protocol.errors import (
     IllegalGenerationError,
     InconsistentAssignorError,
@@ -108,6 +109,93 @@ def test_a_cooperative_plan_revokes_only_what_moves_and_starts_incrementally():
     )
     assert all(s.incremental for s in plan.starts)
     assert {s.member_id: [p.tp for p in s.partitions] for s in plan.starts} == assignment
+
+
+def plan_now(group: Group, now: float):
+    """A cooperative plan for the members there now (after the stop phase)."""
+    group.begin_rebalance()
+    inp = group.planning.assignment_input(partitions=PARTITIONS, available=ASSIGNORS)
+    assignment = group.planning.compute_assignment(inp, ASSIGNORS)
+    for member_id, tps in group.planning.revocations(assignment).items():
+        group.member_stopped(member_id, [], tps)
+    return group.plan_assignment(
+        now,
+        partitions=PARTITIONS,
+        available=ASSIGNORS,
+        log_offsets=lambda tp: (0, 0),
+        computed=(inp, assignment),
+    )
+
+
+def starts_of(plan) -> dict[str, tuple[bool, list[TP]]]:
+    return {s.member_id: (s.unchanged, [p.tp for p in s.partitions]) for s in plan.starts}
+
+
+def test_a_member_whose_start_never_reached_it_hears_its_partitions_not_unchanged():
+    # A coordinator took over (seen in a failover test): "a" lost its partitions when its
+    # lease ran out, and rejoins while the load's fence (a bound) still says it may fetch
+    # them. It is planned into a generation whose start never reaches it: the rebalance
+    # restarts after the generation is durable (another member rejoined). The next plan
+    # must hand it its partitions; "unchanged" would leave it STABLE and idle.
+    group = Group("g", now=100.0)
+    record = GroupRecord(
+        "g",
+        4,
+        "uniform",
+        [
+            MemberRecord("a", "a", "h", ["t"], 10_000, 5_000, t(0, 1, 2)),
+            MemberRecord("b", "b", "h", ["t"], 10_000, 5_000, t(3, 4, 5)),
+        ],
+    )
+    group.replay(record, now=100.0, loading=True)
+    join(group, "a", 101.0)
+    join(group, "b", 101.0)
+    assert group.members["a"].may_own == set(t(0, 1, 2))  # the fence's bound, not a fact
+    planned = plan_now(group, 101.0)
+    group.replay(planned.record, now=101.0)  # durable; then the rebalance restarts:
+    join(group, "b", 101.5)  # no start of generation 5 was sent
+    assert group.members["a"].assignment == group.members["a"].may_own
+    plan = plan_now(group, 102.0)
+    assert starts_of(plan)["a"] == (False, t(0, 1, 2))
+    assert all(s.incremental for s in plan.starts)
+
+
+@pytest.mark.parametrize("says", ["nothing", "less", "all"])
+def test_a_member_that_rejoins_hears_its_partitions_unless_it_says_it_fetches_them(says):
+    # Rejoining (a new connection), a member may have dropped what it fetched (its lease
+    # ran out first): it hears its partitions again, unless its JoinGroup says it still
+    # fetches exactly them. One that did not rejoin is told only the new generation.
+    group = Group("g", now=0.0)
+    join(group, "a")
+    join(group, "b")
+    stable(group, 0.0)
+    owned = {m: sorted(group.members[m].assignment) for m in "ab"}
+    said = {"nothing": None, "less": owned["a"][1:], "all": owned["a"]}[says]
+    join(group, "a", 1.0, owned=said)  # the same member id, while it is still in the group
+    plan = plan_now(group, 1.0)
+    a = (True, []) if says == "all" else (False, owned["a"])
+    assert starts_of(plan) == {"a": a, "b": (True, [])}
+
+
+def test_an_eager_rebalance_is_not_skipped_for_a_member_that_rejoined():
+    group = Group("g", now=0.0)
+    join(group, "a", protocol="eager", assignors=("range",))
+    group.begin_rebalance()
+    group.member_stopped("a", [])
+    plan = group.plan_assignment(
+        0.0, partitions=PARTITIONS, available=ASSIGNORS, log_offsets=lambda tp: (0, 0)
+    )
+    group.replay(plan.record, now=0.0)
+    group.begin_starting()
+    group.member_starting("a")
+    group.member_started("a")
+    group.complete_rebalance()
+    assert group.planning.may_be_unchanged()  # started in this generation: a no-op
+    fetched = sorted(group.members["a"].assignment)
+    join(group, "a", 1.0, protocol="eager", assignors=("range",), owned=fetched)
+    assert group.planning.may_be_unchanged()  # it says it fetches all of it: still a no-op
+    join(group, "a", 2.0, protocol="eager", assignors=("range",), owned=[])
+    assert not group.planning.may_be_unchanged()  # it holds nothing now
 
 
 def test_only_new_partitions_wait_for_a_departed_owners_lease():

@@ -110,6 +110,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         user_data=b"rack-1",
         client_assignors=["my-assignor"],
         rack="eu-west-1b",
+        owned=[TopicPartition("orders", 3)],
     ),
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
     LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),

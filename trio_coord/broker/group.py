@@ -352,6 +352,7 @@ class GroupRunner:
             user_data=request.user_data,
             client_assignors=request.client_assignors,
             rack=request.rack,
+            owned=request.owned,
         )
         self._conns[member_id] = conn
         self._bind(conn, member_id, self.group_id)

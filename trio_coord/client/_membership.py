@@ -746,6 +746,12 @@ class GroupMembership:
 
     async def _join(self, conn: Connection) -> None:
         while True:
+            if self._assignment and not self.holds_lease():
+                # The lease ran out and the watchdog has not run yet (a stalled
+                # process). The coordinator may have expelled us and given these
+                # partitions away: they are lost, not carried into the new session by
+                # the lease this join renews (nor said to be owned in it).
+                await self._lose("the lease ran out before the consumer rejoined")
             sent_at = trio.current_time()
             topics = self._topics
             try:
@@ -766,6 +772,7 @@ class GroupMembership:
                         self._settings.user_data,
                         sorted(self._settings.local_assignors),
                         self._settings.rack,
+                        sorted(self._assignment) if self.member_id else None,
                     ),
                     self._settings.request_timeout,
                 )

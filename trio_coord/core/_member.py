@@ -36,6 +36,14 @@ class Member:
     """Its partitions in the group's current generation."""
     may_own: set[TopicPartition] = field(default_factory=set)
     """Partitions it may be fetching: started and not yet acknowledged as stopped."""
+    started_in: int = -1
+    """The generation of the last StartFetchers it acknowledged (-1: none since it joined).
+
+    Only a member started in the group's current generation is known to fetch
+    exactly its assignment: ``may_own`` is what it *may* fetch, a bound for
+    fencing, not a fact. A member that rejoins may have dropped everything
+    (its lease ran out), and one planned into a generation whose start never
+    reached it (the rebalance restarted) fetches none of that assignment."""
     protocol: str = "eager"
     """The rebalance protocol it asked for (:data:`~trio_coord.core.group.REBALANCE_PROTOCOLS`)."""
     instance_id: str = ""

@@ -59,8 +59,9 @@ class StartPlan:
     not_before: float
     incremental: bool = False
     unchanged: bool = False
-    """Cooperative: the member keeps exactly what it fetches and hears only of the new
-    generation (``partitions`` is empty: no offsets to look up or send)."""
+    """Cooperative: the member, started in the current generation, keeps exactly what it
+    fetches and hears only of the new generation (``partitions`` is empty: no offsets to
+    look up or send)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +320,12 @@ class AssignmentPlanner:
         fenced = self._fence_ends(now)
         for m in members:
             mine = assignment.get(m.member_id, [])
-            if cooperative and m.may_own == m.assignment and m.assignment.issuperset(mine):
+            if (
+                cooperative
+                and m.started_in == group.generation  # (it fetches its assignment: _member)
+                and m.may_own == m.assignment
+                and m.assignment.issuperset(mine)
+            ):
                 if len(mine) == len(m.assignment):  # (the same partitions, and still fetched)
                     starts.append(StartPlan(m.member_id, [], now, True, unchanged=True))
                     continue
@@ -387,7 +393,7 @@ class AssignmentPlanner:
             m = group.members.get(persisted.member_id)
             if (
                 m is None
-                or m.generation != group.generation
+                or m.started_in != group.generation
                 or m.may_own != m.assignment
                 or len(persisted.topics) != len(m.topics)
                 or not m.topics.issuperset(persisted.topics)

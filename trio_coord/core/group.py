@@ -351,6 +351,7 @@ class Group:
         user_data: bytes = b"",
         client_assignors: Iterable[str] = (),
         rack: str = "",
+        owned: Iterable[TopicPartition] | None = None,
     ) -> Member:
         """Admit a member (validated by :meth:`validate_join`); replaces one with the same id.
 
@@ -358,7 +359,10 @@ class Group:
         connection, or this coordinator took over) may still be fetching what
         the fence covers, and its rejoin renews its lease: those partitions
         become its ``may_own``, so that they stay fenced if it goes away again
-        before acknowledging a stop.
+        before acknowledging a stop. A live member rejoining keeps its
+        ``may_own`` and assignment; it still counts as fetching its assignment
+        (``started_in``) only if it says it ``owned`` exactly that: it may have
+        dropped everything when its lease ran out.
         """
         old = self.members.get(member_id)
         fence = self.fences.get(member_id)
@@ -383,6 +387,8 @@ class Group:
         if old is not None:
             member.may_own = old.may_own
             member.assignment = old.assignment
+            if owned is not None and old.assignment == frozenset(owned):
+                member.started_in = old.started_in
             self._count(old, -1)
         elif fence is not None and fence.until > now:
             member.may_own = set(fence.partitions)
@@ -553,7 +559,8 @@ class Group:
 
     def member_started(self, member_id: str) -> None:
         """The member acknowledged StartFetchers of the current generation."""
-        self.members[member_id].generation = self.generation
+        member = self.members[member_id]
+        member.generation = member.started_in = self.generation
 
     def complete_rebalance(self) -> None:
         """Every member acknowledged its start: the group is STABLE."""

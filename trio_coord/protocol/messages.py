@@ -292,6 +292,11 @@ class JoinGroupRequest(_Wire, tag=4):
     rack: str = ""
     """The rack (availability zone) the member runs in ("": none): rack-aware assignors
     prefer giving it partitions whose broker is in the same rack."""
+    owned: list[TopicPartition] | None = None
+    """What the member fetches as it rejoins with its id (None: not said). Only a member
+    that still fetches exactly its assignment may be spared a rebalance (or, cooperative,
+    told just the new generation); one that dropped partitions (its lease ran out) is
+    started with its partitions again."""
 
 
 class HeartbeatRequest(_Wire, tag=5):
