@@ -21,6 +21,7 @@ tells where it is with :class:`Progress`, one line on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import trio
@@ -65,6 +67,7 @@ __all__ = [
     "say",
     "spawn",
     "start_logged",
+    "tests_module",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -558,25 +561,27 @@ BENCH_USER = "bench"
 BENCH_PASSWORD = "bench-password"
 
 
-def make_certificates(directory: str | os.PathLike[str]) -> str:
-    """A CA and a server certificate for 127.0.0.1 in ``directory`` (openssl); returns it."""
-    import subprocess
+def tests_module(name: str) -> ModuleType:
+    """The test suite's helper module ``tests/NAME.py`` (a ZooKeeper server, certificates).
 
+    The benches run from a checkout (``python bench/X.py`` or ``python -m
+    bench.X``, both beside ``tests/``), so they share these helpers with the
+    tests instead of keeping copies; ``tests/`` is on the path only while the
+    module is imported.
+    """
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def make_certificates(directory: str | os.PathLike[str]) -> str:
+    """A CA and a server certificate for 127.0.0.1 in ``directory`` (made if missing), by
+    the tests' ``tests/certs.py``; returns the directory."""
     where = Path(directory)
     where.mkdir(parents=True, exist_ok=True)
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=bench CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
-    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "san.ext")  # fmt: skip
-    return str(where)
+    return str(tests_module("certs").make_certificates(where))
 
 
 def broker_security(certs: str | None, tls: bool, sasl: bool) -> dict[str, Any]:
