@@ -1,5 +1,6 @@
 """Helpers of the Kafka-protocol tests: a broker process with a Kafka listener, topics,
-and a fake Kafka connection for handlers called in-process.
+a fake Kafka connection for handlers called in-process, and a group member in a
+subprocess that a test kills.
 
 (In a module of its own, not the conftest, so that test modules can import
 it by name: ``tests/kafka`` is no package, since a package named ``kafka``
@@ -9,8 +10,11 @@ would shadow kafka-python.)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,3 +102,32 @@ class FakeConnection:
         self.closed = True
         for callback in self._callbacks:
             callback()
+
+
+class Victim:
+    """A group member in a subprocess (``script BOOTSTRAP GROUP TOPIC``, which prints
+    ``ready`` once it consumes, then each key it reads); a thread collects the keys."""
+
+    def __init__(self, script: Path, broker: KafkaBroker, group: str, topic: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), broker.kafka, group, topic],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+        self.seen: set[bytes] = set()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.strip():
+                self.seen.add(line.strip().encode())
+
+    def kill(self) -> None:
+        """SIGKILL the member (no LeaveGroup, no commit), then wait for what it printed."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+        self.reader.join(10)
