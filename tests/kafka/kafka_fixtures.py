@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -83,6 +84,35 @@ def create_topic(kafka_bootstrap: str, name: str, partitions: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions)]).values():
         future.result(15)
+
+
+def codec_records(count: int = 100) -> list[dict[str, Any]]:
+    """What a codec round trip sends, as keyword arguments of ``send()`` (kafka-python's
+    and aiokafka's alike): a key on nine in ten, two headers (one empty), a timestamp
+    each, alternately to partitions 0 and 1."""
+    return [
+        {
+            "value": b"value-%d" % i,
+            "key": None if i % 10 == 0 else b"key-%d" % i,
+            "partition": i % 2,
+            "headers": [("n", b"%d" % i), ("e", b"")],
+            "timestamp_ms": 1_700_000_000_000 + i,
+        }
+        for i in range(count)
+    ]
+
+
+def check_codec_round_trip(got: list[Any], count: int = 100) -> None:
+    """``got`` (kafka-python's or aiokafka's consumer records) is what
+    :func:`codec_records` sent: keys, headers, timestamps, partitions and offsets exact."""
+    assert len(got) == count
+    for record in got:
+        i = int(record.value.split(b"-")[1])
+        assert record.key == (None if i % 10 == 0 else b"key-%d" % i)
+        assert list(record.headers) == [("n", b"%d" % i), ("e", b"")]
+        assert record.timestamp == 1_700_000_000_000 + i
+        assert record.partition == i % 2
+        assert record.offset == i // 2
 
 
 class FakeConnection:
