@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from broker_process import running_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "trio_coord"]
@@ -43,24 +44,8 @@ def ok(*args: str) -> str:
 @pytest.fixture
 def broker_process(tmp_path):
     """A broker in its own process; yields its bootstrap address."""
-    process = subprocess.Popen(
-        [*CLI, "broker", "--data-dir", str(tmp_path / "data"), "--port", "0", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line, f"broker did not start: {process.stderr.read()}"
-        yield json.loads(line)["address"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-            process.kill()
-            raise
+    with running_broker(tmp_path / "data") as address:
+        yield address
 
 
 class ConsumerProcess:
