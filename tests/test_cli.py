@@ -51,7 +51,9 @@ def broker_process(tmp_path):
 class ConsumerProcess:
     """``trio-coord consume --events json`` in a subprocess, its events collected."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, session_timeout: float) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, session_timeout: float, *options: str
+    ) -> None:
         self.process = subprocess.Popen(
             [
                 *CLI,
@@ -61,6 +63,7 @@ class ConsumerProcess:
                 group,
                 "--session-timeout",
                 str(session_timeout),
+                *options,
                 "--events",
                 "json",
                 "-b",
@@ -76,6 +79,7 @@ class ConsumerProcess:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             if line.strip():
                 self.events.append(json.loads(line))
