@@ -26,6 +26,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 from collections.abc import (
@@ -38,7 +39,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -505,6 +506,61 @@ async def spawn(
         yield child
     finally:
         await child.stop(stop_grace)
+
+
+def spark_result(
+    params: Any, load: float | None, samples: Mapping[str, list[float]], ratios: Mapping[str, str]
+) -> dict[str, Any]:
+    """What a Spark bench reports: its params, the machine, each way's samples (seconds per
+    repetition) and records/s at the median, and under each key of ``ratios`` the data
+    source's throughput over that baseline's, repetition by repetition (median, min, max).
+    """
+
+    def over(baseline: str) -> dict[str, float]:
+        each = [
+            ratio(params.records / s, params.records / b)
+            for s, b in zip(samples["source"], samples[baseline], strict=True)
+        ]
+        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
+
+    return {
+        "params": asdict(params),
+        "machine": {"cpus": cpu_count(), "load_average": load},
+        **{
+            name: {"samples_s": times, "records_per_s": params.records / statistics.median(times)}
+            for name, times in samples.items()
+        },
+        **{key: over(baseline) for key, baseline in ratios.items()},
+    }
+
+
+def spark_render(
+    head: str,
+    result: Mapping[str, Any],
+    column: str,
+    labels: Mapping[str, str],
+    ratios: Mapping[str, str],
+) -> str:
+    """A Spark bench's human table: ``head``, each way (``labels``: name -> label) with its
+    records/s and median seconds, then the ratios (``ratios`` as for :func:`spark_result`)."""
+    table = format_table(
+        [column, "records/s", "seconds (median)"],
+        [
+            [
+                label,
+                f"{result[name]['records_per_s']:,.0f}",
+                f"{statistics.median(result[name]['samples_s']):.2f}",
+            ]
+            for name, label in labels.items()
+        ],
+    )
+    lines = [head, "", table, ""]
+    for key, baseline in ratios.items():
+        r = result[key]
+        lines.append(
+            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
+        )
+    return "\n".join(lines)
 
 
 def spark_bench_main(
