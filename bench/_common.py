@@ -21,10 +21,12 @@ tells where it is with :class:`Progress`, one line on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 from collections.abc import (
@@ -37,8 +39,9 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import trio
@@ -65,6 +68,7 @@ __all__ = [
     "say",
     "spawn",
     "start_logged",
+    "tests_module",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -504,6 +508,61 @@ async def spawn(
         await child.stop(stop_grace)
 
 
+def spark_result(
+    params: Any, load: float | None, samples: Mapping[str, list[float]], ratios: Mapping[str, str]
+) -> dict[str, Any]:
+    """What a Spark bench reports: its params, the machine, each way's samples (seconds per
+    repetition) and records/s at the median, and under each key of ``ratios`` the data
+    source's throughput over that baseline's, repetition by repetition (median, min, max).
+    """
+
+    def over(baseline: str) -> dict[str, float]:
+        each = [
+            ratio(params.records / s, params.records / b)
+            for s, b in zip(samples["source"], samples[baseline], strict=True)
+        ]
+        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
+
+    return {
+        "params": asdict(params),
+        "machine": {"cpus": cpu_count(), "load_average": load},
+        **{
+            name: {"samples_s": times, "records_per_s": params.records / statistics.median(times)}
+            for name, times in samples.items()
+        },
+        **{key: over(baseline) for key, baseline in ratios.items()},
+    }
+
+
+def spark_render(
+    head: str,
+    result: Mapping[str, Any],
+    column: str,
+    labels: Mapping[str, str],
+    ratios: Mapping[str, str],
+) -> str:
+    """A Spark bench's human table: ``head``, each way (``labels``: name -> label) with its
+    records/s and median seconds, then the ratios (``ratios`` as for :func:`spark_result`)."""
+    table = format_table(
+        [column, "records/s", "seconds (median)"],
+        [
+            [
+                label,
+                f"{result[name]['records_per_s']:,.0f}",
+                f"{statistics.median(result[name]['samples_s']):.2f}",
+            ]
+            for name, label in labels.items()
+        ],
+    )
+    lines = [head, "", table, ""]
+    for key, baseline in ratios.items():
+        r = result[key]
+        lines.append(
+            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
+        )
+    return "\n".join(lines)
+
+
 def spark_bench_main(
     argv: Sequence[str] | None,
     *,
@@ -558,25 +617,27 @@ BENCH_USER = "bench"
 BENCH_PASSWORD = "bench-password"
 
 
-def make_certificates(directory: str | os.PathLike[str]) -> str:
-    """A CA and a server certificate for 127.0.0.1 in ``directory`` (openssl); returns it."""
-    import subprocess
+def tests_module(name: str) -> ModuleType:
+    """The test suite's helper module ``tests/NAME.py`` (a ZooKeeper server, certificates).
 
+    The benches run from a checkout (``python bench/X.py`` or ``python -m
+    bench.X``, both beside ``tests/``), so they share these helpers with the
+    tests instead of keeping copies; ``tests/`` is on the path only while the
+    module is imported.
+    """
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def make_certificates(directory: str | os.PathLike[str]) -> str:
+    """A CA and a server certificate for 127.0.0.1 in ``directory`` (made if missing), by
+    the tests' ``tests/certs.py``; returns the directory."""
     where = Path(directory)
     where.mkdir(parents=True, exist_ok=True)
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=bench CA")  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
-    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "server.pem", "-days", "2",
-            "-extfile", "san.ext")  # fmt: skip
-    return str(where)
+    return str(tests_module("certs").make_certificates(where))
 
 
 def broker_security(certs: str | None, tls: bool, sasl: bool) -> dict[str, Any]:

@@ -32,7 +32,6 @@ them would), so that both modes run against a store of S+C offset nodes:
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import statistics
 import sys
@@ -55,7 +54,6 @@ if __package__ in (None, ""):  # run as a script: make the `bench` package impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
-    ROOT,
     BenchError,
     chosen_params,
     cpu_count,
@@ -64,6 +62,7 @@ from bench._common import (
     load_average,
     ratio,
     run_and_report,
+    tests_module,
 )
 
 __all__ = ["Params", "main", "run_benchmark"]
@@ -91,11 +90,7 @@ QUICK = Params(committers=20, commits=5, repeat=1, quick=True)
 @contextmanager
 def _private_zookeeper(base: Path, heap: str = "256m") -> Any:
     """A private ZooKeeper server for the run (the tests' helper, in ``tests/zkserver.py``)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        zkserver = importlib.import_module("zkserver")
-    finally:
-        sys.path.pop(0)
+    zkserver = tests_module("zkserver")
     try:
         server = zkserver.ZooKeeperServer(base, heap=heap, fixed_heap=heap != "256m")
         server.start()

@@ -32,12 +32,11 @@ JVM's and the Python workers' warm-up).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ import trio
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import cpu_count, format_table, load_average, ratio, spark_bench_main
+from bench._common import load_average, spark_bench_main, spark_render, spark_result
 from trio_coord import open_admin, open_producer
 from trio_coord.spark import background_broker, local_session
 
@@ -250,27 +249,7 @@ def measure(params: Params) -> dict[str, Any]:
         finally:
             spark.stop()
 
-    def ratios(baseline: str) -> dict[str, float]:
-        each = [
-            ratio(params.records / s, params.records / b)
-            for s, b in zip(samples["source"], samples[baseline], strict=True)
-        ]
-        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
-
-    return {
-        "params": asdict(params),
-        "machine": {"cpus": cpu_count(), "load_average": load},
-        **{
-            name: {
-                "samples_s": times,
-                "records_per_s": params.records / statistics.median(times),
-            }
-            for name, times in samples.items()
-        },
-        "ratio": ratios("json"),
-        "ratio_parquet": ratios("parquet"),
-        "ratio_floor": ratios("floor"),
-    }
+    return spark_result(params, load, samples, RATIOS)
 
 
 LABELS = {
@@ -279,6 +258,7 @@ LABELS = {
     "parquet": "spark.read.parquet, same records",
     "floor": "Python data source floor",
 }
+RATIOS = {"ratio": "json", "ratio_parquet": "parquet", "ratio_floor": "floor"}
 
 
 def render(result: Mapping[str, Any]) -> str:
@@ -291,28 +271,7 @@ def render(result: Mapping[str, Any]) -> str:
         f"{p['repeat']} repetition(s), medians; Spark {p['master']}; {machine['cpus']} CPUs, "
         f"load average {load if load is not None else 'n/a'}"
     )
-    table = format_table(
-        ["read", "records/s", "seconds (median)"],
-        [
-            [
-                label,
-                f"{result[name]['records_per_s']:,.0f}",
-                f"{statistics.median(result[name]['samples_s']):.2f}",
-            ]
-            for name, label in LABELS.items()
-        ],
-    )
-    lines = [head, "", table, ""]
-    for key, baseline in (
-        ("ratio", "json"),
-        ("ratio_parquet", "parquet"),
-        ("ratio_floor", "floor"),
-    ):
-        r = result[key]
-        lines.append(
-            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
-        )
-    return "\n".join(lines)
+    return spark_render(head, result, "read", LABELS, RATIOS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,12 +31,11 @@ of each repetition, whose median is reported with its range.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ import trio
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import cpu_count, format_table, load_average, ratio, spark_bench_main
+from bench._common import load_average, spark_bench_main, spark_render, spark_result
 from trio_coord import LogConfig, open_admin
 from trio_coord.protocol.messages import LATEST, TopicPartition
 from trio_coord.spark import BlockingClient, background_broker, local_session
@@ -71,6 +70,7 @@ LABELS = {
     "json": "df.write.json, same rows",
     "floor": "Python data source floor",
 }
+RATIOS = {"ratio": "json", "ratio_floor": "floor"}
 
 
 def floor_sink() -> type:
@@ -166,23 +166,7 @@ def measure(params: Params) -> dict[str, Any]:
         finally:
             spark.stop()
 
-    def ratios(baseline: str) -> dict[str, float]:
-        each = [
-            ratio(params.records / s, params.records / b)
-            for s, b in zip(samples["source"], samples[baseline], strict=True)
-        ]
-        return {"median": statistics.median(each), "min": min(each), "max": max(each)}
-
-    return {
-        "params": asdict(params),
-        "machine": {"cpus": cpu_count(), "load_average": load},
-        **{
-            name: {"samples_s": times, "records_per_s": params.records / statistics.median(times)}
-            for name, times in samples.items()
-        },
-        "ratio": ratios("json"),
-        "ratio_floor": ratios("floor"),
-    }
+    return spark_result(params, load, samples, RATIOS)
 
 
 def render(result: Mapping[str, Any]) -> str:
@@ -196,24 +180,7 @@ def render(result: Mapping[str, Any]) -> str:
         f"{'yes' if p['fsync'] else 'no'}; Spark {p['master']}; {machine['cpus']} CPUs, "
         f"load average {load if load is not None else 'n/a'}"
     )
-    table = format_table(
-        ["write", "records/s", "seconds (median)"],
-        [
-            [
-                label,
-                f"{result[name]['records_per_s']:,.0f}",
-                f"{statistics.median(result[name]['samples_s']):.2f}",
-            ]
-            for name, label in LABELS.items()
-        ],
-    )
-    lines = [head, "", table, ""]
-    for key, baseline in (("ratio", "json"), ("ratio_floor", "floor")):
-        r = result[key]
-        lines.append(
-            f"ratio source/{baseline}: {r['median']:.2f} (range {r['min']:.2f}-{r['max']:.2f})"
-        )
-    return "\n".join(lines)
+    return spark_render(head, result, "write", LABELS, RATIOS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,9 +7,9 @@ clock, so that they can assert exact times.
 ZooKeeper: ``zookeeper_server`` is one server (``zkserver.ZooKeeperServer``)
 for the whole test run, started on first use; tests isolate themselves with
 ``zk_chroot``, a fresh chroot each (``zookeeper_server.url(zk_chroot)``).
-Tests that stop or restart a server make their own ``ZooKeeperServer`` in
-``tmp_path`` instead. Missing Java or ZooKeeper fails these tests (never
-skips): run ``scripts/test``, which installs them.
+Tests that stop or restart a server use ``private_zookeeper`` instead, a
+server of their own in ``tmp_path``. Missing Java or ZooKeeper fails these
+tests (never skips): run ``scripts/test``, which installs them.
 
 Parallel runs: ``scripts/test`` runs the suite on pytest-xdist workers with
 ``--dist loadgroup``: the tests that use the SparkSession run on one worker
@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from zkserver import ZooKeeperServer, ZooKeeperUnavailable
@@ -64,11 +65,11 @@ async def broker(tmp_path) -> AsyncIterator[Broker]:
         yield running
 
 
-@pytest.fixture(scope="session")
-def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """One private ZooKeeper server for the test run (fails, never skips, without ZooKeeper)."""
+def _running_zookeeper(directory: Path) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper server started in ``directory`` and stopped afterwards (fails, never
+    skips, without ZooKeeper)."""
     try:
-        server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+        server = ZooKeeperServer(directory)
         server.start()
     except ZooKeeperUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
@@ -76,6 +77,19 @@ def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKe
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """One private ZooKeeper server for the test run (fails, never skips, without ZooKeeper)."""
+    yield from _running_zookeeper(tmp_path_factory.mktemp("zookeeper"))
+
+
+@pytest.fixture
+def private_zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper server of the test's own (in ``tmp_path/zookeeper``), which it may stop
+    and restart."""
+    yield from _running_zookeeper(tmp_path / "zookeeper")
 
 
 _chroot_numbers = itertools.count()

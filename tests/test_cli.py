@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from broker_process import running_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "trio_coord"]
@@ -43,30 +44,16 @@ def ok(*args: str) -> str:
 @pytest.fixture
 def broker_process(tmp_path):
     """A broker in its own process; yields its bootstrap address."""
-    process = subprocess.Popen(
-        [*CLI, "broker", "--data-dir", str(tmp_path / "data"), "--port", "0", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line, f"broker did not start: {process.stderr.read()}"
-        yield json.loads(line)["address"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-            process.kill()
-            raise
+    with running_broker(tmp_path / "data") as address:
+        yield address
 
 
 class ConsumerProcess:
     """``trio-coord consume --events json`` in a subprocess, its events collected."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, session_timeout: float) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, session_timeout: float, *options: str
+    ) -> None:
         self.process = subprocess.Popen(
             [
                 *CLI,
@@ -76,6 +63,7 @@ class ConsumerProcess:
                 group,
                 "--session-timeout",
                 str(session_timeout),
+                *options,
                 "--events",
                 "json",
                 "-b",
@@ -91,6 +79,7 @@ class ConsumerProcess:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             if line.strip():
                 self.events.append(json.loads(line))

@@ -22,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -31,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import trio
+from broker_process import running_broker
 
 from trio_coord import LogConfig, open_admin, open_consumer, open_producer
 from trio_coord.cli import main
@@ -94,25 +94,8 @@ def cli_error(capsys, *args: str) -> str:
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
     """One broker process for the module; yields its address."""
-    data = tmp_path_factory.mktemp("cli-data") / "data"
-    process = subprocess.Popen(
-        [*CLI, "broker", "--data-dir", str(data), "--port", "0", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line, "the broker did not start"
-        yield json.loads(line)["address"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-            process.kill()
-            raise
+    with running_broker(tmp_path_factory.mktemp("cli-data") / "data") as address:
+        yield address
 
 
 # -- the library, in-process, for what the CLI cannot do -------------------------------------

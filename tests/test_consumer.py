@@ -260,6 +260,15 @@ async def test_leaving_while_a_rebalance_starts_revokes_once_and_assigns_nothing
     assert calls == [("assigned", everything), ("revoked", everything)]
 
 
+def _as_member(consumer: Consumer, nursery: trio.Nursery) -> None:
+    """As if ``consumer`` (never connected) had joined as member ``m`` with a heartbeat
+    accepted just now; its watchdog watches the lease."""
+    nursery.start_soon(consumer._membership._watchdog)
+    consumer._membership.member_id = "m"
+    consumer._membership._member_ready.set()
+    consumer._membership._renew_lease(trio.current_time())
+
+
 async def test_a_start_arriving_after_the_lease_ran_out_is_refused(autojump_clock):
     # The lease ran out while the consumer owned nothing (stopped, its heartbeats not
     # answered in time), so the watchdog had nothing to drop and waits for the lease to
@@ -269,10 +278,7 @@ async def test_a_start_arriving_after_the_lease_ran_out_is_refused(autojump_cloc
     # over once its fence ends.
     consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._membership._watchdog)
-        consumer._membership.member_id = "m"
-        consumer._membership._member_ready.set()
-        consumer._membership._renew_lease(trio.current_time())  # the last accepted heartbeat
+        _as_member(consumer, nursery)  # its last heartbeat accepted now
         await trio.sleep(S * 1.5)
         start = StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         with pytest.raises(CoordError, match="lease"):
@@ -329,10 +335,7 @@ async def test_the_watchdog_still_watches_a_lease_renewed_while_on_lost_ran(auto
 
     consumer = open_consumer("127.0.0.1:1", "g", ["t"], session_timeout=S, on_lost=slow_on_lost)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._membership._watchdog)
-        consumer._membership.member_id = "m"
-        consumer._membership._member_ready.set()
-        consumer._membership._renew_lease(trio.current_time())
+        _as_member(consumer, nursery)
         await consumer._membership._handler.handle(
             StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         )
@@ -358,10 +361,7 @@ async def test_a_drop_waits_for_a_running_revoke_and_loses_nothing_twice(autojum
         "127.0.0.1:1", "g", ["t"], session_timeout=S, on_revoked=slow_revoke, on_lost=lost.append
     )
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer._membership._watchdog)
-        consumer._membership.member_id = "m"
-        consumer._membership._member_ready.set()
-        consumer._membership._renew_lease(trio.current_time())
+        _as_member(consumer, nursery)
         await consumer._membership._handler.handle(
             StartFetchersRequest("g", "m", 2, [PartitionOffset("t", 0, 0)])
         )

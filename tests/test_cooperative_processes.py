@@ -11,52 +11,28 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import threading
-import time
 from collections import Counter
 
 import pytest
-from test_cli import CLI, ENV, broker_process, ok  # noqa: F401  (broker_process: a fixture)
+from test_cli import (  # noqa: F401  (broker_process: a fixture)
+    ConsumerProcess,
+    broker_process,
+    ok,
+    wait_for,
+)
 
 
-class CooperativeConsumer:
-    """A cooperative ``trio-coord consume --events json`` process, its events collected."""
+class CooperativeConsumer(ConsumerProcess):
+    """A cooperative ``trio-coord consume --events json`` process (topic t, group g)."""
 
     def __init__(self, bootstrap: str, session_timeout: float) -> None:
-        self.process = subprocess.Popen(
-            [
-                *CLI,
-                "consume",
-                "t",
-                "--group",
-                "g",
-                "--session-timeout",
-                str(session_timeout),
-                "--rebalance-protocol",
-                "cooperative",
-                "--events",
-                "json",
-                "-b",
-                bootstrap,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=ENV,
+        super().__init__(
+            bootstrap, "t", "g", session_timeout, "--rebalance-protocol", "cooperative"
         )
-        self.events: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.strip():
-                self.events.append(json.loads(line))
 
     def owned(self, events: list[dict] | None = None) -> set[tuple[str, int]]:
-        """What it owns: cooperative callbacks name only the partitions that change."""
+        """What it owns (after ``events`` only, if given): cooperative callbacks name only
+        the partitions that change."""
         owned: set[tuple[str, int]] = set()
         for event in self.events if events is None else events:
             tps = {tuple(p) for p in event.get("partitions") or []}
@@ -65,23 +41,6 @@ class CooperativeConsumer:
             elif event["event"] in ("revoked", "lost"):
                 owned -= tps
         return owned
-
-    @property
-    def member_id(self) -> str:
-        return self.events[0]["member_id"] if self.events else ""
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=10)
-        self._reader.join(timeout=5)
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow

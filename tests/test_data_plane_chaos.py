@@ -30,17 +30,15 @@ time except the overall bounds (``fail_after``).
 
 from __future__ import annotations
 
-import json
 import random
-import select
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
 import trio
-from chaos import ENV, Fleet, check_processing
+from broker_process import running_broker
+from chaos import Fleet, check_processing
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer, open_producer
 
@@ -53,30 +51,8 @@ WORK = 0.004  # seconds of "processing" per record
 @pytest.fixture
 def broker_address(tmp_path):
     """A broker process (short minimum session timeout); yields its bootstrap address."""
-    log = (tmp_path / "broker.log").open("w")
-    process = subprocess.Popen(
-        [*CLI, "broker", "--data-dir", str(tmp_path / "data"), "--port", "0", "--json",
-         "--min-session-timeout", "0.2"],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env=ENV,
-    )  # fmt: skip
-    try:
-        ready, _, _ = select.select([process.stdout], [], [], 30)
-        line = process.stdout.readline() if ready else ""
-        assert line, f"the broker did not start; see {tmp_path / 'broker.log'}"
-        yield json.loads(line)["address"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-            process.kill()
-            process.wait()
-            raise
-        finally:
-            log.close()
+    with running_broker(tmp_path / "data", "--min-session-timeout", "0.2") as address:
+        yield address
 
 
 # -- the schedule ------------------------------------------------------------------------

@@ -361,6 +361,14 @@ class Recorder:
         raise AssertionError(f"no {what} event matching {match} within {within}s; saw:\n{seen}")
 
 
+async def join_one_by_one(rec: Recorder, *fakes: FakeMember) -> None:
+    """Join each member and wait for its group to be stable with it."""
+    for fake in fakes:
+        mark = rec.mark()
+        await fake.join()
+        await rec.wait_for("stable", since=mark, group=fake.group)
+
+
 def _stop_at(self: Timeline, member: str, when: float) -> None:
     """End ``member``'s open intervals at ``when`` (a crashed member's lease end)."""
     for interval in self.intervals:

@@ -34,6 +34,7 @@ from .harness import (
     connected,
     ephemeral_broker,
     heartbeat_forever,
+    join_one_by_one,
 )
 
 S = 10.0
@@ -55,13 +56,6 @@ def coop(broker, timeline, *names, topics=("t",)):
         )
         for name in names
     ]
-
-
-async def join_one_by_one(rec: Recorder, *fakes: FakeMember) -> None:
-    for fake in fakes:
-        mark = rec.mark()
-        await fake.join()
-        await rec.wait_for("stable", since=mark)
 
 
 def unbroken(timeline: Timeline, member: FakeMember, tp: TopicPartition, since: float) -> bool:

@@ -57,16 +57,20 @@ LOG = LogConfig(flush_interval=3600, retention_seconds=None)
 
 
 @asynccontextmanager
-async def broker_and_client(partitions: int = 2) -> AsyncIterator[tuple[Broker, Connection]]:
-    """An ephemeral broker with topic ``t`` (logs created, empty) and a client connection."""
-    async with ephemeral_broker(log=LOG) as broker:
+async def broker_and_client(
+    partitions: int = 2, *, log: LogConfig = LOG, make_logs: bool = True
+) -> AsyncIterator[tuple[Broker, Connection]]:
+    """An ephemeral broker with topic ``t`` and a client connection; with ``make_logs``,
+    the partitions' logs are made (empty) before the test starts, else the first
+    Produce makes them."""
+    async with ephemeral_broker(log=log) as broker:
         client_side, broker_side = trio.testing.memory_stream_pair()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(broker.serve_stream, broker_side)
             conn = Connection(client_side, name="longpoll-client")
             await nursery.start(conn.serve)
             await conn.request(CreateTopicRequest("t", partitions))
-            for partition in range(partitions):
+            for partition in range(partitions if make_logs else 0):
                 await broker.logs.create("t", partition)  # (a worker thread; see above)
             try:
                 yield broker, conn
@@ -235,27 +239,20 @@ async def test_a_fetch_parked_before_a_partitions_first_batch_wakes_when_its_log
     Not on the virtual clock (see the module docstring); a fetch that was not
     woken would wait its whole ``max_wait`` of a minute and fail the bound.
     """
-    async with ephemeral_broker(log=LOG) as broker:
-        client_side, broker_side = trio.testing.memory_stream_pair()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(broker.serve_stream, broker_side)
-            conn = Connection(client_side, name="longpoll-client")
-            await nursery.start(conn.serve)
-            await conn.request(CreateTopicRequest("t", 1))
-            assert broker.logs.get("t", 0) is None  # no log until the first batch
-            fetch = TimedFetch()
-            with trio.fail_after(20):
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(
-                        fetch.run,
-                        conn,
-                        FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=60_000),
-                    )
-                    await trio.sleep(0.1)
-                    assert fetch.at is None
-                    assert await produce(conn, batch(b"first")) == 0
-            assert fetch.values() == [b"first"]
-            nursery.cancel_scope.cancel()
+    async with broker_and_client(1, make_logs=False) as (broker, conn):
+        assert broker.logs.get("t", 0) is None  # no log until the first batch
+        fetch = TimedFetch()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(
+                    fetch.run,
+                    conn,
+                    FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=60_000),
+                )
+                await trio.sleep(0.1)
+                assert fetch.at is None
+                assert await produce(conn, batch(b"first")) == 0
+        assert fetch.values() == [b"first"]
 
 
 async def test_a_fetch_wakes_when_a_batch_becomes_visible_even_if_its_produce_was_cancelled(
@@ -278,35 +275,27 @@ async def test_a_fetch_wakes_when_a_batch_becomes_visible_even_if_its_produce_wa
 
     monkeypatch.setattr(Segment, "sync", held_sync)
     fsync_each = LogConfig(flush_interval=0, retention_seconds=None)
-    async with ephemeral_broker(log=fsync_each) as broker:
-        client_side, broker_side = trio.testing.memory_stream_pair()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(broker.serve_stream, broker_side)
-            conn = Connection(client_side, name="longpoll-client")
-            await nursery.start(conn.serve)
-            await conn.request(CreateTopicRequest("t", 1))
-            await broker.logs.create("t", 0)
-            hold.set()
-            fetch = TimedFetch()
-            produce_scope = trio.CancelScope()
+    async with broker_and_client(1, log=fsync_each) as (broker, conn):
+        hold.set()
+        fetch = TimedFetch()
+        produce_scope = trio.CancelScope()
 
-            async def produce_then_give_up() -> None:
-                with produce_scope:
-                    await broker.partitions.produce(batch(b"first"))
+        async def produce_then_give_up() -> None:
+            with produce_scope:
+                await broker.partitions.produce(batch(b"first"))
 
-            with trio.fail_after(20):
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(
-                        fetch.run,
-                        conn,
-                        FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=60_000),
-                    )
-                    inner.start_soon(produce_then_give_up)
-                    await trio.testing.wait_all_tasks_blocked()  # both wait; fsync held
-                    produce_scope.cancel()
-                    await trio.testing.wait_all_tasks_blocked()
-                    assert fetch.at is None  # not visible before its fsync
-                    release.set()
-            assert produce_scope.cancelled_caught
-            assert fetch.values() == [b"first"]
-            nursery.cancel_scope.cancel()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(
+                    fetch.run,
+                    conn,
+                    FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=60_000),
+                )
+                inner.start_soon(produce_then_give_up)
+                await trio.testing.wait_all_tasks_blocked()  # both wait; fsync held
+                produce_scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                assert fetch.at is None  # not visible before its fsync
+                release.set()
+        assert produce_scope.cancelled_caught
+        assert fetch.values() == [b"first"]

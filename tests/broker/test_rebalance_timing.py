@@ -30,7 +30,14 @@ from trio_coord.protocol import (
     StopFetchersRequest,
 )
 
-from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
+from .harness import (
+    FakeMember,
+    Recorder,
+    Timeline,
+    connected,
+    ephemeral_broker,
+    join_one_by_one,
+)
 
 S = 10.0  # session timeout of the fake members
 R = 5.0  # their rebalance timeout
@@ -49,14 +56,6 @@ def members(broker, timeline, *names, group="g", topics=("t",)):
         )
         for name in names
     ]
-
-
-async def join_one_by_one(rec: Recorder, *fakes: FakeMember) -> None:
-    """Join each member and wait for the group to be stable with it."""
-    for fake in fakes:
-        mark = rec.mark()
-        await fake.join()
-        await rec.wait_for("stable", since=mark, group=fake.group)
 
 
 async def heartbeat_at(member: FakeMember, times: list[float]) -> None:

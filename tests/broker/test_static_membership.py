@@ -13,6 +13,8 @@ client side (a static consumer closes without leaving, and comes back).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -43,6 +45,19 @@ def member(broker, timeline, name, instance_id=""):
     )
 
 
+async def a_then_b(
+    rec: Recorder, nursery: trio.Nursery, a: FakeMember, b: FakeMember
+) -> dict[str, Any]:
+    """a joins alone (generation 1), then b (generation 2), which then heartbeats every
+    second: returns generation 2's ``stable`` event."""
+    await a.join()
+    await rec.wait_for("stable", generation=1)
+    await b.join()
+    stable = await rec.wait_for("stable", generation=2)
+    nursery.start_soon(heartbeat_forever, b, 1.0)
+    return stable
+
+
 async def test_a_static_member_back_within_its_session_resumes_without_a_rebalance(
     autojump_clock,
 ):
@@ -53,11 +68,7 @@ async def test_a_static_member_back_within_its_session_resumes_without_a_rebalan
         b = member(broker, timeline, "b")
         async with connected(b), trio.open_nursery() as nursery:
             async with connected(a):
-                await a.join()
-                await rec.wait_for("stable", generation=1)
-                await b.join()
-                stable = await rec.wait_for("stable", generation=2)
-                nursery.start_soon(heartbeat_forever, b, 1.0)
+                stable = await a_then_b(rec, nursery, a, b)
                 had, generation = list(a.owned), a.generation
                 assert len(had) == 3
                 pushes_to_b = len(b.pushes)
@@ -100,11 +111,7 @@ async def test_a_static_member_that_stepped_out_is_resumed_at_once(autojump_cloc
         b = member(broker, timeline, "b")
         async with connected(b), trio.open_nursery() as nursery:
             async with connected(a):
-                await a.join()
-                await rec.wait_for("stable", generation=1)
-                await b.join()
-                await rec.wait_for("stable", generation=2)
-                nursery.start_soon(heartbeat_forever, b, 1.0)
+                await a_then_b(rec, nursery, a, b)
                 had = list(a.owned)
                 await trio.sleep_until(2.0)
                 mark = rec.mark()
@@ -140,11 +147,7 @@ async def test_a_static_member_back_with_other_timeouts_rejoins_through_a_rebala
         b = member(broker, timeline, "b")
         async with connected(b), trio.open_nursery() as nursery:
             async with connected(a):
-                await a.join()
-                await rec.wait_for("stable", generation=1)
-                await b.join()
-                await rec.wait_for("stable", generation=2)
-                nursery.start_soon(heartbeat_forever, b, 1.0)
+                await a_then_b(rec, nursery, a, b)
                 had = list(a.owned)
                 mark = rec.mark()
                 await a.crash()
@@ -212,11 +215,7 @@ async def test_a_static_member_not_back_in_time_is_removed_at_its_session_timeou
         b = member(broker, timeline, "b")
         async with connected(b), trio.open_nursery() as nursery:
             async with connected(a):
-                await a.join()
-                await rec.wait_for("stable", generation=1)
-                await b.join()
-                await rec.wait_for("stable", generation=2)
-                nursery.start_soon(heartbeat_forever, b, 1.0)
+                await a_then_b(rec, nursery, a, b)
                 mark = rec.mark()
                 await a.crash()
             removed = await rec.wait_for("removed", since=mark, member_id=a.member_id)
@@ -313,11 +312,7 @@ async def test_a_successor_and_its_cut_off_predecessor_never_fetch_at_once(
         async with connected(b), connected(successor), connected(c):
             async with trio.open_nursery() as nursery:
                 async with connected(a):
-                    await a.join()
-                    await rec.wait_for("stable", generation=1)
-                    await b.join()
-                    await rec.wait_for("stable", generation=2)
-                    nursery.start_soon(heartbeat_forever, b, 1.0)
+                    await a_then_b(rec, nursery, a, b)
                     had = list(a.owned)
                     assert len(had) == 2
                     await trio.sleep_until(2.0)

@@ -10,9 +10,7 @@ offsets committed before the restart still there.
 
 from __future__ import annotations
 
-import pytest
 import trio
-from zkserver import ZooKeeperServer, ZooKeeperUnavailable
 
 from trio_coord import open_admin
 from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset, TopicPartition
@@ -20,22 +18,8 @@ from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset, T
 from .test_cluster import coordinator_broker, open_cluster, settled
 
 
-@pytest.fixture
-def private_server(tmp_path):
-    """A ZooKeeper server of this test's own, which it may restart."""
-    try:
-        server = ZooKeeperServer(tmp_path / "zk")
-        server.start()
-    except ZooKeeperUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-async def test_brokers_reconnect_and_serve_after_a_zookeeper_restart(private_server, tmp_path):
-    url = private_server.url("/cluster")
+async def test_brokers_reconnect_and_serve_after_a_zookeeper_restart(private_zookeeper, tmp_path):
+    url = private_zookeeper.url("/cluster")
     tp = TopicPartition("t", 0)
     async with open_cluster(url, tmp_path, 2) as brokers:
         bootstrap = ",".join(b.bootstrap for b in brokers)
@@ -49,7 +33,7 @@ async def test_brokers_reconnect_and_serve_after_a_zookeeper_restart(private_ser
                 OffsetCommitRequest("g", "", -1, [PartitionOffset("t", 0, 42)])
             )
 
-            await trio.to_thread.run_sync(private_server.restart)
+            await trio.to_thread.run_sync(private_zookeeper.restart)
 
             await settled(brokers)
             assert (await admin.committed_offsets("g"))[tp] == 42

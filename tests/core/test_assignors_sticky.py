@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_assignors import tps
 
 from trio_coord.core.assignors import (
     Assignment,
@@ -43,15 +44,6 @@ from trio_coord.protocol.messages import TopicPartition as TP
 sticky = StickyAssignor()
 uniform = UniformAssignor()
 BOTH = pytest.mark.parametrize("assignor", [sticky, uniform], ids=lambda a: a.name)
-
-
-def tps(*names: str) -> list[TP]:
-    """``tps("t-0", "u-1")`` → [TP("t", 0), TP("u", 1)]."""
-    out = []
-    for name in names:
-        topic, _, partition = name.rpartition("-")
-        out.append(TP(topic, int(partition)))
-    return out
 
 
 def spec(

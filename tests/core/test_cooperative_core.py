@@ -9,6 +9,9 @@ member the leader; a static member is found by its instance id.
 
 from __future__ import annotations
 
+import functools
+
+import _members
 import pytest
 
 from trio_coord.core.assignors import ASSIGNORS
@@ -31,32 +34,10 @@ def t(*ps: int) -> list[TP]:
     return [TP("t", p) for p in ps]
 
 
-def join(group: Group, member_id: str, now: float = 0.0, **extra) -> None:
-    options = {"assignors": ("uniform",), "protocol": "cooperative", **extra}
-    group.validate_join(
-        member_id=member_id,
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        assignors=options["assignors"],
-        offset_reset="earliest",
-        limits=LIMITS,
-        available=ASSIGNORS,
-        protocol=options["protocol"],
-        client_assignors=options.get("client_assignors", ()),
-    )
-    group.add_member(
-        now,
-        member_id=member_id,
-        client_id=member_id,
-        host="h",
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        auto_commit=True,
-        offset_reset="earliest",
-        **options,
-    )
+# A member of these tests is a cooperative ``uniform`` one unless a test says otherwise.
+join = functools.partial(
+    _members.join, limits=LIMITS, assignors=("uniform",), protocol="cooperative"
+)
 
 
 def stable(group: Group, now: float) -> None:

@@ -7,7 +7,10 @@ including from ``on_revoked`` while its fetchers are being stopped.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+from _members import add_member
 
 from trio_coord.core.assignors import ASSIGNORS
 from trio_coord.core.fencing import (
@@ -35,19 +38,8 @@ from trio_coord.protocol.messages import TopicPartition as TP
 T0, T1, T2, T3 = (TP("t", p) for p in range(4))
 
 
-def add(group: Group, member_id: str, now: float = 0.0) -> None:
-    group.add_member(
-        now,
-        member_id=member_id,
-        client_id=member_id,
-        host="h",
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        assignors=["range"],
-        auto_commit=False,
-        offset_reset="earliest",
-    )
+# Members of these tests commit by hand (no auto-commit).
+add = functools.partial(add_member, auto_commit=False)
 
 
 def plan(group: Group, now: float = 0.0, partitions: int = 4):

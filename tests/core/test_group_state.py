@@ -7,7 +7,9 @@ records come out, and the tests assert them exactly.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import _members
 import pytest
 
 from trio_coord.core.assignors import ASSIGNORS
@@ -19,6 +21,7 @@ from trio_coord.core.group import (
     GroupLimits,
     GroupState,
     IllegalTransitionError,
+    Member,
     StartPlan,
 )
 from trio_coord.core.records import (
@@ -44,38 +47,19 @@ S = GroupState
 LIMITS = GroupLimits(min_session_timeout=2.0, max_session_timeout=60.0, max_group_size=10)
 
 
-def join(
-    group: Group,
-    member_id: str,
-    now: float,
-    *,
-    topics: tuple[str, ...] = ("t",),
-    session_timeout: float = 10.0,
-    rebalance_timeout: float = 5.0,
-    assignors: tuple[str, ...] = ("range", "roundrobin"),
-    offset_reset: str = "earliest",
-):
-    group.validate_join(
-        member_id=member_id,
-        topics=topics,
-        session_timeout=session_timeout,
-        rebalance_timeout=rebalance_timeout,
-        assignors=assignors,
-        offset_reset=offset_reset,
-        limits=LIMITS,
-        available=ASSIGNORS,
-    )
-    return group.add_member(
+def join(group: Group, member_id: str, now: float, **values: Any) -> Member:
+    """Join validated, offering ``range`` and ``roundrobin``; client and host named after it."""
+    return _members.join(
+        group,
+        member_id,
         now,
-        member_id=member_id,
-        client_id=f"client-{member_id}",
-        host=f"host-{member_id}",
-        topics=topics,
-        session_timeout=session_timeout,
-        rebalance_timeout=rebalance_timeout,
-        assignors=assignors,
-        auto_commit=True,
-        offset_reset=offset_reset,
+        limits=LIMITS,
+        **{
+            "client_id": f"client-{member_id}",
+            "host": f"host-{member_id}",
+            "assignors": ("range", "roundrobin"),
+            **values,
+        },
     )
 
 

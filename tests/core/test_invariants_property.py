@@ -46,6 +46,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from _members import join
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -249,34 +250,22 @@ class GroupProtocol(RuleBasedStateMachine):
         """JoinGroup as the broker handles it; False if the join is refused."""
         others = [m.assignors for m in self.group.members.values() if m.member_id != member_id]
         try:
-            self.group.validate_join(
-                member_id=member_id,
+            join(
+                self.group,
+                member_id,
+                self.now,
+                limits=LIMITS,
+                host="127.0.0.1",
                 topics=sorted(consumer.topics),
                 session_timeout=consumer.session_timeout,
-                rebalance_timeout=5.0,
                 assignors=consumer.assignors,
                 offset_reset=consumer.offset_reset,
-                limits=LIMITS,
-                available=ASSIGNORS,
                 protocol=consumer.protocol,
             )
         except InconsistentAssignorError:
             assert choose_assignor([consumer.assignors, *others], ASSIGNORS) is None
             return False
         assert choose_assignor([consumer.assignors, *others], ASSIGNORS) is not None
-        self.group.add_member(
-            self.now,
-            member_id=member_id,
-            client_id=member_id,
-            host="127.0.0.1",
-            topics=sorted(consumer.topics),
-            session_timeout=consumer.session_timeout,
-            rebalance_timeout=5.0,
-            assignors=consumer.assignors,
-            auto_commit=True,
-            offset_reset=consumer.offset_reset,
-            protocol=consumer.protocol,
-        )
         consumer.generation = self.group.generation  # from the JoinGroup response
         self.consumers[member_id] = consumer
         self.restart()

@@ -11,8 +11,9 @@ sequence of joins, rejoins and departures.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
+from _members import join
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,37 +46,18 @@ class _CountingDict(dict):  # type: ignore[type-arg]
         return super().keys()
 
 
-def _join(group: Group, member_id: str, **overrides: Any) -> None:
-    spec: dict[str, Any] = dict(
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=10.0,
-        assignors=["uniform", "range"],
-        offset_reset="latest",
-        protocol="cooperative",
-        client_assignors=[],
-        user_data=b"",
-        client_id="c",
-        instance_id="",
-    )
-    spec.update(overrides)
-    group.validate_join(member_id=member_id, limits=LIMITS, available=AVAILABLE, **spec)
-    group.add_member(
-        0.0,
-        member_id=member_id,
-        client_id=spec["client_id"],
-        host="h",
-        topics=spec["topics"],
-        session_timeout=spec["session_timeout"],
-        rebalance_timeout=spec["rebalance_timeout"],
-        assignors=spec["assignors"],
-        auto_commit=True,
-        offset_reset=spec["offset_reset"],
-        protocol=spec["protocol"],
-        instance_id=spec["instance_id"],
-        user_data=spec["user_data"],
-        client_assignors=spec["client_assignors"],
-    )
+# Members here join cooperative, offering uniform and range, at time 0.
+_join = functools.partial(
+    join,
+    now=0.0,
+    limits=LIMITS,
+    available=AVAILABLE,
+    rebalance_timeout=10.0,
+    assignors=("uniform", "range"),
+    offset_reset="latest",
+    protocol="cooperative",
+    client_id="c",
+)
 
 
 def test_a_join_never_walks_the_group() -> None:

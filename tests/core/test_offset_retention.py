@@ -8,6 +8,8 @@ members keeps them all. Both clocks are arguments.
 
 from __future__ import annotations
 
+from _members import add_member
+
 from trio_coord.core.group import Group
 from trio_coord.core.records import OffsetRecord
 from trio_coord.protocol import TopicPartition
@@ -32,16 +34,5 @@ def test_offsets_expire_only_once_the_group_was_empty_and_they_are_old() -> None
         TopicPartition("t", 1),
     ]
     # A group with members keeps them all.
-    group.add_member(
-        161.0,
-        member_id="a",
-        client_id="c",
-        host="h",
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        assignors=["range"],
-        auto_commit=True,
-        offset_reset="earliest",
-    )
+    add_member(group, "a", 161.0)
     assert group.expired_offsets(1e9, 10**12, retention) == []

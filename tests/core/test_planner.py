@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+from _members import add_member
 
 from trio_coord.core.assignors import ASSIGNORS
 from trio_coord.core.group import AssignmentPlanner, Fence, Group, GroupState, Member, StartPlan
@@ -151,18 +152,7 @@ def test_a_leaders_assignment_that_gives_a_partition_twice_is_refused_naming_the
 
 def test_a_group_enters_assigning_and_forgets_ended_fences_then_asks_its_planner():
     group = Group("g", now=0.0)
-    group.add_member(
-        0.0,
-        member_id="a",
-        client_id="a",
-        host="h",
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        assignors=["range"],
-        auto_commit=True,
-        offset_reset="latest",
-    )
+    add_member(group, "a", offset_reset="latest")
     group.fences["old"] = Fence(frozenset({TP("t", 1)}), until=5.0, session_timeout=10.0)
     group.begin_rebalance()
     args = {"partitions": {"t": 2}, "available": ASSIGNORS, "log_offsets": log_offsets}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from _members import add_member
 
 from trio_coord.core.group import Group
 from trio_coord.core.records import GroupTombstone
@@ -55,21 +56,6 @@ def test_fire_moves_as_the_table_says_or_raises_and_changes_nothing(state, trigg
         assert group.state is expected
 
 
-def _join(group: Group, member_id: str, now: float) -> None:
-    group.add_member(
-        now,
-        member_id=member_id,
-        client_id="c",
-        host="h",
-        topics=["t"],
-        session_timeout=10.0,
-        rebalance_timeout=5.0,
-        assignors=["range"],
-        auto_commit=True,
-        offset_reset="earliest",
-    )
-
-
 def test_the_engines_own_moves_are_the_tables() -> None:
     from trio_coord.core.assignors import ASSIGNORS
 
@@ -80,7 +66,7 @@ def test_the_engines_own_moves_are_the_tables() -> None:
         if group.state is not seen[-1]:
             seen.append(group.state)
 
-    _join(group, "a", 1.0)
+    add_member(group, "a", 1.0)
     group.begin_rebalance()
     step()
     plan = group.plan_assignment(

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from kafka_fixtures import KafkaBroker, create_topic
+from kafka_fixtures import KafkaBroker, check_codec_round_trip, codec_records, create_topic
 from kafka_proxy import LosingProxy
 
 CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
@@ -49,31 +49,13 @@ def test_round_trip_every_codec(kafka_broker: KafkaBroker, topic: str, codec: st
         )
         await producer.start()
         try:
-            futures = [
-                await producer.send(
-                    topic,
-                    value=b"value-%d" % i,
-                    key=None if i % 10 == 0 else b"key-%d" % i,
-                    partition=i % 2,
-                    headers=[("n", b"%d" % i), ("e", b"")],
-                    timestamp_ms=1_700_000_000_000 + i,
-                )
-                for i in range(100)
-            ]
+            futures = [await producer.send(topic, **record) for record in codec_records()]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
         return await consume(kafka_broker.kafka, topic, 2, 100)
 
-    got = asyncio.run(run())
-    assert len(got) == 100
-    for record in got:
-        i = int(record.value.split(b"-")[1])
-        assert record.key == (None if i % 10 == 0 else b"key-%d" % i)
-        assert list(record.headers) == [("n", b"%d" % i), ("e", b"")]
-        assert record.timestamp == 1_700_000_000_000 + i
-        assert record.partition == i % 2
-        assert record.offset == i // 2
+    check_codec_round_trip(asyncio.run(run()))
 
 
 def test_idempotent_retry_stores_no_duplicate(kafka_broker: KafkaBroker, topic: str) -> None:

@@ -13,8 +13,6 @@ client's describe_consumer_groups) shows member epochs and assignments.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from kafka_fixtures import KafkaBroker, create_topic, start_broker, stop_broker
+from kafka_fixtures import KafkaBroker, Victim, create_topic, start_broker, stop_broker
 
 # Short sessions and heartbeats (the broker's settings under KIP-848): a SIGKILLed
 # member's partitions move once its session has ended, and members hear of a
@@ -142,33 +140,6 @@ while True:
     print(msg.key().decode(), flush=True)
     c.commit(message=msg, asynchronous=False)
 """
-
-
-class Victim:
-    """A member in a subprocess; a thread collects the keys it reports having read."""
-
-    def __init__(self, script: Path, broker: KafkaBroker, group: str, topic: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(script), broker.kafka, group, topic],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "ready"
-        self.seen: set[bytes] = set()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.strip():
-                self.seen.add(line.strip().encode())
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.reader.join(10)
 
 
 def committed(broker: KafkaBroker, group: str, topic: str, partitions: int) -> list[int]:

@@ -251,54 +251,31 @@ async def test_classic_and_consumer_members_never_share_a_group(autojump_clock: 
         member = Client(front, "k", group="kip848")
         await run_for([member], 1.0)
         protocol = sys.modules[load_request_schema(11, 9).__module__].JoinGroupRequestProtocol
-        classic = await call(
-            front,
-            FakeConnection(),
-            11,
-            9,
-            group_id="kip848",
-            session_timeout=timedelta(seconds=10),
-            rebalance_timeout=timedelta(seconds=10),
-            member_id="",
-            group_instance_id=None,
-            protocol_type="consumer",
-            protocols=(protocol(name="range", metadata=encode_subscription([TOPIC])),),
-        )
-        assert classic.error_code is KafkaCode.inconsistent_group_protocol
 
-        async with trio.open_nursery() as nursery:
-            # A classic member that waits in its JoinGroup (KIP-394's second step).
-            first = await call(
+        async def classic_join(group: str, member_id: str = "") -> Any:
+            """A classic JoinGroup (v9, range) into ``group``, on a connection of its own."""
+            return await call(
                 front,
                 FakeConnection(),
                 11,
                 9,
-                group_id="classic",
+                group_id=group,
                 session_timeout=timedelta(seconds=10),
                 rebalance_timeout=timedelta(seconds=10),
-                member_id="",
+                member_id=member_id,
                 group_instance_id=None,
                 protocol_type="consumer",
                 protocols=(protocol(name="range", metadata=encode_subscription([TOPIC])),),
             )
+
+        classic = await classic_join("kip848")
+        assert classic.error_code is KafkaCode.inconsistent_group_protocol
+
+        async with trio.open_nursery() as nursery:
+            # A classic member that waits in its JoinGroup (KIP-394's second step).
+            first = await classic_join("classic")
             assert first.error_code is KafkaCode.member_id_required
-
-            async def second() -> None:
-                await call(
-                    front,
-                    FakeConnection(),
-                    11,
-                    9,
-                    group_id="classic",
-                    session_timeout=timedelta(seconds=10),
-                    rebalance_timeout=timedelta(seconds=10),
-                    member_id=first.member_id,
-                    group_instance_id=None,
-                    protocol_type="consumer",
-                    protocols=(protocol(name="range", metadata=encode_subscription([TOPIC])),),
-                )
-
-            nursery.start_soon(second)
+            nursery.start_soon(classic_join, "classic", first.member_id)
             await trio.sleep(0.01)
             other = Client(front, "x", group="classic")
             answer = await other.heartbeat()

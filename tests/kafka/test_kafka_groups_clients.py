@@ -13,10 +13,6 @@ offsets equal the log end.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +23,7 @@ from confluent_kafka import Producer
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 from kafka.admin import KafkaAdminClient
-from kafka_fixtures import KafkaBroker, create_topic
+from kafka_fixtures import KafkaBroker, Victim, create_topic
 
 
 def produce(broker: KafkaBroker, topic: str, count: int, partitions: int, start: int = 0) -> None:
@@ -199,33 +195,6 @@ async def main():
             await c.commit()
 asyncio.run(main())
 """
-
-
-class Victim:
-    """A group member in a subprocess; a thread collects the keys it reports having read."""
-
-    def __init__(self, script: Path, broker: KafkaBroker, group: str, topic: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(script), broker.kafka, group, topic],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdout.readline().strip() == "ready"
-        self.seen: set[bytes] = set()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.strip():
-                self.seen.add(line.strip().encode())
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.reader.join(10)
 
 
 def wait_for(done: Callable[[], bool], limit: float, what: Callable[[], str]) -> None:

@@ -13,7 +13,7 @@ import time
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka_fixtures import KafkaBroker, create_topic
+from kafka_fixtures import KafkaBroker, check_codec_round_trip, codec_records, create_topic
 from kafka_proxy import LosingProxy
 
 CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
@@ -44,32 +44,12 @@ def test_round_trip_every_codec(kafka_broker: KafkaBroker, topic: str, codec: st
     producer = KafkaProducer(
         bootstrap_servers=kafka_broker.kafka, compression_type=codec, linger_ms=5
     )
-    futures = []
-    for i in range(100):
-        key = None if i % 10 == 0 else b"key-%d" % i
-        futures.append(
-            producer.send(
-                topic,
-                value=b"value-%d" % i,
-                key=key,
-                partition=i % 2,
-                headers=[("n", b"%d" % i), ("e", b"")],
-                timestamp_ms=1_700_000_000_000 + i,
-            )
-        )
+    futures = [producer.send(topic, **record) for record in codec_records()]
     producer.flush(15)
     for future in futures:
         future.get(15)
     producer.close()
-    got = consume(kafka_broker.kafka, topic, 2, 100)
-    assert len(got) == 100
-    for record in got:
-        i = int(record.value.split(b"-")[1])
-        assert record.key == (None if i % 10 == 0 else b"key-%d" % i)
-        assert list(record.headers) == [("n", b"%d" % i), ("e", b"")]
-        assert record.timestamp == 1_700_000_000_000 + i
-        assert record.partition == i % 2
-        assert record.offset == i // 2
+    check_codec_round_trip(consume(kafka_broker.kafka, topic, 2, 100))
 
 
 def test_idempotent_retry_stores_no_duplicate(kafka_broker: KafkaBroker, topic: str) -> None:

@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +117,26 @@ class Secured:
             "sasl.username": user,
             "sasl.password": password or PASSWORDS[user],
             "ssl.ca.location": self.ca,
+        }
+
+    def kafka_python(self, user: str) -> dict[str, object]:
+        """kafka-python settings for SASL_SSL with SCRAM-SHA-256."""
+        return {**self._python_login(user), "ssl_cafile": self.ca}
+
+    def aiokafka(self, user: str) -> dict[str, object]:
+        """aiokafka settings for SASL_SSL with SCRAM-SHA-256 (the CA in an SSLContext)."""
+        from aiokafka.helpers import create_ssl_context
+
+        return {**self._python_login(user), "ssl_context": create_ssl_context(cafile=self.ca)}
+
+    def _python_login(self, user: str) -> dict[str, object]:
+        """The settings aiokafka and kafka-python name alike (all but the CA)."""
+        return {
+            "bootstrap_servers": self.broker.kafka,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user],
         }
 
 
@@ -274,70 +294,90 @@ def test_confluent_kafka_needs_write_and_read_acls(secured: Secured, name: str) 
     assert seen == KafkaError.GROUP_AUTHORIZATION_FAILED
 
 
-def test_aiokafka_with_acls_and_without(secured: Secured, name: str) -> None:
-    """aiokafka over SASL_SSL + SCRAM-SHA-256: alice (granted) round-trips; bob is refused."""
+def _with_aiokafka(
+    secured: Secured, topic: str, values: list[bytes]
+) -> tuple[list[bytes], type[BaseException] | None]:
+    """alice sends ``values`` to ``topic`` and reads them back in group ``topic``, then bob
+    sends one record, all with aiokafka: what alice read, and the error bob's send raised if
+    it was TopicAuthorizationFailedError (None if it succeeded)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.errors import TopicAuthorizationFailedError
-    from aiokafka.helpers import create_ssl_context
-
-    secured.prepare(
-        name,
-        1,
-        ("alice", "write", "topic", name),
-        ("alice", "read", "topic", name),
-        ("alice", "read", "group", name),
-    )
-
-    def options(user: str) -> dict[str, object]:
-        return {
-            "bootstrap_servers": secured.broker.kafka,
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-256",
-            "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user],
-            "ssl_context": create_ssl_context(cafile=secured.ca),
-        }
 
     async def run() -> tuple[list[bytes], type[BaseException] | None]:
-        producer = AIOKafkaProducer(**options("alice"))
+        producer = AIOKafkaProducer(**secured.aiokafka("alice"))
         await producer.start()
         try:
-            for i in range(5):
-                await producer.send_and_wait(name, b"a%d" % i)
+            for value in values:
+                await producer.send_and_wait(topic, value)
         finally:
             await producer.stop()
         consumer = AIOKafkaConsumer(
-            name, group_id=name, auto_offset_reset="earliest", **options("alice")
+            topic, group_id=topic, auto_offset_reset="earliest", **secured.aiokafka("alice")
         )
         await consumer.start()
         got: list[bytes] = []
         try:
-            while len(got) < 5:
+            while len(got) < len(values):
                 batch = await asyncio.wait_for(consumer.getmany(timeout_ms=500), 20)
                 got += [m.value for ms in batch.values() for m in ms]
         finally:
             await consumer.stop()
         refused: type[BaseException] | None = None
-        bob = AIOKafkaProducer(**options("bob"))
+        bob = AIOKafkaProducer(**secured.aiokafka("bob"))
         await bob.start()
         try:
-            await asyncio.wait_for(bob.send_and_wait(name, b"no"), 20)
+            await asyncio.wait_for(bob.send_and_wait(topic, b"no"), 20)
         except TopicAuthorizationFailedError as exc:
             refused = type(exc)
         finally:
             await bob.stop()
         return got, refused
 
-    got, refused = asyncio.run(run())
-    assert sorted(got) == [b"a%d" % i for i in range(5)]
-    assert refused is TopicAuthorizationFailedError
+    return asyncio.run(run())
 
 
-def test_kafka_python_with_acls_and_without(secured: Secured, name: str) -> None:
-    """kafka-python over SASL_SSL + SCRAM-SHA-256: alice round-trips; bob cannot produce."""
+def _with_kafka_python(
+    secured: Secured, topic: str, values: list[bytes]
+) -> tuple[list[bytes], type[BaseException] | None]:
+    """As :func:`_with_aiokafka`, with kafka-python."""
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.errors import TopicAuthorizationFailedError
 
+    producer = KafkaProducer(**secured.kafka_python("alice"))
+    for value in values:
+        producer.send(topic, value).get(15)
+    producer.close()
+    consumer = KafkaConsumer(
+        topic, group_id=topic, auto_offset_reset="earliest", **secured.kafka_python("alice")
+    )
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(values) and time.monotonic() < deadline:
+        for records in consumer.poll(500).values():
+            got += [r.value for r in records]
+    consumer.close()
+    refused: type[BaseException] | None = None
+    bob = KafkaProducer(**secured.kafka_python("bob"), max_block_ms=10_000)
+    try:
+        bob.send(topic, b"no").get(15)
+    except TopicAuthorizationFailedError as exc:
+        refused = type(exc)
+    finally:
+        bob.close()
+    return got, refused
+
+
+@pytest.mark.parametrize(
+    "client", [_with_aiokafka, _with_kafka_python], ids=["aiokafka", "kafka-python"]
+)
+def test_python_clients_with_acls_and_without(
+    secured: Secured,
+    name: str,
+    client: Callable[..., tuple[list[bytes], type[BaseException] | None]],
+) -> None:
+    """aiokafka and kafka-python over SASL_SSL + SCRAM-SHA-256: alice (granted WRITE, READ
+    on the topic and READ on the group) round-trips in a group; bob, without ACLs, is
+    refused with TopicAuthorizationFailedError."""
     secured.prepare(
         name,
         1,
@@ -345,34 +385,10 @@ def test_kafka_python_with_acls_and_without(secured: Secured, name: str) -> None
         ("alice", "read", "topic", name),
         ("alice", "read", "group", name),
     )
-
-    def options(user: str) -> dict[str, object]:
-        return {
-            "bootstrap_servers": secured.broker.kafka,
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-256",
-            "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user],
-            "ssl_cafile": secured.ca,
-        }
-
-    producer = KafkaProducer(**options("alice"))
-    for i in range(5):
-        producer.send(name, b"k%d" % i).get(15)
-    producer.close()
-    consumer = KafkaConsumer(name, group_id=name, auto_offset_reset="earliest", **options("alice"))
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < 5 and time.monotonic() < deadline:
-        for records in consumer.poll(500).values():
-            got += [r.value for r in records]
-    consumer.close()
-    assert sorted(got) == [b"k%d" % i for i in range(5)]
-
-    bob = KafkaProducer(**options("bob"), max_block_ms=10_000)
-    with pytest.raises(TopicAuthorizationFailedError):
-        bob.send(name, b"no").get(15)
-    bob.close()
+    values = [b"v%d" % i for i in range(5)]
+    got, refused = client(secured, name, values)
+    assert sorted(got) == values
+    assert refused is not None and refused.__name__ == "TopicAuthorizationFailedError"
 
 
 def test_the_super_user_needs_no_acls(secured: Secured, name: str) -> None:
@@ -526,7 +542,6 @@ def test_kafka_classic_member_impersonation_is_refused(secured: Secured, name: s
     and alice's consumer keeps its membership and its partition."""
     from aiokafka import AIOKafkaConsumer
     from aiokafka.client import AIOKafkaClient
-    from aiokafka.helpers import create_ssl_context
     from aiokafka.protocol.commit import OffsetCommitRequest
     from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest
 
@@ -538,20 +553,12 @@ def test_kafka_classic_member_impersonation_is_refused(secured: Secured, name: s
         *[(user, "read", kind, name) for user in ("alice", "bob") for kind in ("topic", "group")],
     )
 
-    def options(user: str) -> dict[str, object]:
-        return {
-            "bootstrap_servers": secured.broker.kafka,
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-256",
-            "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user],
-            "ssl_context": create_ssl_context(cafile=secured.ca),
-        }
-
     async def run() -> tuple[list[int], str, str, set[int]]:
-        alice = AIOKafkaConsumer(name, group_id=name, session_timeout_ms=10_000, **options("alice"))
+        alice = AIOKafkaConsumer(
+            name, group_id=name, session_timeout_ms=10_000, **secured.aiokafka("alice")
+        )
         await alice.start()
-        bob = AIOKafkaClient(**options("bob"))
+        bob = AIOKafkaClient(**secured.aiokafka("bob"))
         try:
             async with asyncio.timeout(30):
                 while not alice.assignment():

@@ -11,16 +11,14 @@ cost interval mode its last interval, which no test here can cause).
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from acking_child import AckingChild
 
 from trio_coord.log import LogConfig, open_log_manager
 
@@ -69,43 +67,6 @@ def _payload(run: int, w: int, i: int) -> bytes:
     return f"{run}:{w}:{i}|".encode() * (1 + (i * 7 + w) % 40)
 
 
-class _Child:
-    """One appender process whose stdout is drained by a thread (so it never blocks on the pipe)."""
-
-    def __init__(self, root: Path, interval: float, run: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(root), str(interval), str(run)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line == "ready\n":
-                self.ready.set()
-            else:
-                self.lines.append(line)
-        self.ready.set()  # died early: let the test see why
-
-    def kill(self) -> list[tuple[int, int, int, int]]:
-        """SIGKILL the child; return every (base, run, writer, i) it acknowledged."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)
-        acked = []
-        for line in self.lines:
-            if line.endswith("\n"):  # a line cut by the kill was not acknowledged
-                base, run, w, i = map(int, line.split())
-                acked.append((base, run, w, i))
-        return acked
-
-
 async def _check(root: Path, acked: list[tuple[int, int, int, int]]) -> int:
     """Every acknowledged batch is there, exact; nothing torn; each writer's batches in order."""
     async with open_log_manager(root, LogConfig(retention_seconds=None)) as manager:
@@ -137,21 +98,18 @@ def test_sigkill_keeps_every_acknowledged_batch(tmp_path: Path) -> None:
     totals = [0] * len(modes)
     for run in range(2):  # the second run recovers from the first crash, then crashes again
         children = [
-            _Child(root, interval, run) for root, interval in zip(roots, modes, strict=True)
+            AckingChild(_CHILD, root, interval, run)
+            for root, interval in zip(roots, modes, strict=True)
         ]
         try:
             for child in children:
-                assert child.ready.wait(timeout=30), "appender process did not start"
-                if child.proc.poll() is not None:  # pragma: no cover - a broken child
-                    assert child.proc.stderr is not None
-                    pytest.fail(f"appender process died: {child.proc.stderr.read()}")
+                child.wait_ready(30, "appender process")
             time.sleep(rng.uniform(0.1, 0.4))
-            acked = [child.kill() for child in children]
+            # Each child acknowledged (base, run, writer, i) per batch.
+            acked = [[tuple(map(int, fields)) for fields in child.kill()] for child in children]
         finally:
             for child in children:
-                if child.proc.poll() is None:  # pragma: no cover - only after a failure above
-                    child.proc.kill()
-                    child.proc.wait()
+                child.reap()
         for n, root in enumerate(roots):
             assert acked[n], "the child acknowledged nothing before it was killed"
             total = trio.run(_check, root, acked[n])

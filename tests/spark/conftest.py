@@ -13,14 +13,12 @@ consume records and read what a group has committed.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
+from broker_process import running_broker
 
 from trio_coord.spark import local_session
 
@@ -49,23 +47,5 @@ def spark():
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One broker process for the Spark tests; yields its host:port."""
-    data = tmp_path_factory.mktemp("spark-broker") / "data"
-    process = subprocess.Popen(
-        [*BROKER, "--data-dir", str(data), "--port", "0", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line, "the broker did not start"
-        yield json.loads(line)["address"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a hung broker is a bug
-            process.kill()
-            raise
+    with running_broker(tmp_path_factory.mktemp("spark-broker") / "data") as address:
+        yield address

@@ -10,16 +10,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from acking_child import AckingChild
 
 import trio_coord.store.embedded as embedded
 from trio_coord.store import Create, SetData, StoreError, open_embedded_store
@@ -74,43 +72,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-class _Child:
-    """One writer process whose stdout is drained by a thread (so it never blocks on the pipe)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(data_dir), str(WRITERS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line == "ready\n":
-                self.ready.set()
-            else:
-                self.lines.append(line)
-        self.ready.set()  # died early: let the test see why
-
-    def kill(self) -> list[tuple[int, int]]:
-        """SIGKILL the child; return every (writer, number) it acknowledged."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)
-        acked = []
-        for line in self.lines:
-            if line.endswith("\n"):  # a line cut by the kill was not acknowledged
-                w, i = line.split()
-                acked.append((int(w), int(i)))
-        return acked
-
-
 async def _check_recovered(data_dir: Path, acked: list[tuple[int, int]]) -> int:
     async with open_embedded_store(data_dir) as store:
         names = await store.children("/r")
@@ -136,23 +97,19 @@ def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
     dirs = [tmp_path / f"run{n}" for n in range(len(delays))]
     totals = []
     for _round in range(2):  # the second round recovers from the first crash, then crashes again
-        children = [_Child(d) for d in dirs]
+        children = [AckingChild(_CHILD, d, WRITERS) for d in dirs]
         try:
             for child in children:
-                assert child.ready.wait(timeout=20), "writer process did not start"
-                if child.proc.poll() is not None:  # pragma: no cover - a broken child
-                    assert child.proc.stderr is not None
-                    pytest.fail(f"writer process died: {child.proc.stderr.read()}")
+                child.wait_ready(20, "writer process")
             start = time.monotonic()
             acked: list[list[tuple[int, int]]] = [[] for _ in children]
             for n, delay in sorted(enumerate(delays), key=lambda item: item[1]):
                 time.sleep(max(0.0, start + delay - time.monotonic()))
-                acked[n] = children[n].kill()
+                # Each child acknowledged (writer, number) per write.
+                acked[n] = [(int(w), int(i)) for w, i in children[n].kill()]
         finally:
             for child in children:
-                if child.proc.poll() is None:  # pragma: no cover - only after a failure above
-                    child.proc.kill()
-                    child.proc.wait()
+                child.reap()
         for n, data_dir in enumerate(dirs):
             totals.append(trio.run(_check_recovered, data_dir, acked[n]))
     assert sum(totals) > 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -47,20 +47,6 @@ SHORT_SESSION = 1.0  # seconds; the test server grants down to 0.4
 async def store(zookeeper_server: ZooKeeperServer, zk_chroot: str) -> AsyncIterator[ZooKeeperStore]:
     async with open_zookeeper_store(zookeeper_server.url(zk_chroot)) as s:
         yield s
-
-
-@pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[ZooKeeperServer]:
-    """A server of this test's own, which it may stop and restart."""
-    try:
-        server = ZooKeeperServer(tmp_path / "zookeeper")
-        server.start()
-    except ZooKeeperUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 # -- URLs ------------------------------------------------------------------------------
@@ -326,10 +312,10 @@ async def test_connection_loss_suspends_and_the_session_survives(
 
 
 async def test_server_restart_suspends_then_reconnects(
-    private_server: ZooKeeperServer, caplog: pytest.LogCaptureFixture
+    private_zookeeper: ZooKeeperServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="trio_coord.store.zookeeper")
-    async with open_tcp_proxy(private_server.port or 0) as gate:
+    async with open_tcp_proxy(private_zookeeper.port or 0) as gate:
         # The store reaches the server through a gate that stays shut while the
         # server starts: ZooKeeper 3.8.0 can leave a connection that arrives
         # while it loads its data hanging (see zkserver), for as long as the
@@ -341,16 +327,16 @@ async def test_server_restart_suspends_then_reconnects(
             async with store.watch_data("/durable") as snaps:
                 with trio.fail_after(WAIT):
                     assert await anext(snaps) == (b"1", Stat(version=0))
-                    await trio.to_thread.run_sync(private_server.stop)
+                    await trio.to_thread.run_sync(private_zookeeper.stop)
                     await store.session_state.wait_value(SessionState.SUSPENDED)
                     gate.block()
-                    await trio.to_thread.run_sync(private_server.start)
+                    await trio.to_thread.run_sync(private_zookeeper.start)
                     gate.unblock()
                     await store.session_state.wait_value(SessionState.CONNECTED)
                     assert store.session_id == session
                     assert await store.get("/durable") == (b"1", Stat(version=0))
                     assert await store.exists(member) is not None
-                    async with open_zookeeper_store(private_server.url("/app")) as other:
+                    async with open_zookeeper_store(private_zookeeper.url("/app")) as other:
                         await other.set("/durable", b"2")
                     assert await anext(snaps) == (b"2", Stat(version=1))
     assert _state_log(caplog, session) == ["connected", "suspended", "connected", "closed"]
