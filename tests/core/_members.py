@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # What add_member takes but validate_join does not (the rest they share).
-_NOT_VALIDATED = ("host", "auto_commit")
+_NOT_VALIDATED = ("host", "auto_commit", "owned")
 
 
 def _values(member_id: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -57,8 +57,8 @@ def join(
     """Validate ``member_id``'s join against ``limits`` and ``available``, then admit it.
 
     Raises what ``Group.validate_join`` raises, and then admits no one.
-    ``values`` as for :func:`add_member`; all but ``host`` and ``auto_commit``
-    are validated.
+    ``values`` as for :func:`add_member`; all but ``host``, ``auto_commit`` and
+    ``owned`` are validated.
     """
     full = _values(member_id, values)
     group.validate_join(
