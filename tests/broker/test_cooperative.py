@@ -319,7 +319,7 @@ async def test_records_of_kept_partitions_keep_flowing_once_each(broker):
             handed.append((trio.current_time(), record.tp, record.offset))
             await trio.sleep(0.001)
 
-    opts = dict(session_timeout=0.6, offset_reset="earliest", rebalance_protocol="cooperative")
+    opts = dict(session_timeout=3.0, offset_reset="earliest", rebalance_protocol="cooperative")
     async with trio.open_nursery() as nursery:
         async with open_producer(broker.bootstrap, linger=0.001) as producer:
             producing = trio.CancelScope()
