@@ -427,7 +427,7 @@ def read_columns(body: bytes | memoryview) -> Columns:
     if header_bytes:
         try:
             headers = _headers_decoder.decode(view[position:])
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a name not UTF-8)
             raise InvalidRecordError(f"columnar record batch's headers: {exc}") from None
         last = -1
         for index, listed in headers:
@@ -542,7 +542,7 @@ def _decode_rows(decoder: msgspec.msgpack.Decoder[Any], body: bytes | memoryview
     """A row batch's records, decoded with ``decoder``."""
     try:
         return decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a name not UTF-8)
         raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
 
 
