@@ -16,7 +16,7 @@ from pyspark.sql import Row
 
 from trio_coord.client import partition_for_key
 from trio_coord.protocol.messages import TopicPartition
-from trio_coord.protocol.records import decode_batch
+from trio_coord.protocol.records import COLUMNAR, check_batch, decode_batch
 
 from .helpers import consume, make_topic
 
@@ -124,6 +124,8 @@ class _Recorder:
         return dict.fromkeys(topics, 3)
 
     def produce(self, tp, payload, count, max_timestamp_ms):
+        assert payload[0] & COLUMNAR  # written in the layout Arrow reads
+        assert check_batch(payload)[0] == count  # as the broker checks it
         records = decode_batch(payload)
         assert len(records) == count and max(r.timestamp_ms for r in records) == max_timestamp_ms
         self.sent.append((tp.partition, [(r.key, r.value) for r in records]))
@@ -172,8 +174,8 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, mon
     for partition in range(3):  # each partition has its rows in the DataFrame's order
         mine = [value for p, (_, value) in sent if p == partition]
         assert mine == sorted(mine)
-    # A batch closes at the record that brings it to 100 B: records take 15 B (row by row,
-    # msgpack's shortest forms) to 33 B (in bulk, fixed-width forms).
+    # A batch closes at the record that brings it to 100 B: a record takes 16 B (its
+    # timestamp and two offsets in the columnar layout) besides its key and value.
     assert all(len(kvs) <= 7 for _, kvs in client.sent)
     assert len(client.sent) >= 40 * 15 // 100
     keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]

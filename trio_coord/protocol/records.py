@@ -57,6 +57,7 @@ __all__ = [
     "Header",
     "UntrackedRecord",
     "WireRecord",
+    "assemble_columnar",
     "batch_body",
     "check_batch",
     "decode_batch",
@@ -304,32 +305,72 @@ def _ints(code: str, view: memoryview) -> array[int]:
     return out
 
 
-def _encode_column(items: list[bytes | None], count: int) -> tuple[int, list[bytes], int]:
-    """A key or value column's presence, sections (offsets, validity, bytes: each padded)
-    and byte count."""
+def _encode_column(items: list[bytes | None], count: int) -> Column:
+    """A key or value column's sections, from one Python object per element."""
     missing = items.count(None)
     if missing == count:
-        return NONE_PRESENT, [], 0
+        return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
     filled = [b"" if item is None else item for item in items] if missing else items
     ends = array("i", [0])
     try:
         ends.extend(accumulate(map(len, filled)))  # type: ignore[arg-type]
     except OverflowError:
         raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes") from None
-    data = b"".join(filled)  # type: ignore[arg-type]
     if not _LITTLE:
         ends.byteswap()
-    sections = [_pad(ends.tobytes())]
+    validity = _EMPTY
     if missing:
         bits = "".join(["0" if item is None else "1" for item in reversed(items)])
-        sections.append(_pad(int(bits, 2).to_bytes((count + 7) // 8, "little")))
-    sections.append(_pad(data))
-    return (SOME_PRESENT if missing else ALL_PRESENT), sections, len(data)
+        validity = memoryview(int(bits, 2).to_bytes((count + 7) // 8, "little"))
+    return Column(
+        SOME_PRESENT if missing else ALL_PRESENT,
+        memoryview(ends.tobytes()),
+        validity,
+        memoryview(b"".join(filled)),  # type: ignore[arg-type]
+    )
 
 
-def _pad(section: bytes) -> bytes:
-    extra = -len(section) % 8
-    return section + bytes(extra) if extra else section
+_ZEROS = bytes(8)
+
+
+def assemble_columnar(
+    count: int,
+    stamps: bytes | memoryview,
+    keys: Column,
+    values: Column,
+    headers: Sequence[tuple[int, Sequence[Header]]] = (),
+) -> bytes:
+    """A columnar batch's bytes (before compression) from its sections: ``count`` records'
+    timestamps (``count`` little-endian int64), key and value columns as :class:`Column`
+    (offsets from 0, validity only where some elements are absent; nothing where none is
+    present), and the ``(index, headers)`` of the records that have any, by increasing
+    index. The one writer of the layout that :func:`read_columns` reads."""
+    packed = _encoder.encode(headers) if headers else b""
+    parts: list[bytes | memoryview] = [
+        _HEADER.pack(
+            count,
+            keys.presence,
+            values.presence,
+            0,
+            len(keys.data),
+            len(values.data),
+            len(packed),
+            0,
+        ),
+        stamps,
+    ]
+    for section in (
+        keys.offsets,
+        keys.validity,
+        values.offsets,
+        values.validity,
+        keys.data,
+        values.data,
+    ):
+        parts.append(section)
+        parts.append(_ZEROS[: -len(section) % 8])
+    parts.append(packed)
+    return b"".join(parts)
 
 
 def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
@@ -340,25 +381,12 @@ def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
         raise ValueError("a record's timestamp_ms must fit a signed 64-bit integer") from None
     if not _LITTLE:
         stamps.byteswap()
-    key_presence, key_sections, key_bytes = _encode_column([r.key for r in records], count)
-    value_presence, value_sections, value_bytes = _encode_column([r.value for r in records], count)
-    headers = [(i, list(r.headers)) for i, r in enumerate(records) if r.headers]
-    packed = _encoder.encode(headers) if headers else b""
-    # the offsets and validity of both columns come before either column's bytes
-    key_meta, key_data = key_sections[:-1], key_sections[-1:]
-    value_meta, value_data = value_sections[:-1], value_sections[-1:]
-    return b"".join(
-        [
-            _HEADER.pack(
-                count, key_presence, value_presence, 0, key_bytes, value_bytes, len(packed), 0
-            ),
-            stamps.tobytes(),
-            *key_meta,
-            *value_meta,
-            *key_data,
-            *value_data,
-            packed,
-        ]
+    return assemble_columnar(
+        count,
+        stamps.tobytes(),
+        _encode_column([r.key for r in records], count),
+        _encode_column([r.value for r in records], count),
+        [(i, r.headers) for i, r in enumerate(records) if r.headers],
     )
 
 
