@@ -35,7 +35,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, pairwise
+from itertools import accumulate, repeat
 from typing import Any, Final
 
 import cramjam
@@ -259,9 +259,10 @@ class Column(msgspec.Struct, frozen=True, gc=False):
         """The column's elements, one Python object each."""
         if self.presence == NONE_PRESENT:
             return [None] * count
-        ends = _ints("i", self.offsets)
+        ends = _ints("i", self.offsets).tolist()
         data = bytes(self.data)
-        out: list[bytes | None] = [data[a:b] for a, b in pairwise(ends)]
+        # (zip over a list: faster than pairwise over the array)
+        out: list[bytes | None] = [data[a:b] for a, b in zip(ends, ends[1:], strict=False)]  # noqa: RUF007
         if self.presence == SOME_PRESENT:
             valid = _bits(self.validity, count)
             return [item if bit == "1" else None for bit, item in zip(valid, out, strict=True)]
@@ -596,18 +597,34 @@ def records_from(
     """The records of ``(base_offset, payload)`` batches from offset ``start`` on.
 
     A fetch may return a batch that begins before the offset asked for; its
-    earlier records are skipped here.
+    earlier records are skipped here. A columnar batch's records are made
+    column by column, with no intermediate record object.
     """
     for base, payload in batches:
-        for index, rec in enumerate(decode_batch(payload)):
-            offset = base + index
-            if offset >= start:
+        unpacked = unpack_batch(payload)
+        skip = max(0, start - base)
+        if not isinstance(unpacked, Columns):
+            for index, rec in enumerate(unpacked[skip:], skip):
                 yield ConsumerRecord(
                     topic,
                     partition,
-                    offset,
+                    base + index,
                     rec.timestamp_ms / 1000,
                     rec.key,
                     rec.value,
-                    tuple(rec.headers),
+                    rec.headers,
                 )
+            continue
+        count = unpacked.count
+        if skip >= count:
+            continue
+        yield from map(
+            ConsumerRecord,
+            repeat(topic, count - skip),
+            repeat(partition),
+            range(base + skip, base + count),
+            [stamp / 1000 for stamp in unpacked.timestamps()[skip:]],
+            unpacked.keys.items(count)[skip:],
+            unpacked.values.items(count)[skip:],
+            unpacked.header_lists()[skip:],
+        )
