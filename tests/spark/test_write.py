@@ -210,3 +210,36 @@ def test_string_columns_nulls_and_timestamps_are_written_as_given():
     assert got == [(None, None if v is None else v.encode()) for v in values]
     base = int(stamps[0].timestamp() * 1000)
     assert client.stamps == [42 if i == 7 else base + i for i in range(30)]
+
+
+def test_a_batch_of_arrow_slices_and_rows_is_written_as_the_records_it_holds():
+    # Arrow slices (not starting at 0, some keys null, strings) and rows that took the
+    # per-row path, in one batch: the columnar bytes from Arrow's buffers read back as the
+    # records, and as the records-first path (big-endian hosts) writes them.
+    import pyarrow as pa
+
+    from trio_coord.protocol.records import COLUMNAR, encode_batch
+    from trio_coord.spark._write import _columnar_body, _rows_of
+
+    keys = pa.array([None, "a", None, "bcd", "e"], pa.string()).slice(1)
+    values = pa.array([b"x", b"", None, b"yy", b"z"]).slice(1)
+    millis = pa.array([1, 2, 3, 4, 5], pa.int64()).slice(1)
+    pieces = [
+        (millis, keys, values),
+        [(9, None, b"row", (("h", b"1"),)), (10, b"k", None, ())],
+        (millis.slice(1, 2), None, values.slice(1, 2)),
+    ]
+    payload = bytes((COLUMNAR,)) + _columnar_body(pieces, 8)
+    expected = [
+        (2, b"a", b"", []),
+        (3, None, None, []),
+        (4, b"bcd", b"yy", []),
+        (5, b"e", b"z", []),
+        (9, None, b"row", [("h", b"1")]),
+        (10, b"k", None, []),
+        (3, None, None, []),
+        (4, None, b"yy", []),
+    ]
+    got = [(r.timestamp_ms, r.key, r.value, r.headers) for r in decode_batch(payload)]
+    assert got == expected
+    assert decode_batch(encode_batch(_rows_of(pieces))) == decode_batch(payload)

@@ -22,6 +22,7 @@ collector tracks) and made into the same arrays from lists.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Final
 
@@ -34,6 +35,7 @@ from ..protocol.records import (
     SOME_PRESENT,
     Column,
     batch_body,
+    decode_untracked,
     read_columns,
     read_rows,
 )
@@ -76,6 +78,7 @@ CREATE_TIME: Final = 0
 
 ROWS_PER_ARROW_BATCH: Final = 8192
 """Rows per Arrow batch handed to Spark."""
+_LITTLE: Final = sys.byteorder == "little"
 
 
 class Piece:
@@ -120,8 +123,8 @@ def decode_records(
     (raises InvalidRecordError if it is malformed, or decompresses to more than
     ``max_bytes``, exactly as ``decode_batch`` does)."""
     columnar, body = batch_body(payload, max_bytes)
-    if not columnar:
-        records = read_rows(body)
+    if not columnar or not _LITTLE:  # (Arrow's buffers are native, the layout little-endian)
+        records = read_rows(body) if not columnar else decode_untracked(payload, max_bytes)
         return Piece(
             pa.array([r.timestamp_ms for r in records], pa.int64()),
             pa.array([r.key for r in records], pa.binary()),

@@ -73,7 +73,9 @@ from ..protocol.records import (
     SOME_PRESENT,
     Column,
     Header,
+    UntrackedRecord,
     assemble_columnar,
+    encode_batch,
 )
 from ._client import BlockingClient
 from ._options import OptionError, WriteOptions
@@ -233,6 +235,21 @@ def _arrow_column(column: pa.Array) -> Column:
 
 
 _Piece = tuple[pa.Array, pa.Array | None, pa.Array | None] | list[_Record]
+
+
+def _rows_of(pieces: list[_Piece]) -> list[UntrackedRecord]:
+    """A batch's pieces as records, one object each (for big-endian hosts)."""
+    out: list[UntrackedRecord] = []
+    for piece in pieces:
+        if isinstance(piece, list):
+            out.extend(UntrackedRecord(*r) for r in piece)
+            continue
+        millis, key, value = piece
+        rows = len(millis)
+        keys = [None] * rows if key is None else _as_binary(key).to_pylist()
+        values = [None] * rows if value is None else _as_binary(value).to_pylist()
+        out.extend(map(UntrackedRecord, millis.to_pylist(), keys, values))
+    return out
 
 
 def _columnar_body(pieces: list[_Piece], count: int) -> bytes:
@@ -464,9 +481,12 @@ class _Batches:
         """Close ``tp``'s open batch: encode it and queue it for :meth:`drain`, which runs
         once :data:`IN_FLIGHT` batches wait."""
         batch = self.open.pop(tp)
-        payload = bytes((self.ident | COLUMNAR,)) + self.pack(
-            _columnar_body(batch.pieces, batch.count)
-        )
+        if sys.byteorder == "little":
+            payload = bytes((self.ident | COLUMNAR,)) + self.pack(
+                _columnar_body(batch.pieces, batch.count)
+            )
+        else:  # Arrow's buffers are native-endian, the layout little-endian
+            payload = encode_batch(_rows_of(batch.pieces), self.options.compression)
         self.ready.append(
             ProduceRequest(tp.topic, tp.partition, payload, batch.count, batch.newest)
         )
