@@ -345,7 +345,8 @@ class PartitionService:
                 ) from None
             for base, piece in split_records(batch.base_offset, records, max(room // 4, 1)):
                 if base + len(piece) > part.offset:
-                    yield FetchedBatch(base, len(piece), encode_batch(piece))
+                    # (the row layout: msgspec encodes it in C, and this is the broker)
+                    yield FetchedBatch(base, len(piece), encode_batch(piece, columnar=False))
 
     # -- list offsets ----------------------------------------------------------------------------
 
