@@ -279,9 +279,7 @@ def _put_bytes(out: bytearray, value: bytes | None) -> None:
         out += value
 
 
-def encode_records(
-    base_offset: int, records: Sequence[WireRecord | UntrackedRecord]
-) -> bytes:
+def encode_records(base_offset: int, records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
     """An uncompressed RecordBatch v2 of ``records`` at ``base_offset`` (no producer id)."""
     if not records:
         raise ValueError("a record batch holds at least one record")
