@@ -283,6 +283,41 @@ async def test_compressed_batch_that_inflates_past_the_limit_is_refused(tmp_path
             await _still_served(broker, bystander, "after-bomb")
 
 
+async def test_hostile_columnar_batches_are_refused_and_the_broker_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    # The broker's check of a produced columnar batch: a count that lies (in the batch or
+    # in the request), offsets outside the bytes, a batch cut short, a bomb; each is
+    # INVALID_RECORD for that request alone, and nothing is stored.
+    records = [WireRecord(i, b"k%d" % i, b"v" * i) for i in range(1, 6)]
+    good = bytearray(encode_batch(records))
+    lying = bytearray(good)
+    lying[1:5] = (6).to_bytes(4, "little")
+    outside = bytearray(good)
+    outside[1 + 24 + 40 + 4 * 5 : 1 + 24 + 40 + 4 * 6] = (2**31 - 1).to_bytes(4, "little")
+    inflated = encode_batch([WireRecord(0, None, bytes(MAX_BATCH_BYTES + 2**20))])
+    bomb = bytes((inflated[0] | COMPRESSION["zlib"][0],)) + zlib.compress(inflated[1:], 9)
+    async with (
+        open_broker(tmp_path, port=0) as broker,
+        open_admin(broker.bootstrap) as bystander,
+    ):
+        with trio.fail_after(TIMEOUT):
+            await bystander.create_topic("t", 1)
+            async with open_connection(*broker.address) as conn:
+                for payload, count, match in [
+                    (lying, 5, "header .* says"),
+                    (outside, 5, "offsets"),
+                    (good[:-3], 5, "says"),
+                    (bomb, 1, "more than"),
+                    (good, 4, "holds 5 record"),
+                ]:
+                    with pytest.raises(InvalidRecordError, match=match):
+                        await conn.request(ProduceRequest("t", 0, bytes(payload), count, 5))
+                stored = await conn.request(ProduceRequest("t", 0, bytes(good), 5, 5))
+                assert stored.base_offset == 0  # the refused batches took no offsets
+            await _still_served(broker, bystander, "after-columnar")
+
+
 @pytest.mark.parametrize("decode", [decode_batch, decode_untracked])
 def test_batch_decoding_refuses_truncated_and_oversized_payloads(decode) -> None:
     # decode_untracked (the broker's check, the Spark source) accepts and refuses exactly

@@ -208,3 +208,44 @@ def test_mistakes_fail_at_planning_with_a_clear_message(spark, bootstrap):
     assert "unknown option(s) startingoffset" in planning_error(
         spark, bootstrap, topic="batch-errors", startingOffset="earliest"
     )
+
+
+def test_a_topic_holding_batches_of_both_layouts_reads_as_one(spark, bootstrap):
+    # Batches written before the columnar layout (msgpack rows) stay readable next to
+    # columnar ones, in one partition and in one Arrow batch handed to Spark.
+    from trio_coord.protocol.messages import TopicPartition
+    from trio_coord.protocol.records import WireRecord, encode_batch
+    from trio_coord.spark._client import BlockingClient
+
+    make_topic(bootstrap, "batch-layouts", 1)
+    tp = TopicPartition("batch-layouts", 0)
+    expected = []
+    with BlockingClient(bootstrap) as client:
+        for n, (columnar, codec) in enumerate(
+            [(False, None), (True, None), (False, "zstd"), (True, "lz4"), (True, None)]
+        ):
+            records = [
+                WireRecord(
+                    1_700_000_000_000 + 10 * n + i,
+                    None if i % 2 else f"k{n}.{i}".encode(),
+                    f"v{n}.{i}".encode() * i,
+                    [("h", b"%d" % i)] if i == 1 else [],
+                )
+                for i in range(4)
+            ]
+            client.produce(
+                tp,
+                encode_batch(records, codec, columnar=columnar),
+                4,
+                max(r.timestamp_ms for r in records),
+            )
+            expected += [
+                (r.key, r.value, [{"key": k, "value": v} for k, v in r.headers], r.timestamp_ms)
+                for r in records
+            ]
+    df = reader(spark, bootstrap, topic="batch-layouts", includeHeaders="true")
+    got = rows(df)
+    assert [r["offset"] for r in got] == list(range(20))
+    assert [
+        (r["key"], r["value"], r["headers"], round(r["timestamp"].timestamp() * 1000)) for r in got
+    ] == expected

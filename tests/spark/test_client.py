@@ -249,11 +249,13 @@ def test_a_malformed_stored_batch_is_an_invalid_record_error():
     with pytest.raises(InvalidRecordError, match="empty record batch"):
         decode_records(b"")
     records = [WireRecord(5, None, b"v", [("a", b"1")]), WireRecord(6, b"k", None)]
-    decoded = decode_records(encode_batch(records, "lzma"))
-    assert [(r.timestamp_ms, r.key, r.value, r.headers) for r in decoded] == [
-        (5, None, b"v", (("a", b"1"),)),
-        (6, b"k", None, ()),
-    ]
+    for columnar in (True, False):
+        piece = decode_records(encode_batch(records, "lzma", columnar=columnar))
+        assert piece.stamps.to_pylist() == [5, 6]
+        assert piece.keys.to_pylist() == [None, b"k"]
+        assert piece.values.to_pylist() == [b"v", None]
+        assert piece.headers is not None
+        assert piece.headers.to_pylist() == [[{"key": "a", "value": b"1"}], []]
 
 
 def test_commits_never_move_backwards(bootstrap):

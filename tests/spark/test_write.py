@@ -16,7 +16,7 @@ from pyspark.sql import Row
 
 from trio_coord.client import partition_for_key
 from trio_coord.protocol.messages import TopicPartition
-from trio_coord.protocol.records import decode_batch
+from trio_coord.protocol.records import COLUMNAR, check_batch, decode_batch
 
 from .helpers import consume, make_topic
 
@@ -124,6 +124,8 @@ class _Recorder:
         return dict.fromkeys(topics, 3)
 
     def produce(self, tp, payload, count, max_timestamp_ms):
+        assert payload[0] & COLUMNAR  # written in the layout Arrow reads
+        assert check_batch(payload)[0] == count  # as the broker checks it
         records = decode_batch(payload)
         assert len(records) == count and max(r.timestamp_ms for r in records) == max_timestamp_ms
         self.sent.append((tp.partition, [(r.key, r.value) for r in records]))
@@ -172,8 +174,8 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, mon
     for partition in range(3):  # each partition has its rows in the DataFrame's order
         mine = [value for p, (_, value) in sent if p == partition]
         assert mine == sorted(mine)
-    # A batch closes at the record that brings it to 100 B: records take 15 B (row by row,
-    # msgpack's shortest forms) to 33 B (in bulk, fixed-width forms).
+    # A batch closes at the record that brings it to 100 B: a record takes 16 B (its
+    # timestamp and two offsets in the columnar layout) besides its key and value.
     assert all(len(kvs) <= 7 for _, kvs in client.sent)
     assert len(client.sent) >= 40 * 15 // 100
     keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]
@@ -208,3 +210,36 @@ def test_string_columns_nulls_and_timestamps_are_written_as_given():
     assert got == [(None, None if v is None else v.encode()) for v in values]
     base = int(stamps[0].timestamp() * 1000)
     assert client.stamps == [42 if i == 7 else base + i for i in range(30)]
+
+
+def test_a_batch_of_arrow_slices_and_rows_is_written_as_the_records_it_holds():
+    # Arrow slices (not starting at 0, some keys null, strings) and rows that took the
+    # per-row path, in one batch: the columnar bytes from Arrow's buffers read back as the
+    # records, and as the records-first path (big-endian hosts) writes them.
+    import pyarrow as pa
+
+    from trio_coord.protocol.records import COLUMNAR, encode_batch
+    from trio_coord.spark._write import _columnar_body, _rows_of
+
+    keys = pa.array([None, "a", None, "bcd", "e"], pa.string()).slice(1)
+    values = pa.array([b"x", b"", None, b"yy", b"z"]).slice(1)
+    millis = pa.array([1, 2, 3, 4, 5], pa.int64()).slice(1)
+    pieces = [
+        (millis, keys, values),
+        [(9, None, b"row", (("h", b"1"),)), (10, b"k", None, ())],
+        (millis.slice(1, 2), None, values.slice(1, 2)),
+    ]
+    payload = bytes((COLUMNAR,)) + _columnar_body(pieces, 8)
+    expected = [
+        (2, b"a", b"", []),
+        (3, None, None, []),
+        (4, b"bcd", b"yy", []),
+        (5, b"e", b"z", []),
+        (9, None, b"row", [("h", b"1")]),
+        (10, b"k", None, []),
+        (3, None, None, []),
+        (4, None, b"yy", []),
+    ]
+    got = [(r.timestamp_ms, r.key, r.value, r.headers) for r in decode_batch(payload)]
+    assert got == expected
+    assert decode_batch(encode_batch(_rows_of(pieces))) == decode_batch(payload)

@@ -10,9 +10,10 @@ reads wakes when a batch is appended: the Trio shape of Kafka's fetch
 purgatory (``min_bytes=0`` answers at once). Produce validates a batch (it
 decodes, its count and newest timestamp match the header) before storing
 it, so a bad producer cannot poison the consumers of a partition; the check
-decodes into objects the garbage collector does not track
-(:func:`~trio_coord.protocol.records.check_batch`), a quarter of the cost of
-a ``WireRecord`` decode on a broker's heap.
+(:func:`~trio_coord.protocol.records.check_batch`) reads a columnar batch's
+lengths and offsets with no object per record, and decodes a row batch into
+objects the garbage collector does not track, a quarter of the cost of a
+``WireRecord`` decode on a broker's heap.
 
 A partition may also hold Kafka batches (RecordBatch v2, produced through
 the Kafka listener, ``trio_coord.kafka``): a fetch converts them to native
@@ -344,7 +345,8 @@ class PartitionService:
                 ) from None
             for base, piece in split_records(batch.base_offset, records, max(room // 4, 1)):
                 if base + len(piece) > part.offset:
-                    yield FetchedBatch(base, len(piece), encode_batch(piece))
+                    # (the row layout: msgspec encodes it in C, and this is the broker)
+                    yield FetchedBatch(base, len(piece), encode_batch(piece, columnar=False))
 
     # -- list offsets ----------------------------------------------------------------------------
 

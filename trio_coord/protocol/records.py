@@ -5,10 +5,18 @@ returns. The broker decodes it once, to check it, then stores the bytes as
 they came with the batch's record count and newest timestamp and assigns the
 offsets (the ``i``-th record of a batch stored at ``base`` has offset
 ``base + i``). The bytes are one codec byte (see :data:`COMPRESSION`) followed
-by a msgpack array of records, compressed as a whole when a codec is chosen;
-each record is ``[timestamp_ms, key, value, headers]``. Producers, consumers,
-the broker (to find an offset by timestamp) and the Spark data source all use
-this one module, so the format has exactly one definition.
+by the records in one of two layouts, compressed as a whole when a codec is
+chosen. The row layout (the codec byte's :data:`COLUMNAR` bit clear) is a
+msgpack array of ``[timestamp_ms, key, value, headers]`` records; the
+columnar layout (the bit set; what :func:`encode_batch` writes) holds the
+timestamps as one int64 array, the keys and the values each as Arrow-style
+int32 offsets, an optional validity bitmap and the concatenated bytes, and the
+rare headers in a trailing msgpack section (see :func:`read_columns` and
+docs/protocol.md, "The columnar batch layout"), so that a reader in bulk (the
+broker's check, the Spark source's Arrow columns) needs no Python object per
+record. Every reader reads both layouts. Producers, consumers, the broker (to
+find an offset by timestamp) and the Spark data source all use this one
+module, so the format has exactly one definition.
 
 Code that only reads records in bulk (the broker checking a produced batch,
 the Spark source turning batches into Arrow) decodes them with
@@ -23,8 +31,11 @@ from __future__ import annotations
 
 import lzma
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, repeat
 from typing import Any, Final
 
 import cramjam
@@ -34,17 +45,28 @@ from .errors import InvalidRecordError
 from .messages import TopicPartition
 
 __all__ = [
+    "ALL_PRESENT",
+    "COLUMNAR",
     "COMPRESSION",
     "MAX_BATCH_BYTES",
+    "NONE_PRESENT",
+    "SOME_PRESENT",
+    "Column",
+    "Columns",
     "ConsumerRecord",
     "Header",
     "UntrackedRecord",
     "WireRecord",
+    "assemble_columnar",
+    "batch_body",
     "check_batch",
     "decode_batch",
     "decode_untracked",
     "encode_batch",
+    "read_columns",
+    "read_rows",
     "records_from",
+    "unpack_batch",
 ]
 
 Header = tuple[str, bytes]
@@ -183,22 +205,345 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[WireRecord])
 _untracked = msgspec.msgpack.Decoder(list[UntrackedRecord])
 
+COLUMNAR: Final = 0x10
+"""The bit of a batch's codec byte that says its records are in the columnar layout
+(the codec is the byte without it: 0x10 is columnar and stored, 0x14 columnar and zstd)."""
 
-def encode_batch(records: Sequence[WireRecord], compression: str | None = None) -> bytes:
+# -- the columnar layout ----------------------------------------------------------------------
+#
+# After the codec byte, and decompressed, all integers little-endian, every section starting
+# at a multiple of 8 bytes from the start (zero bytes pad a section to the next multiple):
+#
+#   header (24 bytes): u32 count, u8 key presence, u8 value presence, u16 zero,
+#                      u32 key bytes, u32 value bytes, u32 header bytes, u32 zero
+#   timestamps         count x i64 (milliseconds)
+#   key offsets        (count + 1) x i32, unless no key is present
+#   key validity       ceil(count / 8) bytes (bit i, least significant first: key i is
+#                      present), only when some keys are and some are not
+#   value offsets, value validity: as for the keys
+#   key bytes, value bytes: the present keys' (values') bytes, one after the other
+#   headers            a msgpack array of [index, [[name, value], ...]] for the records that
+#                      have headers, by increasing index (no padding after it)
+#
+# The batch is exactly that long. Offsets start at 0, never decrease, and end at the
+# section's byte count; a record's key (value) is bytes[offsets[i]:offsets[i + 1]], or None
+# where its validity bit is clear (its two offsets are then equal).
+
+_HEADER = struct.Struct("<IBBHIIII")
+ALL_PRESENT: Final = 0
+NONE_PRESENT: Final = 1
+SOME_PRESENT: Final = 2
+_PRESENCE = (ALL_PRESENT, NONE_PRESENT, SOME_PRESENT)
+_LITTLE = sys.byteorder == "little"
+_EMPTY = memoryview(b"")
+_headers_decoder = msgspec.msgpack.Decoder(list[tuple[int, tuple[tuple[str, bytes], ...]]])
+
+
+def _padded(size: int) -> int:
+    return size + (-size % 8)
+
+
+class Column(msgspec.Struct, frozen=True, gc=False):
+    """One bytes-or-None column of a columnar batch, as slices of its buffer (checked)."""
+
+    presence: int
+    """:data:`ALL_PRESENT`, :data:`NONE_PRESENT` or :data:`SOME_PRESENT`."""
+    offsets: memoryview
+    """``count + 1`` little-endian int32 (empty where no element is present)."""
+    validity: memoryview
+    """The validity bitmap (empty unless :data:`SOME_PRESENT`)."""
+    data: memoryview
+    """The present elements' bytes, one after the other."""
+
+    def items(self, count: int) -> list[bytes | None]:
+        """The column's elements, one Python object each."""
+        if self.presence == NONE_PRESENT:
+            return [None] * count
+        ends = _ints("i", self.offsets).tolist()
+        data = bytes(self.data)
+        # (zip over a list: faster than pairwise over the array)
+        out: list[bytes | None] = [data[a:b] for a, b in zip(ends, ends[1:], strict=False)]  # noqa: RUF007
+        if self.presence == SOME_PRESENT:
+            valid = _bits(self.validity, count)
+            return [item if bit == "1" else None for bit, item in zip(valid, out, strict=True)]
+        return out
+
+
+def _bits(validity: memoryview, count: int) -> str:
+    """A validity bitmap as a string of ``count`` "0" and "1", element 0 first."""
+    return format(int.from_bytes(validity, "little"), "b").zfill(8 * len(validity))[::-1][:count]
+
+
+class Columns(msgspec.Struct, frozen=True, gc=False):
+    """A columnar batch's records as slices of its (decompressed) buffer, every length,
+    offset and count checked by :func:`read_columns`."""
+
+    count: int
+    stamps: memoryview
+    """``count`` little-endian int64: each record's timestamp in milliseconds."""
+    keys: Column
+    values: Column
+    headers: list[tuple[int, tuple[Header, ...]]]
+    """``(index, headers)`` of each record that has headers, by increasing index."""
+
+    def timestamps(self) -> array[int]:
+        """The timestamps as an ``array('q')``."""
+        return _ints("q", self.stamps)
+
+    def header_lists(self) -> list[tuple[Header, ...]]:
+        """Every record's headers (the shared empty tuple where it has none)."""
+        out: list[tuple[Header, ...]] = [()] * self.count
+        for index, headers in self.headers:
+            out[index] = headers
+        return out
+
+
+def _ints(code: str, view: memoryview) -> array[int]:
+    out = array(code)
+    out.frombytes(view)
+    if not _LITTLE:
+        out.byteswap()
+    return out
+
+
+def _encode_column(items: list[bytes | None], count: int) -> Column:
+    """A key or value column's sections, from one Python object per element."""
+    missing = items.count(None)
+    if missing == count:
+        return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
+    filled = [b"" if item is None else item for item in items] if missing else items
+    ends = array("i", [0])
+    try:
+        ends.extend(accumulate(map(len, filled)))  # type: ignore[arg-type]
+    except OverflowError:
+        raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes") from None
+    if not _LITTLE:
+        ends.byteswap()
+    validity = _EMPTY
+    if missing:
+        bits = "".join(["0" if item is None else "1" for item in reversed(items)])
+        validity = memoryview(int(bits, 2).to_bytes((count + 7) // 8, "little"))
+    return Column(
+        SOME_PRESENT if missing else ALL_PRESENT,
+        memoryview(ends.tobytes()),
+        validity,
+        memoryview(b"".join(filled)),  # type: ignore[arg-type]
+    )
+
+
+_ZEROS = bytes(8)
+
+
+def assemble_columnar(
+    count: int,
+    stamps: bytes | memoryview,
+    keys: Column,
+    values: Column,
+    headers: Sequence[tuple[int, Sequence[Header]]] = (),
+) -> bytes:
+    """A columnar batch's bytes (before compression) from its sections: ``count`` records'
+    timestamps (``count`` little-endian int64), key and value columns as :class:`Column`
+    (offsets from 0, validity only where some elements are absent; nothing where none is
+    present), and the ``(index, headers)`` of the records that have any, by increasing
+    index. The one writer of the layout that :func:`read_columns` reads."""
+    packed = _encoder.encode(headers) if headers else b""
+    parts: list[bytes | memoryview] = [
+        _HEADER.pack(
+            count,
+            keys.presence,
+            values.presence,
+            0,
+            len(keys.data),
+            len(values.data),
+            len(packed),
+            0,
+        ),
+        stamps,
+    ]
+    for section in (
+        keys.offsets,
+        keys.validity,
+        values.offsets,
+        values.validity,
+        keys.data,
+        values.data,
+    ):
+        parts.append(section)
+        parts.append(_ZEROS[: -len(section) % 8])
+    parts.append(packed)
+    return b"".join(parts)
+
+
+def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
+    count = len(records)
+    try:
+        stamps = array("q", [r.timestamp_ms for r in records])
+    except OverflowError:
+        raise ValueError("a record's timestamp_ms must fit a signed 64-bit integer") from None
+    if not _LITTLE:
+        stamps.byteswap()
+    return assemble_columnar(
+        count,
+        stamps.tobytes(),
+        _encode_column([r.key for r in records], count),
+        _encode_column([r.value for r in records], count),
+        [(i, r.headers) for i, r in enumerate(records) if r.headers],
+    )
+
+
+def _check_column(column: Column, count: int, what: str) -> None:
+    """Offsets from 0 to the column's byte count, never decreasing; absent elements empty."""
+    if column.presence == NONE_PRESENT:
+        return
+    ends = _ints("i", column.offsets).tolist()
+    if ends[0] != 0 or ends[-1] != len(column.data):
+        raise InvalidRecordError(f"columnar record batch: the {what} offsets do not span its bytes")
+    if ends != sorted(ends):
+        raise InvalidRecordError(f"columnar record batch: the {what} offsets decrease")
+    if column.presence == SOME_PRESENT:
+        valid = _bits(column.validity, count)
+        if any(bit == "0" and a != b for bit, a, b in zip(valid, ends, ends[1:], strict=False)):
+            raise InvalidRecordError(f"columnar record batch: an absent {what} has bytes")
+
+
+def read_columns(body: bytes | memoryview) -> Columns:
+    """A columnar batch's sections (``body``: its bytes after the codec byte, decompressed),
+    every count, length and offset checked: :class:`InvalidRecordError` unless the
+    sections add up to exactly ``body``'s length, each column's offsets start at 0, never
+    decrease and end at its byte count (an absent element's two being equal), and the
+    headers section decodes and names each record at most once, in order."""
+    view = memoryview(body)
+    if len(view) < _HEADER.size:
+        raise InvalidRecordError("columnar record batch is shorter than its header")
+    count, key_presence, value_presence, zero, key_bytes, value_bytes, header_bytes, zero2 = (
+        _HEADER.unpack_from(view)
+    )
+    if zero or zero2 or key_presence not in _PRESENCE or value_presence not in _PRESENCE:
+        raise InvalidRecordError("columnar record batch has an unknown header")
+    if (key_presence == NONE_PRESENT and key_bytes) or (
+        value_presence == NONE_PRESENT and value_bytes
+    ):
+        raise InvalidRecordError("columnar record batch has bytes for a column it says is empty")
+    # Every size is below 2**35 and Python's ints do not overflow: the end of the last section
+    # is compared with the batch's real length before any section is read.
+    used, bitmap = 4 * (count + 1), (count + 7) // 8
+    position = _HEADER.size + 8 * count
+    stamps = view[_HEADER.size : position]
+    metadata = []
+    for presence in (key_presence, value_presence):
+        offsets = validity = _EMPTY
+        if presence != NONE_PRESENT:
+            offsets = view[position : position + used]
+            position += _padded(used)
+            if presence == SOME_PRESENT:
+                validity = view[position : position + bitmap]
+                position += _padded(bitmap)
+        metadata.append((offsets, validity))
+    key_data = view[position : position + key_bytes]
+    position += _padded(key_bytes)
+    value_data = view[position : position + value_bytes]
+    position += _padded(value_bytes)
+    if position + header_bytes != len(view):
+        raise InvalidRecordError(
+            f"columnar record batch is {len(view)} bytes, but its header "
+            f"({count} records) says {position + header_bytes}"
+        )
+    keys = Column(key_presence, *metadata[0], key_data)
+    values = Column(value_presence, *metadata[1], value_data)
+    _check_column(keys, count, "key")
+    _check_column(values, count, "value")
+    headers: list[tuple[int, tuple[Header, ...]]] = []
+    if header_bytes:
+        try:
+            headers = _headers_decoder.decode(view[position:])
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a name not UTF-8)
+            raise InvalidRecordError(f"columnar record batch's headers: {exc}") from None
+        last = -1
+        for index, listed in headers:
+            if not last < index < count or not listed:
+                raise InvalidRecordError(
+                    "columnar record batch's headers must name records in order, "
+                    "each once, each with at least one header"
+                )
+            last = index
+    return Columns(count, stamps, keys, values, headers)
+
+
+def batch_body(
+    payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES
+) -> tuple[bool, bytes | memoryview]:
+    """Whether a batch payload is columnar, and its bytes after the codec byte, decompressed
+    (:class:`InvalidRecordError` if it cannot be, or would be more than ``max_bytes``)."""
+    if not payload:
+        raise InvalidRecordError("empty record batch")
+    unpack = _BY_ID.get(payload[0] & ~COLUMNAR)
+    if unpack is None:
+        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
+    try:
+        body = unpack(memoryview(payload)[1:], max_bytes)
+    except (zlib.error, lzma.LZMAError) as exc:
+        raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
+    if len(body) > max_bytes:  # (the stored codec does not bound what it returns)
+        raise InvalidRecordError(f"record batch is more than {max_bytes} bytes")
+    return bool(payload[0] & COLUMNAR), body
+
+
+def unpack_batch(
+    payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES
+) -> Columns | list[UntrackedRecord]:
+    """A batch payload read as cheaply as its layout allows: a columnar batch's checked
+    :class:`Columns`, or a row batch's :class:`UntrackedRecord` list
+    (:class:`InvalidRecordError` for anything malformed or too large)."""
+    columnar, body = batch_body(payload, max_bytes)
+    if columnar:
+        return read_columns(body)
+    return read_rows(body)
+
+
+def read_rows(body: bytes | memoryview) -> list[UntrackedRecord]:
+    """A row batch's records (``body``: its bytes after the codec byte, decompressed) as
+    :class:`UntrackedRecord` (:class:`InvalidRecordError` if they do not decode)."""
+    records: list[UntrackedRecord] = _decode_rows(_untracked, body)
+    return records
+
+
+def encode_batch(
+    records: Sequence[WireRecord | UntrackedRecord],
+    compression: str | None = None,
+    *,
+    columnar: bool = True,
+) -> bytes:
     """Pack records into a batch payload, compressed with ``compression`` (None, "zlib",
-    "lzma", "lz4" or "zstd")."""
+    "lzma", "lz4" or "zstd"), in the columnar layout (or, with ``columnar=False``, the row
+    layout every version of this format reads)."""
     try:
         ident, pack, _ = COMPRESSION[compression]
     except KeyError:
         known = ", ".join(repr(c) for c in COMPRESSION)
         raise ValueError(f"unknown compression {compression!r}; choose one of {known}") from None
+    if columnar:
+        return bytes((ident | COLUMNAR,)) + pack(_encode_columnar(records))
     return bytes((ident,)) + pack(_encoder.encode(records))
 
 
 def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> list[WireRecord]:
-    """Unpack a batch payload; raises :class:`InvalidRecordError` if it is malformed
-    or decompresses to more than ``max_bytes``."""
-    return _decode_with(_decoder, payload, max_bytes)
+    """Unpack a batch payload (either layout); raises :class:`InvalidRecordError` if it is
+    malformed or decompresses to more than ``max_bytes``."""
+    columnar, body = batch_body(payload, max_bytes)
+    if not columnar:
+        return _decode_rows(_decoder, body)
+    columns = read_columns(body)
+    n = columns.count
+    headers = [list(h) for h in columns.header_lists()] if columns.headers else None
+    return list(
+        map(
+            WireRecord,
+            columns.timestamps(),
+            columns.keys.items(n),
+            columns.values.items(n),
+            headers if headers is not None else ([] for _ in range(n)),
+        )
+    )
 
 
 def decode_untracked(
@@ -206,33 +551,44 @@ def decode_untracked(
 ) -> list[UntrackedRecord]:
     """The records of a batch payload as :class:`UntrackedRecord`; accepts and refuses
     exactly what :func:`decode_batch` does (raising :class:`InvalidRecordError`)."""
-    return _decode_with(_untracked, payload, max_bytes)
+    columnar, body = batch_body(payload, max_bytes)
+    if not columnar:
+        return _decode_rows(_untracked, body)
+    columns = read_columns(body)
+    n = columns.count
+    return list(
+        map(
+            UntrackedRecord,
+            columns.timestamps(),
+            columns.keys.items(n),
+            columns.values.items(n),
+            columns.header_lists(),
+        )
+    )
 
 
-def _decode_with(
-    decoder: msgspec.msgpack.Decoder[Any], payload: bytes | memoryview, max_bytes: int
-) -> Any:
-    """Unpack a batch payload (its compression id, then the packed records) and decode it
-    with ``decoder``; :class:`InvalidRecordError` for anything malformed or too large."""
-    if not payload:
-        raise InvalidRecordError("empty record batch")
-    unpack = _BY_ID.get(payload[0])
-    if unpack is None:
-        raise InvalidRecordError(f"record batch uses unknown compression id {payload[0]}")
+def _decode_rows(decoder: msgspec.msgpack.Decoder[Any], body: bytes | memoryview) -> Any:
+    """A row batch's records, decoded with ``decoder``."""
     try:
-        return decoder.decode(unpack(memoryview(payload)[1:], max_bytes))
-    except (msgspec.DecodeError, zlib.error, lzma.LZMAError) as exc:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a name not UTF-8)
         raise InvalidRecordError(f"record batch cannot be decoded: {exc}") from None
 
 
 def check_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> tuple[int, int, int]:
     """A batch's record count and its oldest and newest timestamps (0 for no records),
-    once it decodes (raises :class:`InvalidRecordError` as :func:`decode_batch` does)."""
-    records = decode_untracked(payload, max_bytes)
-    if not records:
+    once it decodes (raises :class:`InvalidRecordError` as :func:`decode_batch` does).
+    A columnar batch is checked without a Python object per record."""
+    unpacked = unpack_batch(payload, max_bytes)
+    if isinstance(unpacked, Columns):
+        if not unpacked.count:
+            return 0, 0, 0
+        stamps = unpacked.timestamps()
+        return unpacked.count, min(stamps), max(stamps)
+    if not unpacked:
         return 0, 0, 0
-    stamps = [r.timestamp_ms for r in records]
-    return len(records), min(stamps), max(stamps)
+    stamps_list = [r.timestamp_ms for r in unpacked]
+    return len(unpacked), min(stamps_list), max(stamps_list)
 
 
 def records_from(
@@ -241,18 +597,34 @@ def records_from(
     """The records of ``(base_offset, payload)`` batches from offset ``start`` on.
 
     A fetch may return a batch that begins before the offset asked for; its
-    earlier records are skipped here.
+    earlier records are skipped here. A columnar batch's records are made
+    column by column, with no intermediate record object.
     """
     for base, payload in batches:
-        for index, rec in enumerate(decode_batch(payload)):
-            offset = base + index
-            if offset >= start:
+        unpacked = unpack_batch(payload)
+        skip = max(0, start - base)
+        if not isinstance(unpacked, Columns):
+            for index, rec in enumerate(unpacked[skip:], skip):
                 yield ConsumerRecord(
                     topic,
                     partition,
-                    offset,
+                    base + index,
                     rec.timestamp_ms / 1000,
                     rec.key,
                     rec.value,
-                    tuple(rec.headers),
+                    rec.headers,
                 )
+            continue
+        count = unpacked.count
+        if skip >= count:
+            continue
+        yield from map(
+            ConsumerRecord,
+            repeat(topic, count - skip),
+            repeat(partition),
+            range(base + skip, base + count),
+            [stamp / 1000 for stamp in unpacked.timestamps()[skip:]],
+            unpacked.keys.items(count)[skip:],
+            unpacked.values.items(count)[skip:],
+            unpacked.header_lists()[skip:],
+        )

@@ -1,33 +1,44 @@
-"""From stored record batches to Arrow record batches, with as little per-record Python as can be.
+"""From stored record batches to Arrow record batches, without a Python object per record.
 
-A task's time goes to two things per record: decoding the msgpack of each
-fetched batch into Python objects, and building Arrow columns from them.
-Both are kept small here. The records decode into
-:class:`~trio_coord.protocol.records.UntrackedRecord`, a msgspec Struct made
-with ``gc=False`` and headers as a tuple (an empty tuple is a shared
-constant), so that decoding a batch of 8,192 records allocates no object the
-cyclic garbage collector tracks: with ``WireRecord`` (a list per record) the
-collections that the allocations trigger cost most of the decode. The
-columns are then built one list comprehension or one Arrow compute call
-each: the offsets (dense: a batch stored at ``base`` holds ``base``,
-``base + 1``, ...) are a cached 0..n-1 array plus the first
-offset, the timestamps one multiplication, the topic and partition one
-repeated scalar each, and records without headers (the common case) an
-all-empty list array made from offsets alone. The format itself (a codec
-byte, then a msgpack array of ``[timestamp_ms, key, value, headers]``) is
-defined once, in :mod:`trio_coord.protocol.records`; this module reads it
-with that module's codecs and its bound on what a batch may decompress to.
+A stored batch in the columnar layout (see :mod:`trio_coord.protocol.records`)
+already holds what an Arrow column is made of: its timestamps are an int64
+array, its keys and values int32 offsets, a validity bitmap and the bytes.
+:func:`decode_records` checks its sections once
+(:func:`~trio_coord.protocol.records.read_columns`: lengths, offsets, count)
+and wraps them as Arrow arrays with ``pa.Array.from_buffers``, copying
+nothing (except a stored batch whose sections are not 8-byte aligned in
+memory: it is copied once so they are). :class:`Pending` keeps a partition's
+pieces, one per stored batch, and :meth:`Pending.take` concatenates them into
+the Arrow batches handed to Spark (one ``concat_arrays`` per column, in C++).
+The other columns cost one call each: the offsets (dense: a batch stored at
+``base`` holds ``base``, ``base + 1``, ...) a cached 0..n-1 array plus the
+first offset, the timestamps one multiplication, the topic and partition one
+repeated scalar each, and the headers, when no record has any (the common
+case), an all-empty list array made from offsets alone. A batch in the row
+layout (msgpack records, as older producers wrote them) is decoded into
+:class:`~trio_coord.protocol.records.UntrackedRecord` (no object the garbage
+collector tracks) and made into the same arrays from lists.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..protocol.records import MAX_BATCH_BYTES, UntrackedRecord, decode_untracked
+from ..protocol.records import (
+    MAX_BATCH_BYTES,
+    NONE_PRESENT,
+    SOME_PRESENT,
+    Column,
+    batch_body,
+    decode_untracked,
+    read_columns,
+    read_rows,
+)
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -37,6 +48,7 @@ __all__ = [
     "ROWS_PER_ARROW_BATCH",
     "TIMESTAMP",
     "Pending",
+    "Piece",
     "arrow_batch",
     "decode_records",
 ]
@@ -66,15 +78,77 @@ CREATE_TIME: Final = 0
 
 ROWS_PER_ARROW_BATCH: Final = 8192
 """Rows per Arrow batch handed to Spark."""
+_LITTLE: Final = sys.byteorder == "little"
 
 
-_Record = UntrackedRecord
+class Piece:
+    """The records of one stored batch (or a slice of it) as Arrow arrays: timestamps in
+    milliseconds (int64), keys and values (binary), and headers (:data:`HEADERS`), None
+    when no record has any or they are not wanted."""
+
+    __slots__ = ("headers", "keys", "stamps", "values")
+
+    def __init__(
+        self, stamps: pa.Array, keys: pa.Array, values: pa.Array, headers: pa.Array | None
+    ) -> None:
+        self.stamps, self.keys, self.values, self.headers = stamps, keys, values, headers
+
+    def __len__(self) -> int:
+        return len(self.stamps)
+
+    def slice(self, low: int, high: int) -> Piece:
+        """Records ``low`` to ``high - 1`` (zero-copy)."""
+        rows = max(0, min(high, len(self)) - low)
+        return Piece(
+            self.stamps.slice(low, rows),
+            self.keys.slice(low, rows),
+            self.values.slice(low, rows),
+            None if self.headers is None else self.headers.slice(low, rows),
+        )
 
 
-def decode_records(payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES) -> list[_Record]:
-    """The records of one stored batch payload (raises InvalidRecordError if it is malformed,
-    or decompresses to more than ``max_bytes``), exactly as ``decode_batch`` reads it."""
-    return decode_untracked(payload, max_bytes)
+def _binary(column: Column, count: int) -> pa.Array:
+    if column.presence == NONE_PRESENT:
+        return pa.nulls(count, pa.binary())
+    validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
+    return pa.Array.from_buffers(
+        pa.binary(), count, [validity, pa.py_buffer(column.offsets), pa.py_buffer(column.data)]
+    )
+
+
+def decode_records(
+    payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES, include_headers: bool = True
+) -> Piece:
+    """The records of one stored batch payload, in either layout, as a :class:`Piece`
+    (raises InvalidRecordError if it is malformed, or decompresses to more than
+    ``max_bytes``, exactly as ``decode_batch`` does)."""
+    columnar, body = batch_body(payload, max_bytes)
+    if not columnar or not _LITTLE:  # (Arrow's buffers are native, the layout little-endian)
+        records = read_rows(body) if not columnar else decode_untracked(payload, max_bytes)
+        return Piece(
+            pa.array([r.timestamp_ms for r in records], pa.int64()),
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+            _headers([r.headers for r in records]) if include_headers else None,
+        )
+    if pa.py_buffer(body).address % 8:
+        # a stored (uncompressed) batch's sections follow its codec byte: copied once into
+        # an Arrow buffer (64-byte aligned), so that the int64 and int32 arrays are aligned
+        aligned = pa.allocate_buffer(len(body))
+        memoryview(aligned).cast("B")[:] = body
+        body = memoryview(aligned)
+    columns = read_columns(body)
+    count = columns.count
+    return Piece(
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.stamps)]),
+        _binary(columns.keys, count),
+        _binary(columns.values, count),
+        _headers(columns.header_lists()) if include_headers and columns.headers else None,
+    )
+
+
+def _headers(headers: list[tuple[tuple[str, bytes], ...]]) -> pa.Array | None:
+    return None if headers.count(()) == len(headers) else pa.array(headers, HEADERS)
 
 
 _ranks = pa.array(range(ROWS_PER_ARROW_BATCH), pa.int64())
@@ -95,54 +169,61 @@ def _no_headers(rows: int) -> pa.Array:
     )
 
 
-class Pending:
-    """Records of one partition waiting to become an Arrow batch, kept as columns: each
-    fetched batch's records are taken apart as they come (one list comprehension per
-    column), so no record object outlives the batch it was decoded from."""
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
-    __slots__ = ("headers", "include_headers", "keys", "stamps", "values")
+
+class Pending:
+    """Records of one partition waiting to become an Arrow batch, kept as the
+    :class:`Piece` of each stored batch they came in (no Python object per record)."""
+
+    __slots__ = ("include_headers", "pieces", "rows")
 
     def __init__(self, include_headers: bool = True) -> None:
         self.include_headers = include_headers
-        self.stamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.headers: list[tuple[tuple[str, bytes], ...]] = []
+        self.pieces: list[Piece] = []
+        self.rows = 0
 
     def __len__(self) -> int:
-        return len(self.stamps)
+        return self.rows
 
-    def add(self, records: Sequence[_Record]) -> None:
-        """Append ``records`` (the next offsets)."""
-        self.stamps.extend([r.timestamp_ms for r in records])
-        self.keys.extend([r.key for r in records])
-        self.values.extend([r.value for r in records])
-        if self.include_headers:
-            self.headers.extend([r.headers for r in records])
+    def add(self, piece: Piece) -> None:
+        """Append ``piece``'s records (the next offsets)."""
+        if len(piece):
+            self.pieces.append(piece)
+            self.rows += len(piece)
 
     def take(self, topic: str, partition: int, first: int, rows: int) -> pa.RecordBatch:
         """The first ``rows`` records (offsets ``first``, ``first + 1``, ...) as one Arrow
         batch of :data:`ARROW_SCHEMA` (without its headers column unless the records were
         kept with theirs), removed from here."""
-        stamps, keys, values, headers = self.stamps, self.keys, self.values, self.headers
-        if rows >= len(stamps):
-            self.stamps, self.keys, self.values, self.headers = [], [], [], []
-        else:
-            stamps, keys, values, headers = (
-                stamps[:rows],
-                keys[:rows],
-                values[:rows],
-                headers[:rows],
+        taken: list[Piece] = []
+        wanted = min(rows, self.rows)
+        while wanted:
+            piece = self.pieces[0]
+            if len(piece) <= wanted:
+                taken.append(self.pieces.pop(0))
+                wanted -= len(piece)
+            else:
+                taken.append(piece.slice(0, wanted))
+                self.pieces[0] = piece.slice(wanted, len(piece))
+                wanted = 0
+        self.rows -= sum(len(p) for p in taken)
+        headers = None
+        if self.include_headers:
+            headers = (
+                _concat([_no_headers(len(p)) if p.headers is None else p.headers for p in taken])
+                if any(p.headers is not None for p in taken)
+                else _no_headers(sum(len(p) for p in taken))
             )
-            del self.stamps[:rows], self.keys[:rows], self.values[:rows], self.headers[:rows]
         return arrow_batch(
             topic,
             partition,
             first,
-            stamps,
-            keys,
-            values,
-            headers if self.include_headers else None,
+            _concat([p.stamps for p in taken]),
+            _concat([p.keys for p in taken]),
+            _concat([p.values for p in taken]),
+            headers,
         )
 
 
@@ -150,14 +231,15 @@ def arrow_batch(
     topic: str,
     partition: int,
     first: int,
-    stamps: Sequence[int],
-    keys: Sequence[bytes | None],
-    values: Sequence[bytes | None],
-    headers: Sequence[tuple[tuple[str, bytes], ...]] | None,
+    stamps: pa.Array | Sequence[int],
+    keys: pa.Array | Sequence[bytes | None],
+    values: pa.Array | Sequence[bytes | None],
+    headers: pa.Array | Sequence[tuple[tuple[str, bytes], ...]] | None,
 ) -> pa.RecordBatch:
     """Records of ``topic``/``partition``, whose offsets are ``first``, ``first + 1``, ...,
-    given column by column, as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers
-    column when ``headers`` is None)."""
+    given column by column (Arrow arrays or Python sequences; timestamps in milliseconds),
+    as one Arrow batch of :data:`ARROW_SCHEMA` (without its headers column when
+    ``headers`` is None)."""
     rows = len(stamps)
     columns = [
         pa.array(keys, pa.binary()),
@@ -170,5 +252,9 @@ def arrow_batch(
     ]
     if headers is None:
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_WITHOUT_HEADERS)
-    columns.append(_no_headers(rows) if headers.count(()) == rows else pa.array(headers, HEADERS))
+    if not isinstance(headers, pa.Array):
+        headers = (
+            _no_headers(rows) if list(headers).count(()) == rows else pa.array(headers, HEADERS)
+        )
+    columns.append(headers)
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

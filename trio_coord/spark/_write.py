@@ -10,15 +10,17 @@ column is refused when the write is planned, so that nothing is silently
 dropped.
 
 Spark hands each task its rows as Arrow record batches (the writers are
-Arrow writers). For the usual shapes (one topic, every row keyed or none,
-no ``partition`` or ``headers`` column) Arrow compute encodes the records
-themselves: one element-wise join of the columns' pieces gives each row's
-msgpack bytes in one buffer (see the comment above :func:`_encoded_records`),
-keyed rows are hashed once per distinct key and sorted by partition with a
-stable sort, and a batch is a slice of that buffer, cut at ``batchSize``
-bytes by bisecting the array's offsets: no Python object per row. Other
-rows are encoded one by one, as tuples that msgpack-encode exactly as
-``WireRecord`` does. Closed batches are produced :data:`IN_FLIGHT` at a
+Arrow writers), and a batch is written in the columnar layout
+(:func:`~trio_coord.protocol.records.assemble_columnar`), whose sections are
+what Arrow arrays are made of. For the usual shapes (one topic, every row
+keyed or none, no ``partition`` or ``headers`` column) the rows stay Arrow
+arrays: keyed rows are hashed once per distinct key and sorted by partition
+with a stable sort, each partition's rows are sliced into batches cut at
+``batchSize`` bytes by bisecting their cumulative sizes, and a closed batch's
+timestamps, keys and values are its slices concatenated, whose buffers are
+the batch's sections: no Python object per row. Other rows are kept as
+tuples ``(timestamp_ms, key, value, headers)`` and made into the same arrays
+when their batch closes. Closed batches are produced :data:`IN_FLIGHT` at a
 time, one per partition in flight together
 (:meth:`~._client.BlockingClient.produce_many`), each round sent from a
 thread while the task encodes the next rows; a round waits for the one
@@ -41,7 +43,6 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Final
 
-import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
@@ -64,7 +65,18 @@ from pyspark.sql.types import (
 
 from .._routing import partition_for_key
 from ..protocol.messages import ProduceRequest, TopicPartition
-from ..protocol.records import COMPRESSION, Header
+from ..protocol.records import (
+    ALL_PRESENT,
+    COLUMNAR,
+    COMPRESSION,
+    NONE_PRESENT,
+    SOME_PRESENT,
+    Column,
+    Header,
+    UntrackedRecord,
+    assemble_columnar,
+    encode_batch,
+)
 from ._client import BlockingClient
 from ._options import OptionError, WriteOptions
 from ._read import _task_client
@@ -74,9 +86,8 @@ __all__ = ["BatchWriter", "StreamWriter", "WriteResult", "check_columns", "write
 log = logging.getLogger(__name__)
 
 _Record = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
-"""A record as the batch format stores it: ``[timestamp_ms, key, value, headers]`` (a
-tuple encodes as the same msgpack array as a ``WireRecord``, without making one)."""
-_encoder = msgspec.msgpack.Encoder()
+"""A record taken row by row: ``(timestamp_ms, key, value, headers)``."""
+_EMPTY: Final = memoryview(b"")
 IN_FLIGHT: Final = 8
 """Closed batches a task queues before producing them together (one per partition in
 flight at a time). A round is in flight while the next one queues, so closed batches take
@@ -176,77 +187,110 @@ def _headers_list(column: pa.Array | None, rows: int) -> list[tuple[Header, ...]
     ]
 
 
-# -- records encoded by Arrow -----------------------------------------------------------------
+# -- records kept as Arrow arrays -----------------------------------------------------------
 #
-# A record is the msgpack array [timestamp_ms, key, value, headers]. Encoded with fixed-width
-# forms (legal msgpack, which every reader of the format decodes as it decodes msgspec's
-# shortest forms): fixarray 4 (0x94), the timestamp as int64 (0xd3 and 8 bytes big-endian),
-# key and value as bin32 (0xc6, a 4-byte big-endian length, the bytes) or nil (0xc0), and no
-# headers (an empty fixarray, 0x90). Each piece is an Arrow column or scalar, and one
-# element-wise join makes every record's bytes, contiguous in one buffer: a batch's payload
-# is the array header and a slice of that buffer. Rows with headers take the per-row path.
+# A partition's open batch is a list of pieces, in row order: slices of a task's Arrow
+# columns (timestamps in milliseconds, keys, values), or tuples of rows that took the
+# per-row path. A record's size toward ``batchSize`` is its bytes in the columnar layout:
+# 8 for its timestamp, 4 for each offset, and its key's and value's bytes.
 
-_RECORD_HEAD: Final = pa.scalar(b"\x94\xd3", pa.binary())
-_BIN32: Final = pa.scalar(b"\xc6", pa.binary())
-_NIL: Final = pa.scalar(b"\xc0", pa.binary())
-_NO_HEADERS: Final = pa.scalar(b"\x90", pa.binary())
-_NOTHING: Final = pa.scalar(b"", pa.binary())
-_BIG_ENDIAN_CODES: Final = {4: "i", 8: "q"}
+_RECORD_OVERHEAD: Final = 16
 
 
-def _big_endian(values: pa.Array, width: int) -> pa.Array:
-    """Integers (int32 for width 4, int64 for 8; no nulls) as ``width`` big-endian bytes each,
-    a binary array."""
-    raw = array.array(_BIG_ENDIAN_CODES[width])
-    assert raw.itemsize == width
-    start = values.offset * width
-    raw.frombytes(memoryview(values.buffers()[1])[start : start + len(values) * width])
-    if sys.byteorder == "little":
-        raw.byteswap()
-    fixed = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(width), len(values), [None, pa.py_buffer(raw)]
+def _sizes(key: pa.Array | None, value: pa.Array | None, rows: int) -> array.array[int]:
+    """The cumulative columnar sizes of ``rows`` records (``rows + 1`` ends, from 0)."""
+    size = pa.repeat(pa.scalar(_RECORD_OVERHEAD, pa.int64()), rows)
+    for column in (key, value):
+        if column is not None and column.null_count < len(column):
+            lengths = pc.fill_null(pc.binary_length(_as_binary(column)), 0).cast(pa.int64())
+            size = pc.add(size, lengths)
+    ends = array.array("q", [0])
+    if rows:
+        total = pc.cumulative_sum(size)
+        start = total.offset * 8
+        ends.frombytes(memoryview(total.buffers()[1]).cast("B")[start : start + 8 * rows])
+    return ends
+
+
+def _arrow_column(column: pa.Array) -> Column:
+    """A binary array (offset 0, as concatenated) as a columnar batch's column."""
+    rows = len(column)
+    if column.null_count == rows:
+        return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
+    validity = _EMPTY
+    if column.null_count:  # an absent element's two offsets must be equal
+        validity = memoryview(pc.is_valid(column).buffers()[1])[: (rows + 7) // 8]
+        column = pc.fill_null(column, b"")
+    if column.offset:
+        column = pa.concat_arrays([column])
+    _, offsets, data = column.buffers()
+    ends = memoryview(offsets).cast("B")[: 4 * (rows + 1)]
+    if ends[:4] != b"\0\0\0\0":  # (fill_null may keep a slice's offsets)
+        column = pa.concat_arrays([column])
+        _, offsets, data = column.buffers()
+        ends = memoryview(offsets).cast("B")[: 4 * (rows + 1)]
+    size = int.from_bytes(ends[-4:], sys.byteorder)
+    body = memoryview(data).cast("B")[:size] if data is not None else _EMPTY
+    return Column(SOME_PRESENT if len(validity) else ALL_PRESENT, ends, validity, body)
+
+
+_Piece = tuple[pa.Array, pa.Array | None, pa.Array | None] | list[_Record]
+
+
+def _rows_of(pieces: list[_Piece]) -> list[UntrackedRecord]:
+    """A batch's pieces as records, one object each (for big-endian hosts)."""
+    out: list[UntrackedRecord] = []
+    for piece in pieces:
+        if isinstance(piece, list):
+            out.extend(UntrackedRecord(*r) for r in piece)
+            continue
+        millis, key, value = piece
+        rows = len(millis)
+        keys = [None] * rows if key is None else _as_binary(key).to_pylist()
+        values = [None] * rows if value is None else _as_binary(value).to_pylist()
+        out.extend(map(UntrackedRecord, millis.to_pylist(), keys, values))
+    return out
+
+
+def _columnar_body(pieces: list[_Piece], count: int) -> bytes:
+    """The columnar bytes of a batch's pieces (Arrow slices and tuples of rows, in order)."""
+    stamps: list[pa.Array] = []
+    keys: list[pa.Array] = []
+    values: list[pa.Array] = []
+    headers: list[tuple[int, tuple[Header, ...]]] = []
+    at = 0
+    for piece in pieces:
+        if isinstance(piece, list):
+            stamps.append(pa.array([r[0] for r in piece], pa.int64()))
+            keys.append(pa.array([r[1] for r in piece], pa.binary()))
+            values.append(pa.array([r[2] for r in piece], pa.binary()))
+            headers.extend((at + i, r[3]) for i, r in enumerate(piece) if r[3])
+            at += len(piece)
+            continue
+        millis, key, value = piece
+        rows = len(millis)
+        stamps.append(millis)
+        keys.append(pa.nulls(rows, pa.binary()) if key is None else _as_binary(key))
+        values.append(pa.nulls(rows, pa.binary()) if value is None else _as_binary(value))
+        at += rows
+    timestamps = pa.concat_arrays(stamps)
+    start = timestamps.offset * 8
+    return assemble_columnar(
+        count,
+        memoryview(timestamps.buffers()[1]).cast("B")[start : start + 8 * count],
+        _arrow_column(pa.concat_arrays(keys)),
+        _arrow_column(pa.concat_arrays(values)),
+        headers,
     )
-    return fixed.cast(pa.binary())
-
-
-def _encoded_field(column: pa.Array | None) -> pa.Array | pa.Scalar:
-    """A key or value column as msgpack: bin32 with its length, nil where null."""
-    if column is None or column.null_count == len(column):
-        return _NIL
-    column = _as_binary(column)
-    lengths = pc.fill_null(pc.binary_length(column), 0).cast(pa.int32())
-    joined = pc.binary_join_element_wise(_BIN32, _big_endian(lengths, 4), column, _NOTHING)
-    return pc.fill_null(joined, _NIL) if column.null_count else joined
-
-
-def _encoded_records(key: pa.Array | None, value: pa.Array | None, millis: pa.Array) -> pa.Array:
-    """Each row's record, msgpack-encoded (see above), as a binary array."""
-    return pc.binary_join_element_wise(
-        _RECORD_HEAD,
-        _big_endian(millis, 8),
-        _encoded_field(key),
-        _encoded_field(value),
-        _NO_HEADERS,
-        _NOTHING,
-    )
-
-
-def _array_header(count: int) -> bytes:
-    """The msgpack header of an array of ``count`` elements."""
-    if count < 16:
-        return bytes((0x90 | count,))
-    if count < 1 << 16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
 
 
 class _Open:
-    """One partition's open batch: its records' encoded bytes, in pieces."""
+    """One partition's open batch: its records, in pieces (see above)."""
 
     __slots__ = ("count", "newest", "pieces", "size")
 
     def __init__(self) -> None:
-        self.pieces: list[bytes | memoryview] = []
+        self.pieces: list[_Piece] = []
         self.count = 0
         self.size = 0
         self.newest = -(2**63)
@@ -295,30 +339,37 @@ class _Batches:
 
     def add(self, tp: TopicPartition, record: _Record) -> None:
         """Add one record to ``tp``'s open batch; close the batch once full."""
-        encoded = _encoder.encode(record)
         batch = self.open.get(tp)
         if batch is None:
             batch = self.open[tp] = _Open()
-        batch.pieces.append(encoded)
+        if not batch.pieces or not isinstance(batch.pieces[-1], list):
+            batch.pieces.append([])
+        rows = batch.pieces[-1]
+        assert isinstance(rows, list)
+        rows.append(record)
         batch.count += 1
-        batch.size += len(encoded)
+        batch.size += _RECORD_OVERHEAD + len(record[1] or b"") + len(record[2] or b"")
+        batch.size += sum(8 + len(name) + len(value) for name, value in record[3])
         batch.newest = max(batch.newest, record[0])
         if batch.size >= self.options.batch_size:
             self.send(tp)
 
     def extend(
-        self, tp: TopicPartition, encoded: pa.Array, millis: pa.Array, *, fill: bool = False
+        self,
+        tp: TopicPartition,
+        millis: pa.Array,
+        key: pa.Array | None,
+        value: pa.Array | None,
+        *,
+        fill: bool = False,
     ) -> None:
-        """Add the records ``encoded`` (a binary array, one element per record; ``millis``
-        their timestamps) to ``tp``'s open batch in order, closing each batch once full:
-        the cuts come from the array's offsets, bisected. With ``fill``, the records move
-        on to the topic's next partition each time a batch closes (records without a
-        key, as the producer does), and ``tp`` is where they start."""
-        rows = len(encoded)
-        offsets = encoded.buffers()[1]
-        ends = array.array("i")
-        ends.frombytes(memoryview(offsets)[encoded.offset * 4 : (encoded.offset + rows + 1) * 4])
-        data = memoryview(encoded.buffers()[2])
+        """Add the records whose columns are ``millis``, ``key`` and ``value`` (None: absent)
+        to ``tp``'s open batch in order, closing each batch once full: the cuts come from
+        the records' cumulative sizes, bisected. With ``fill``, the records move on to the
+        topic's next partition each time a batch closes (records without a key, as the
+        producer does), and ``tp`` is where they start."""
+        rows = len(millis)
+        ends = _sizes(key, value, rows)
         limit = self.options.batch_size
         start = 0
         while start < rows:
@@ -327,10 +378,17 @@ class _Batches:
                 batch = self.open[tp] = _Open()
             # The first record that brings the open batch to the limit closes it.
             cut = min(bisect_left(ends, ends[start] - batch.size + limit, start + 1), rows)
-            batch.pieces.append(data[ends[start] : ends[cut]])
-            batch.count += cut - start
+            length = cut - start
+            batch.pieces.append(
+                (
+                    millis.slice(start, length),
+                    None if key is None else key.slice(start, length),
+                    None if value is None else value.slice(start, length),
+                )
+            )
+            batch.count += length
             batch.size += ends[cut] - ends[start]
-            newest = pc.max(millis.slice(start, cut - start)).as_py()
+            newest = pc.max(millis.slice(start, length)).as_py()
             batch.newest = max(batch.newest, newest)
             start = cut
             if batch.size >= limit:
@@ -351,15 +409,16 @@ class _Batches:
         runs = pc.run_end_encode(chosen.take(order))
         value = _column(batch, "value")
         millis = millis.take(order)
-        encoded = _encoded_records(
-            keys.take(order), None if value is None else value.take(order), millis
-        )
+        keys = keys.take(order)
+        value = None if value is None else value.take(order)
         start = 0
         for partition, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            length = end - start
             self.extend(
                 TopicPartition(topic, partition),
-                encoded.slice(start, end - start),
-                millis.slice(start, end - start),
+                millis.slice(start, length),
+                keys.slice(start, length),
+                None if value is None else value.slice(start, length),
             )
             start = end
 
@@ -386,8 +445,13 @@ class _Batches:
         )
         if bulk and (key_column is None or key_column.null_count == rows):
             assert topic is not None
-            encoded = _encoded_records(None, _column(batch, "value"), millis)
-            self.extend(TopicPartition(topic, self._sticky(topic)), encoded, millis, fill=True)
+            self.extend(
+                TopicPartition(topic, self._sticky(topic)),
+                millis,
+                None,
+                _column(batch, "value"),
+                fill=True,
+            )
             return
         if bulk and key_column is not None and key_column.null_count == 0:
             assert topic is not None
@@ -417,9 +481,12 @@ class _Batches:
         """Close ``tp``'s open batch: encode it and queue it for :meth:`drain`, which runs
         once :data:`IN_FLIGHT` batches wait."""
         batch = self.open.pop(tp)
-        payload = bytes((self.ident,)) + self.pack(
-            b"".join([_array_header(batch.count), *batch.pieces])
-        )
+        if sys.byteorder == "little":
+            payload = bytes((self.ident | COLUMNAR,)) + self.pack(
+                _columnar_body(batch.pieces, batch.count)
+            )
+        else:  # Arrow's buffers are native-endian, the layout little-endian
+            payload = encode_batch(_rows_of(batch.pieces), self.options.compression)
         self.ready.append(
             ProduceRequest(tp.topic, tp.partition, payload, batch.count, batch.newest)
         )
