@@ -235,6 +235,20 @@ class CoordinatorService:
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
 
+    def join_now(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse | None:
+        """:meth:`join` without waiting, or None if it must wait (the group's task is not up).
+
+        A join is O(1) once the group runs, so a front end answers it inline
+        (no task per JoinGroup): forming a group of thousands is mostly joins.
+        """
+        runner = self._runners.get(request.group)
+        if runner is None or not runner.ready.is_set():
+            return None
+        matched = self._topics.matching(request.topics)  # (also checks the patterns)
+        if matched:
+            request = msgspec.structs.replace(request, topics=sorted(set(request.topics) | matched))
+        return runner.join(request, conn)
+
     def runners(self) -> list[GroupRunner]:
         """The groups this service runs (for metrics and tools)."""
         return list(self._runners.values())
@@ -491,6 +505,13 @@ class Coordinators:
             self._check_group_limit(request.group, getattr(conn, "principal", ANONYMOUS))
         with self._writing(request.group):
             return await self.service(request.group).join(request, conn)
+
+    def join_now(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse | None:
+        """Admit a member at once, or None to wait (:meth:`CoordinatorService.join_now`)."""
+        if self.max_groups_per_principal is not None:
+            self._check_group_limit(request.group, getattr(conn, "principal", ANONYMOUS))
+        with self._writing(request.group):
+            return self.service(request.group).join_now(request, conn)
 
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (see :meth:`CoordinatorService.heartbeat`)."""

@@ -356,7 +356,7 @@ class BrokerHandler(RequestHandler):
 
     # -- in a task -----------------------------------------------------------------
 
-    async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+    def _check_subscription(self, body: JoinGroupRequest) -> None:
         size, most = encoded_size(body.topics), self._broker.page_bytes // 2
         if size > most:  # (at the default frame, the entry count binds first)
             raise InvalidTopicError(
@@ -364,6 +364,16 @@ class BrokerHandler(RequestHandler):
                 "(a quarter of its frame size: DescribeGroup must show the member on one page); "
                 "subscribe to a pattern that covers the topics instead"
             )
+
+    def _join_now(self, body: JoinGroupRequest) -> ResponseBody | None:
+        """A join into a group whose task runs is O(1): answered inline, with no task."""
+        if self._broker.shutting_down:
+            return None  # (answered BROKER_SHUTTING_DOWN by handle, as any request in a task)
+        self._check_subscription(body)
+        return self._coordinator.join_now(body, self._conn)
+
+    async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+        self._check_subscription(body)
         return await self._coordinator.join(body, self._conn)
 
     async def _leave(self, body: LeaveGroupRequest) -> ResponseBody:
@@ -451,6 +461,7 @@ class BrokerHandler(RequestHandler):
 
 _NOW: dict[type, Callable[[BrokerHandler, Any], ResponseBody | None]] = {
     HeartbeatRequest: BrokerHandler._heartbeat,
+    JoinGroupRequest: BrokerHandler._join_now,
     MetadataRequest: BrokerHandler._metadata,
     ListGroupsRequest: BrokerHandler._list_groups,
     DescribeGroupRequest: BrokerHandler._describe_group,
