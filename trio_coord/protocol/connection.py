@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -77,8 +78,9 @@ _RECEIVE_CHUNK = 64 * 1024
 _PARKED_FRAMES = 32
 """The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
 _PARK_LINGER = 0.1
-"""How long a connection with nothing in flight must have been quiet (no frame read, no
-answer written) before its reader parks it."""
+"""How long after its last request that needed a handler task a connection with nothing
+in flight waits before its reader parks it (one whose requests are all answered inline,
+a member joining and heartbeating, parks at once: the parking service answers those)."""
 _PARKED_ANSWER_BYTES = 64 * 1024
 """Answers one wake-up encodes before it leaves the rest to the reader, which writes each
 before it reads on: a small request may have a large answer (Metadata of every topic),
@@ -176,6 +178,8 @@ class Connection:
         self._shared = shared
         self.last_active = trio.current_time()
         """When a frame last arrived or an answer was last written (for idle timeouts)."""
+        self._task_ended = -math.inf
+        """When the last handler task ended (a connection in use lingers before parking)."""
         self.principal = "User:ANONYMOUS"
         """Who the peer proved to be (a broker sets it once the login is done)."""
         # Only a plain TCP socket can be parked (a TLS stream buffers bytes of its own).
@@ -464,8 +468,8 @@ class Connection:
                 assert self._parking is not None
                 # A connection in use (a producer, a fetching consumer: a request that
                 # needs a task every few milliseconds) would park and be revived for each
-                # one; it parks once it has been quiet for _PARK_LINGER.
-                linger = trio.current_time() < self.last_active + _PARK_LINGER
+                # one; it parks _PARK_LINGER after its last such request was answered.
+                linger = trio.current_time() < self._task_ended + _PARK_LINGER
                 if not linger and self._parking.park(self):
                     return True
             if self._is_closed:
@@ -479,7 +483,7 @@ class Connection:
                     # waiting for the peer's next frame.
                     with trio.CancelScope() as idle:
                         if linger:
-                            idle.deadline = self.last_active + _PARK_LINGER
+                            idle.deadline = self._task_ended + _PARK_LINGER
                         self._idle_wait = idle
                         body = await self._reader.read_frame()
                     self._idle_wait = None
@@ -608,6 +612,7 @@ class Connection:
                 await self._reply(request.corr_id, body)
         finally:
             self._in_flight -= 1
+            self._task_ended = trio.current_time()
             if self._slot_freed is not None:
                 self._slot_freed.set()
                 self._slot_freed = None
