@@ -216,12 +216,14 @@ async def test_a_push_answered_closed_or_forgotten_reaches_its_callback_once(tmp
         conn = Connection(stream)
         nursery.start_soon(conn.serve)
         await accepted.wait()
-        _, rest = conn.push(StopFetchersRequest("g", "m", 1), lambda b, e: got.append((b, e)))
+        _, rest = conn.push(
+            StopFetchersRequest("g", "m", 1), lambda ctx, b, e: got.append((ctx, b, e)), "first"
+        )
         assert rest is None  # (a small frame on an idle socket: written at once)
         while not got:
             await trio.sleep(0.01)
-        assert got == [(StopFetchersResponse(), None)]
-        forgotten, _ = conn.push(StopFetchersRequest("g", "m", 1), lambda b, e: got.append(b))
+        assert got == [("first", StopFetchersResponse(), None)]
+        forgotten, _ = conn.push(StopFetchersRequest("g", "m", 1), lambda ctx, b, e: got.append(b))
         conn.forget(forgotten)
         await trio.sleep(0.2)
         assert len(got) == 1  # a forgotten push is never answered to anyone
@@ -229,7 +231,7 @@ async def test_a_push_answered_closed_or_forgotten_reaches_its_callback_once(tmp
         await conn.wait_closed()
         closed: list[object] = []
         try:
-            conn.push(StopFetchersRequest("g", "m", 1), lambda b, e: closed.append(e))
+            conn.push(StopFetchersRequest("g", "m", 1), lambda ctx, b, e: closed.append(e))
         except ConnectionClosedError:
             closed.append("raised")
         assert closed == ["raised"]

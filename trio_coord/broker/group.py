@@ -26,8 +26,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
@@ -58,6 +58,7 @@ from ..protocol.messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberDescription,
     MemberSubscription,
     OffsetCommitRequest,
     PartitionOffset,
@@ -191,14 +192,22 @@ class _Answers:
     answer), and expels whoever is overdue at that moment, as a task and
     cancel scope per member used to (``_answer_in_time``). Deadlines are kept
     per rebalance timeout, each in push order, so the earliest is found
-    without a scan and expiry pops from the front.
+    without a scan and expiry pops from the front. Every push of a phase shares
+    one callback (:meth:`answered`, with the member as its context) and one
+    function applying an answer (``apply``): what a phase allocates per member
+    is its entries here and the request's frame.
     """
 
-    __slots__ = ("bug", "by_timeout", "done", "failures", "pending")
+    __slots__ = ("apply", "bug", "by_timeout", "callback", "done", "failures", "pending")
 
-    def __init__(self) -> None:
-        self.pending: dict[str, tuple[Member, MemberLink, int]] = {}
-        """Member id → (the member, its link, the pushed request's correlation id)."""
+    def __init__(self, apply: Callable[[Member, Any, ResponseBody | None], None]) -> None:
+        self.apply = apply
+        """Applies one member's answer, given what was pushed to it (``extra``); a
+        CoordError it raises (an answer that makes no sense) expels the member."""
+        self.callback = self.answered  # (one bound method for every push)
+        self.pending: dict[str, tuple[Member, MemberLink, int, Any]] = {}
+        """Member id → (the member, its link, the pushed request's correlation id, what
+        ``apply`` needs to know of what was pushed)."""
         self.by_timeout: dict[float, dict[str, float]] = {}
         """Rebalance timeout → member id → its deadline (in push order, so deadline order)."""
         self.failures: list[tuple[Member, str]] = []
@@ -208,9 +217,9 @@ class _Answers:
         self.bug: Exception | None = None
         """What applying an answer raised that is not a peer's mistake: the rebalance fails."""
 
-    def add(self, member: Member, conn: MemberLink, corr_id: int, now: float) -> None:
-        """``member`` owes an answer to request ``corr_id`` within its rebalance timeout."""
-        self.pending[member.member_id] = (member, conn, corr_id)
+    def add(self, member: Member, conn: MemberLink, extra: Any, now: float) -> None:
+        """``member`` owes an answer within its rebalance timeout."""
+        self.pending[member.member_id] = (member, conn, 0, extra)
         timeout = member.rebalance_timeout
         self.by_timeout.setdefault(timeout, {})[member.member_id] = now + timeout
 
@@ -225,6 +234,28 @@ class _Answers:
         if not self.pending:
             self.done.set()
         return True
+
+    def answered(self, member: Member, body: ResponseBody | None, error: CoordError | None) -> None:
+        """A pushed request's answer (the callback of every push of the phase)."""
+        entry = self.pending.get(member.member_id)
+        if entry is None or entry[0] is not member:
+            return  # (expelled as overdue meanwhile, or no longer awaited)
+        if error is None:
+            try:
+                self.apply(member, entry[3], body)
+            except CoordError as exc:
+                error = exc
+            except Exception as exc:  # a bug: it fails the rebalance, in its task
+                self.bug = exc
+                self.done.set()
+                return
+            else:
+                self.settle(member)
+                return
+        if isinstance(error, ConnectionClosedError):
+            self.fail(member, "lost its connection")
+        else:
+            self.fail(member, f"refused the rebalance: {error}")
 
     def fail(self, member: Member, reason: str) -> None:
         """``member`` answered with an error: it is expelled by the waiting task."""
@@ -252,7 +283,7 @@ class _Answers:
 
     def forget(self) -> None:
         """Stop waiting for every answer still owed (the phase ended or was cancelled)."""
-        for _, conn, corr_id in self.pending.values():
+        for _, conn, corr_id, _ in self.pending.values():
             forget = getattr(conn, "forget", None)
             if forget is not None:
                 forget(corr_id)
@@ -952,7 +983,7 @@ class GroupRunner:
         # starts what is free at once, and what a fence keeps when that fence ends.
         # A member whose start is one StartFetchers, due now, gets it pushed with no task
         # of its own (_Answers); a staged or multi-part start runs in a task, as before.
-        answers = _Answers()
+        answers = _Answers(self._on_started)
         generation = plan.record.generation
         try:
             async with trio.open_nursery() as nursery:
@@ -1155,7 +1186,7 @@ class GroupRunner:
         StopFetchers with no task of its own and awaited under the phase's
         deadlines (:class:`_Answers`); any other runs ``call`` in a task.
         """
-        answers = _Answers()
+        answers = _Answers(self._on_stopped)
         try:
             async with trio.open_nursery() as nursery:
                 for member in members:
@@ -1163,8 +1194,7 @@ class GroupRunner:
                     request = StopFetchersRequest(
                         self.group_id, member.member_id, self.group.generation, partitions
                     )
-                    answered = functools.partial(self._on_stopped, partitions)
-                    if not self._push(answers, nursery, member, request, answered):
+                    if not self._push(answers, nursery, member, request, partitions):
                         nursery.start_soon(self._answer_in_time, member, call, 0.0)
                 await self._await_answers(answers)
         finally:
@@ -1176,42 +1206,17 @@ class GroupRunner:
         nursery: trio.Nursery,
         member: Member,
         request: RequestBody,
-        answered: Callable[[Member, ResponseBody | None], None],
+        extra: object,
     ) -> bool:
-        """Push ``request`` to ``member``, its answer owed to ``answers``; False if its link
-        cannot push (the caller runs a task for it instead).
-
-        ``answered(member, body)`` applies the answer; a CoordError it raises
-        (an answer that makes no sense) expels the member as a refusal would.
-        """
+        """Push ``request`` to ``member``, its answer owed to ``answers`` (and applied with
+        ``extra``); False if its link cannot push (the caller runs a task for it instead)."""
         conn = self._conns.get(member.member_id)
         push = getattr(conn, "push", None)
         if push is None or conn is None or not self._is_current(member):
             return False
-
-        def on_answer(body: ResponseBody | None, error: CoordError | None) -> None:
-            if member.member_id not in answers.pending:
-                return  # (expelled as overdue meanwhile, or no longer awaited)
-            if error is None:
-                try:
-                    answered(member, body)
-                except CoordError as exc:
-                    error = exc
-                except Exception as exc:  # a bug: it fails the rebalance, in its task
-                    answers.bug = exc
-                    answers.done.set()
-                    return
-                else:
-                    answers.settle(member)
-                    return
-            if isinstance(error, ConnectionClosedError):
-                answers.fail(member, "lost its connection")
-            else:
-                answers.fail(member, f"refused the rebalance: {error}")
-
-        answers.add(member, conn, 0, trio.current_time())  # (before: a push may fail at once)
+        answers.add(member, conn, extra, trio.current_time())  # (before: it may fail at once)
         try:
-            corr_id, rest = push(request, on_answer)
+            corr_id, rest = push(request, answers.callback, member)
         except ConnectionClosedError:
             answers.fail(member, "lost its connection")
             return True
@@ -1219,7 +1224,7 @@ class GroupRunner:
             answers.fail(member, f"refused the rebalance: {exc}")
             return True
         if member.member_id in answers.pending:
-            answers.pending[member.member_id] = (member, conn, corr_id)
+            answers.pending[member.member_id] = (member, conn, corr_id, extra)
         if rest is not None:
             nursery.start_soon(rest)
         return True
@@ -1294,10 +1299,13 @@ class GroupRunner:
         response = await self._conn_of(member).request(
             StopFetchersRequest(self.group_id, member.member_id, self.group.generation, partitions)
         )
-        self._on_stopped(partitions, member, response)
+        self._on_stopped(member, partitions, response)
 
     def _on_stopped(
-        self, partitions: list[TopicPartition] | None, member: Member, response: ResponseBody | None
+        self,
+        member: Member,
+        partitions: list[TopicPartition] | None,
+        response: ResponseBody | None,
     ) -> None:
         """A member answered StopFetchers: keep the positions it handed back."""
         if not isinstance(response, StopFetchersResponse):
@@ -1348,9 +1356,7 @@ class GroupRunner:
         tps = [p.tp for p in plan.partitions]
         self.group.member_starting(member.member_id, tps)
         (request,) = self._start_requests(member, plan, generation, parts, tps)
-        return self._push(
-            answers, nursery, member, request, functools.partial(self._on_started, plan, generation)
-        )
+        return self._push(answers, nursery, member, request, plan)
 
     def _start_requests(
         self,
@@ -1388,19 +1394,17 @@ class GroupRunner:
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
         for request in self._start_requests(member, plan, generation, parts, tps):
             await conn.request(request)
-        self._on_started(plan, generation, member, None)
+        self._on_started(member, plan, None)
 
-    def _on_started(
-        self, plan: StartPlan, generation: int, member: Member, response: ResponseBody | None
-    ) -> None:
-        """A member acknowledged its (last) StartFetchers of ``generation``."""
+    def _on_started(self, member: Member, plan: StartPlan, response: ResponseBody | None) -> None:
+        """A member acknowledged its (last) StartFetchers of ``plan``."""
         if not self._is_current(member):
             return
         self.group.member_started(member.member_id)
         self._emit(
             ev.Started,
             member_id=member.member_id,
-            generation=generation,
+            generation=self.group.generation,
             partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions]
             if self._detail
             else [],
@@ -1429,6 +1433,20 @@ class GroupRunner:
             for m in desc.members
         ]
         return msgspec.structs.replace(desc, members=members)
+
+    def describe_page(
+        self, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """:meth:`describe` for one page: the group without its members, and its members
+        from id ``start`` on (None: none), described as they are iterated."""
+        desc = self.group.describe(members=False)
+        if start is None:
+            return desc, iter(())
+        return desc, map(self._with_epoch, self.group.describe_members(start))
+
+    def _with_epoch(self, member: MemberDescription) -> MemberDescription:
+        epoch = getattr(self._conns.get(member.member_id), "member_epoch", -1)
+        return member if epoch == -1 else msgspec.structs.replace(member, member_epoch=epoch)
 
     def is_removable(self, now: float, retention: float) -> bool:
         """True if the group is empty, has no offsets, and has been so for ``retention``."""

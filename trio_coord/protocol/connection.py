@@ -39,7 +39,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -124,15 +124,18 @@ class _Waiter:
 class _Pushed:
     """A pushed request's answer goes to a callback: no task waits (:meth:`Connection.push`)."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("callback", "context", "corr_id")
 
-    def __init__(self, callback: Answered) -> None:
+    def __init__(self, corr_id: int, callback: Answered, context: Any) -> None:
+        self.corr_id = corr_id
         self.callback = callback
+        self.context = context
 
 
-Answered = Callable[[ResponseBody | None, CoordError | None], None]
-"""Called once with a pushed request's answer body, or with the error it was answered
-with (a :class:`~.errors.CoordError`, ConnectionClosedError if the connection ended)."""
+Answered = Callable[[Any, ResponseBody | None, CoordError | None], None]
+"""Called once with a push's ``context``, then its answer body, or the error it was
+answered with (a :class:`~.errors.CoordError`, ConnectionClosedError if the connection
+ended)."""
 
 
 class Connection:
@@ -169,6 +172,7 @@ class Connection:
         self._idle_wait: trio.CancelScope | None = None  # (the reader's, while tasks run)
         self._last_corr_id = 0
         self._waiters: dict[int, _Waiter | _Pushed] = {}
+        self._pushed: _Pushed | None = None  # (one push owed: kept here, not in _waiters)
         self._is_closed = False
         self._closed: trio.Event | None = None  # (made when someone waits for the close)
         self._close_reason: CoordError | None = None
@@ -197,7 +201,9 @@ class Connection:
     @property
     def idle(self) -> bool:
         """True when nothing is in flight either way (no request handled, none awaited)."""
-        return not self._waiters and (self._own is None or not self._own.used)
+        return (
+            not self._waiters and self._pushed is None and (self._own is None or not self._own.used)
+        )
 
     @property
     def receiving_since(self) -> float | None:
@@ -257,9 +263,10 @@ class Connection:
         return response.body
 
     def push(
-        self, body: RequestBody, on_answer: Answered
+        self, body: RequestBody, on_answer: Answered, context: Any = None
     ) -> tuple[int, Callable[[], Awaitable[None]] | None]:
-        """Send a request that no task waits on: ``on_answer(body, error)`` is called once.
+        """Send a request that no task waits on: ``on_answer(context, body, error)`` is
+        called once.
 
         For a coordinator pushing to thousands of members at once (a
         rebalance's StartFetchers): a task and a waiting event per member
@@ -271,7 +278,10 @@ class Connection:
         the request's correlation id: :meth:`forget` it to stop waiting (the
         callback is then never called). ``on_answer`` runs in whichever task
         reads the answer (the reader, the parking service, or the one that
-        found the connection closed): it must not block nor raise. Raises
+        found the connection closed): it must not block nor raise. One callback
+        and a context per push, rather than a closure per push, keeps what a
+        rebalance allocates per member small (what it frees, it fragments).
+        Raises
         ConnectionClosedError if the connection has ended, and the error of
         encoding (FrameTooLargeError) before anything is sent.
         """
@@ -280,7 +290,11 @@ class Connection:
         corr_id = self._last_corr_id + 1
         data = self._codec.encode(Request(corr_id, body))
         self._last_corr_id = corr_id
-        self._waiters[corr_id] = _Pushed(on_answer)
+        pushed = _Pushed(corr_id, on_answer, context)
+        if self._pushed is None:
+            self._pushed = pushed  # (the usual case: no dict made for one push)
+        else:
+            self._waiters[corr_id] = pushed
         stream = self._stream
         if self._sending or not isinstance(stream, trio.SocketStream):
             return corr_id, functools.partial(self._send_pushed, data, locked=False)
@@ -313,7 +327,9 @@ class Connection:
 
     def forget(self, corr_id: int) -> None:
         """Stop waiting for the answer to a pushed request (:meth:`push`)."""
-        if self._waiters.pop(corr_id, None) is not None and not self._waiters:
+        if self._pushed is not None and self._pushed.corr_id == corr_id:
+            self._pushed = None
+        elif self._waiters.pop(corr_id, None) is not None and not self._waiters:
             self._waiters = {}  # (an emptied dict keeps its table; an idle one has none)
 
     async def _send(self, frame: Request | Response | Goodbye) -> None:
@@ -522,8 +538,12 @@ class Connection:
 
     def _answered(self, response: Response) -> None:
         """Wake the request waiting for ``response`` (if it still waits)."""
-        waiter = self._waiters.get(response.corr_id)
-        if type(waiter) is _Pushed:
+        pushed = self._pushed
+        if pushed is not None and pushed.corr_id == response.corr_id:
+            waiter: _Waiter | _Pushed | None = pushed
+        else:
+            waiter = self._waiters.get(response.corr_id)
+        if isinstance(waiter, _Pushed):
             self.forget(response.corr_id)
             if response.error != ErrorCode.NONE:
                 self._tell(waiter, None, error_for(response.error, response.message))
@@ -536,7 +556,7 @@ class Connection:
     def _tell(self, pushed: _Pushed, body: ResponseBody | None, error: CoordError | None) -> None:
         """Hand a pushed request's answer to its callback (a bug there is logged, not raised)."""
         try:
-            pushed.callback(body, error)
+            pushed.callback(pushed.context, body, error)
         except Exception:
             log.exception("the callback of a request pushed to %s failed", self.name)
 
@@ -674,9 +694,9 @@ class Connection:
         """Mark the connection ended and fail every waiting request with ``reason``."""
         if self._close_reason is None:
             self._close_reason = reason
-        pushed = []
+        pushed = [] if self._pushed is None else [self._pushed.corr_id]
         for corr_id, waiter in self._waiters.items():
-            if type(waiter) is _Pushed:
+            if isinstance(waiter, _Pushed):
                 pushed.append(corr_id)
             elif not waiter.done.is_set():
                 waiter.error = type(reason)(str(reason))
@@ -685,9 +705,13 @@ class Connection:
         if self._closed is not None:
             self._closed.set()
         for corr_id in pushed:  # (after: a callback may look at the connection)
-            waiter = self._waiters.pop(corr_id, None)
-            if type(waiter) is _Pushed:
-                self._tell(waiter, None, type(reason)(str(reason)))
+            owed: _Waiter | _Pushed | None
+            if self._pushed is not None and self._pushed.corr_id == corr_id:
+                owed, self._pushed = self._pushed, None
+            else:
+                owed = self._waiters.pop(corr_id, None)
+            if isinstance(owed, _Pushed):
+                self._tell(owed, None, type(reason)(str(reason)))
 
     async def close_with(self, reason: CoordError) -> None:
         """Say goodbye with ``reason`` (bounded wait), then close (for a broker's policies)."""
