@@ -46,6 +46,7 @@ from ..protocol.messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberDescription,
     OffsetCommitRequest,
     PartitionOffset,
     ResetOffsetsRequest,
@@ -312,6 +313,16 @@ class CoordinatorService:
             raise GroupNotFoundError(f"group {group_id!r} does not exist")
         return runner.describe()
 
+    def describe_group_page(
+        self, group_id: str, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """One group without its members, and its members from id ``start`` on (None: none),
+        described one at a time (:meth:`GroupRunner.describe_page`)."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            raise GroupNotFoundError(f"group {group_id!r} does not exist")
+        return runner.describe_page(start)
+
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (removed after the retention period if it stays unused)."""
         validate_group_id(group_id)
@@ -546,6 +557,12 @@ class Coordinators:
     def describe_group(self, group_id: str) -> GroupDescription:
         """One group (see :meth:`CoordinatorService.describe_group`)."""
         return self.service(group_id).describe_group(group_id)
+
+    def describe_group_page(
+        self, group_id: str, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """One page's worth of a group (see :meth:`CoordinatorService.describe_group_page`)."""
+        return self.service(group_id).describe_group_page(group_id, start)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (see :meth:`CoordinatorService.create_group`)."""
