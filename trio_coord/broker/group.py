@@ -12,6 +12,9 @@ its own cancel scope through the phases of the stop/start design::
 
 Each member's answer in a phase is awaited under that member's rebalance
 timeout; one that does not answer in time is expelled at that very moment.
+A native member's request is pushed with no task of its own, and the phase's
+answers are awaited by the rebalance's task under one deadline at a time
+(:class:`_Answers`); a member that cannot be pushed to runs in a task.
 Any membership change (join, leave, session expiry, lost connection,
 expulsion) or a topic growing cancels the in-flight rebalance scope at once
 and the loop starts the next one: nothing waits for a timeout to learn what
