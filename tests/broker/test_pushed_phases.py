@@ -144,6 +144,7 @@ async def test_no_task_runs_per_member_while_the_answers_are_owed(tmp_path):
             await admin.request(CreateTopicRequest("t", members))
             await admin.aclose()
         before = _broker_tasks()
+        revived = broker._parking.revived
         socks = []
         for _ in range(members):
             stream = await trio.open_tcp_stream(*broker.address)
@@ -171,6 +172,11 @@ async def test_no_task_runs_per_member_while_the_answers_are_owed(tmp_path):
                     break
         runner = broker.coordinator.runner("g")
         assert runner is not None and len(runner.group.members) == members
+        # Each connection parked at once (it never needed a task) and its joins were
+        # answered inline by the parking service: only the first join, which made the
+        # group, needed a task (the group's task was not up yet).
+        assert broker.parked_count() == members
+        assert broker._parking.revived - revived <= 1
         # Every member owes its answer now: the broker waits for 40 answers with the
         # tasks it ran before any member came, plus the group's own (one each), and no
         # task per member (no reader, join, start or answer task).
