@@ -233,7 +233,9 @@ class _Answers:
             if entry is not None:  # (another member of that id: keep its entry)
                 self.pending[member.member_id] = entry
             return False
-        self.by_timeout[member.rebalance_timeout].pop(member.member_id, None)
+        # (.get: a member that joined again meanwhile may have another timeout now; its
+        # old deadline entry is then skipped by overdue() when it comes up.)
+        self.by_timeout.get(member.rebalance_timeout, {}).pop(member.member_id, None)
         if not self.pending:
             self.done.set()
         return True
@@ -279,7 +281,9 @@ class _Answers:
                 if deadlines[first] > now:
                     break
                 del deadlines[first]
-                late.append(self.pending.pop(first)[0])
+                entry = self.pending.pop(first, None)
+                if entry is not None:
+                    late.append(entry[0])
         if not self.pending:
             self.done.set()
         return late
