@@ -545,16 +545,16 @@ async def test_a_bug_raised_while_the_rebalance_is_cancelled_stays_in_the_group(
             for fake in (a, b, c):
                 nursery.start_soon(heartbeat_at, fake, [x + 0.5 for x in range(20)])
             await join_one_by_one(rec, a, b)
-            original = GroupRunner._stop_member
+            # (The rebalance's task awaits the phase's answers: a and b stop, pushed.)
+            original = GroupRunner._await_answers
 
-            async def buggy(self, member):
-                await original(self, member)
-                if member.member_id == a.member_id:
-                    monkeypatch.setattr(GroupRunner, "_stop_member", original)
-                    self.remove_member(b.member_id, "left", stopped=True)  # cancels it...
-                    raise RuntimeError("a bug, raised amid the cancellation")
+            async def buggy(self, answers):
+                await original(self, answers)
+                monkeypatch.setattr(GroupRunner, "_await_answers", original)
+                self.remove_member(b.member_id, "left", stopped=True)  # cancels it...
+                raise RuntimeError("a bug, raised amid the cancellation")
 
-            monkeypatch.setattr(GroupRunner, "_stop_member", buggy)
+            monkeypatch.setattr(GroupRunner, "_await_answers", buggy)
             mark = rec.mark()
             await c.join()
             failed = await rec.wait_for("rebalance_failed", since=mark)

@@ -46,6 +46,7 @@ from ..protocol.messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberDescription,
     OffsetCommitRequest,
     PartitionOffset,
     ResetOffsetsRequest,
@@ -235,6 +236,20 @@ class CoordinatorService:
         runner = await self._runner_ready(request.group, create=True)
         return runner.join(request, conn)
 
+    def join_now(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse | None:
+        """:meth:`join` without waiting, or None if it must wait (the group's task is not up).
+
+        A join is O(1) once the group runs, so a front end answers it inline
+        (no task per JoinGroup): forming a group of thousands is mostly joins.
+        """
+        runner = self._runners.get(request.group)
+        if runner is None or not runner.ready.is_set():
+            return None
+        matched = self._topics.matching(request.topics)  # (also checks the patterns)
+        if matched:
+            request = msgspec.structs.replace(request, topics=sorted(set(request.topics) | matched))
+        return runner.join(request, conn)
+
     def runners(self) -> list[GroupRunner]:
         """The groups this service runs (for metrics and tools)."""
         return list(self._runners.values())
@@ -297,6 +312,16 @@ class CoordinatorService:
         if runner is None:
             raise GroupNotFoundError(f"group {group_id!r} does not exist")
         return runner.describe()
+
+    def describe_group_page(
+        self, group_id: str, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """One group without its members, and its members from id ``start`` on (None: none),
+        described one at a time (:meth:`GroupRunner.describe_page`)."""
+        runner = self._runners.get(group_id)
+        if runner is None:
+            raise GroupNotFoundError(f"group {group_id!r} does not exist")
+        return runner.describe_page(start)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (removed after the retention period if it stays unused)."""
@@ -492,6 +517,13 @@ class Coordinators:
         with self._writing(request.group):
             return await self.service(request.group).join(request, conn)
 
+    def join_now(self, request: JoinGroupRequest, conn: MemberLink) -> JoinGroupResponse | None:
+        """Admit a member at once, or None to wait (:meth:`CoordinatorService.join_now`)."""
+        if self.max_groups_per_principal is not None:
+            self._check_group_limit(request.group, getattr(conn, "principal", ANONYMOUS))
+        with self._writing(request.group):
+            return self.service(request.group).join_now(request, conn)
+
     def heartbeat(self, request: HeartbeatRequest) -> None:
         """Accept a heartbeat (see :meth:`CoordinatorService.heartbeat`)."""
         self.service(request.group).heartbeat(request)
@@ -525,6 +557,12 @@ class Coordinators:
     def describe_group(self, group_id: str) -> GroupDescription:
         """One group (see :meth:`CoordinatorService.describe_group`)."""
         return self.service(group_id).describe_group(group_id)
+
+    def describe_group_page(
+        self, group_id: str, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """One page's worth of a group (see :meth:`CoordinatorService.describe_group_page`)."""
+        return self.service(group_id).describe_group_page(group_id, start)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (see :meth:`CoordinatorService.create_group`)."""

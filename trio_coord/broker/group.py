@@ -12,6 +12,9 @@ its own cancel scope through the phases of the stop/start design::
 
 Each member's answer in a phase is awaited under that member's rebalance
 timeout; one that does not answer in time is expelled at that very moment.
+A native member's request is pushed with no task of its own, and the phase's
+answers are awaited by the rebalance's task under one deadline at a time
+(:class:`_Answers`); a member that cannot be pushed to runs in a task.
 Any membership change (join, leave, session expiry, lost connection,
 expulsion) or a topic growing cancels the in-flight rebalance scope at once
 and the loop starts the next one: nothing waits for a timeout to learn what
@@ -26,8 +29,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
@@ -58,6 +61,7 @@ from ..protocol.messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
+    MemberDescription,
     MemberSubscription,
     OffsetCommitRequest,
     PartitionOffset,
@@ -174,6 +178,124 @@ class _Reset:
         self.records = records
         self.done = trio.Event()
         self.error: StoreError | None = None
+
+
+def _all(member: Member) -> None:
+    """What a member stops in an eager rebalance: everything (None)."""
+    return None
+
+
+class _Answers:
+    """What one phase of a rebalance awaits of its members, with no task per member.
+
+    Each member's request is pushed (:meth:`Connection.push
+    <trio_coord.protocol.connection.Connection.push>`) and its answer comes
+    back through a callback; the rebalance's task waits for them all under
+    one deadline at a time (the earliest of the members still owing an
+    answer), and expels whoever is overdue at that moment, as a task and
+    cancel scope per member used to (``_answer_in_time``). Deadlines are kept
+    per rebalance timeout, each in push order, so the earliest is found
+    without a scan and expiry pops from the front. Every push of a phase shares
+    one callback (:meth:`answered`, with the member as its context) and one
+    function applying an answer (``apply``): what a phase allocates per member
+    is its entries here and the request's frame.
+    """
+
+    __slots__ = ("apply", "bug", "by_timeout", "callback", "done", "failures", "pending")
+
+    def __init__(self, apply: Callable[[Member, Any, ResponseBody | None], None]) -> None:
+        self.apply = apply
+        """Applies one member's answer, given what was pushed to it (``extra``); a
+        CoordError it raises (an answer that makes no sense) expels the member."""
+        self.callback = self.answered  # (one bound method for every push)
+        self.pending: dict[str, tuple[Member, MemberLink, int, Any]] = {}
+        """Member id → (the member, its link, the pushed request's correlation id, what
+        ``apply`` needs to know of what was pushed)."""
+        self.by_timeout: dict[float, dict[str, float]] = {}
+        """Rebalance timeout → member id → its deadline (in push order, so deadline order)."""
+        self.failures: list[tuple[Member, str]] = []
+        """Members whose answer was an error (or whose connection ended): expelled next."""
+        self.done = trio.Event()
+        """Set when nothing is pending any more, or a failure is to be handled."""
+        self.bug: Exception | None = None
+        """What applying an answer raised that is not a peer's mistake: the rebalance fails."""
+
+    def add(self, member: Member, conn: MemberLink, extra: Any, now: float) -> None:
+        """``member`` owes an answer within its rebalance timeout."""
+        self.pending[member.member_id] = (member, conn, 0, extra)
+        timeout = member.rebalance_timeout
+        self.by_timeout.setdefault(timeout, {})[member.member_id] = now + timeout
+
+    def settle(self, member: Member) -> bool:
+        """``member`` answered (or failed): no longer owed; False if it was not pending."""
+        entry = self.pending.pop(member.member_id, None)
+        if entry is None or entry[0] is not member:
+            if entry is not None:  # (another member of that id: keep its entry)
+                self.pending[member.member_id] = entry
+            return False
+        # (.get: a member that joined again meanwhile may have another timeout now; its
+        # old deadline entry is then skipped by overdue() when it comes up.)
+        self.by_timeout.get(member.rebalance_timeout, {}).pop(member.member_id, None)
+        if not self.pending:
+            self.done.set()
+        return True
+
+    def answered(self, member: Member, body: ResponseBody | None, error: CoordError | None) -> None:
+        """A pushed request's answer (the callback of every push of the phase)."""
+        entry = self.pending.get(member.member_id)
+        if entry is None or entry[0] is not member:
+            return  # (expelled as overdue meanwhile, or no longer awaited)
+        if error is None:
+            try:
+                self.apply(member, entry[3], body)
+            except CoordError as exc:
+                error = exc
+            except Exception as exc:  # a bug: it fails the rebalance, in its task
+                self.bug = exc
+                self.done.set()
+                return
+            else:
+                self.settle(member)
+                return
+        if isinstance(error, ConnectionClosedError):
+            self.fail(member, "lost its connection")
+        else:
+            self.fail(member, f"refused the rebalance: {error}")
+
+    def fail(self, member: Member, reason: str) -> None:
+        """``member`` answered with an error: it is expelled by the waiting task."""
+        if self.settle(member):
+            self.failures.append((member, reason))
+            self.done.set()
+
+    def earliest(self) -> float:
+        """The first deadline among the members still owing an answer."""
+        return min(next(iter(d.values())) for d in self.by_timeout.values() if d)
+
+    def overdue(self, now: float) -> list[Member]:
+        """The members whose deadline has passed, taken off the pending list."""
+        late = []
+        for deadlines in self.by_timeout.values():
+            while deadlines:
+                first = next(iter(deadlines))
+                if deadlines[first] > now:
+                    break
+                del deadlines[first]
+                entry = self.pending.pop(first, None)
+                if entry is not None:
+                    late.append(entry[0])
+        if not self.pending:
+            self.done.set()
+        return late
+
+    def forget(self) -> None:
+        """Stop waiting for every answer still owed (the phase ended or was cancelled)."""
+        for _, conn, corr_id, _ in self.pending.values():
+            forget = getattr(conn, "forget", None)
+            if forget is not None:
+                forget(corr_id)
+        self.pending.clear()
+        self.by_timeout.clear()
 
 
 class GroupRunner:
@@ -821,13 +943,14 @@ class GroupRunner:
             await self._in_parallel(
                 [group.members[m] for m in sorted(revoke)],
                 lambda m: self._stop_member(m, revoke[m.member_id]),
+                lambda m: revoke[m.member_id],
             )
         else:
             # Phase 1: every member stops all its fetchers and hands back its positions;
             # a member that may be fetching nothing (new, or stopped already by a
             # rebalance this one restarts) is not asked: with members leaving one by one
             # (a fleet restarting), each restart would stop everyone again, O(N^2).
-            await self._in_parallel([m for m in members if m.may_own], self._stop_member)
+            await self._in_parallel([m for m in members if m.may_own], self._stop_member, _all)
         # A member removed in a phase cancels this scope, but a nursery whose tasks
         # all ended need not checkpoint: make sure an outdated rebalance stops here.
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -866,11 +989,19 @@ class GroupRunner:
         group.begin_starting()
         # Phase 4: start fetchers, each partition once it is certainly free: a member
         # starts what is free at once, and what a fence keeps when that fence ends.
-        async with trio.open_nursery() as nursery:
-            for member_id, stages in plan.stages().items():
-                nursery.start_soon(
-                    self._start_in_stages, group.members[member_id], stages, plan.record.generation
-                )
+        # A member whose start is one StartFetchers, due now, gets it pushed with no task
+        # of its own (_Answers); a staged or multi-part start runs in a task, as before.
+        answers = _Answers(self._on_started)
+        generation = plan.record.generation
+        try:
+            async with trio.open_nursery() as nursery:
+                for member_id, stages in plan.stages().items():
+                    member = group.members[member_id]
+                    if not self._push_start(answers, nursery, member, stages, generation):
+                        nursery.start_soon(self._start_in_stages, member, stages, generation)
+                await self._await_answers(answers)
+        finally:
+            answers.forget()
         await trio.lowlevel.checkpoint_if_cancelled()
         group.complete_rebalance()
         if self._late_joins and self._late_joins <= computed[0].spec.members.keys():
@@ -1055,10 +1186,85 @@ class GroupRunner:
         self,
         members: list[Member],
         call: Callable[[Member], Awaitable[None]],
+        stopping: Callable[[Member], list[TopicPartition] | None],
     ) -> None:
-        async with trio.open_nursery() as nursery:
-            for member in members:
-                nursery.start_soon(self._answer_in_time, member, call, 0.0)
+        """Phase 1: stop ``members`` (each what ``stopping`` says: None is everything).
+
+        A member on a link that can push (a native connection) is sent its
+        StopFetchers with no task of its own and awaited under the phase's
+        deadlines (:class:`_Answers`); any other runs ``call`` in a task.
+        """
+        answers = _Answers(self._on_stopped)
+        try:
+            async with trio.open_nursery() as nursery:
+                for member in members:
+                    partitions = stopping(member)
+                    request = StopFetchersRequest(
+                        self.group_id, member.member_id, self.group.generation, partitions
+                    )
+                    if not self._push(answers, nursery, member, request, partitions):
+                        nursery.start_soon(self._answer_in_time, member, call, 0.0)
+                await self._await_answers(answers)
+        finally:
+            answers.forget()
+
+    def _push(
+        self,
+        answers: _Answers,
+        nursery: trio.Nursery,
+        member: Member,
+        request: RequestBody,
+        extra: object,
+    ) -> bool:
+        """Push ``request`` to ``member``, its answer owed to ``answers`` (and applied with
+        ``extra``); False if its link cannot push (the caller runs a task for it instead)."""
+        conn = self._conns.get(member.member_id)
+        push = getattr(conn, "push", None)
+        if push is None or conn is None or not self._is_current(member):
+            return False
+        answers.add(member, conn, extra, trio.current_time())  # (before: it may fail at once)
+        try:
+            corr_id, rest = push(request, answers.callback, member)
+        except ConnectionClosedError:
+            answers.fail(member, "lost its connection")
+            return True
+        except CoordError as exc:  # (could not be encoded: nothing was sent)
+            answers.fail(member, f"refused the rebalance: {exc}")
+            return True
+        if member.member_id in answers.pending:
+            answers.pending[member.member_id] = (member, conn, corr_id, extra)
+        if rest is not None:
+            nursery.start_soon(rest)
+        return True
+
+    async def _await_answers(self, answers: _Answers) -> None:
+        """Wait for every answer ``answers`` is owed; expel a member that fails or is late.
+
+        One wait at a time, until the earliest deadline still pending: no
+        task nor cancel scope per member. Expelling a member restarts the
+        rebalance (this task is cancelled at its next checkpoint), as before.
+        """
+        while True:
+            if answers.bug is not None:
+                raise answers.bug
+            failures, answers.failures = answers.failures, []
+            for member, reason in failures:
+                if self._is_current(member):
+                    self.remove_member(member.member_id, reason, stopped=False)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if not answers.pending:
+                return
+            if answers.done.is_set():
+                answers.done = trio.Event()
+            with trio.move_on_at(answers.earliest()):
+                await answers.done.wait()
+            for member in answers.overdue(trio.current_time()):
+                if self._is_current(member):
+                    reason = (
+                        "did not answer within its rebalance timeout "
+                        f"({member.rebalance_timeout:g}s)"
+                    )
+                    self.remove_member(member.member_id, reason, stopped=False)
 
     async def _answer_in_time(
         self, member: Member, call: Callable[[Member], Awaitable[None]], start_at: float
@@ -1101,6 +1307,15 @@ class GroupRunner:
         response = await self._conn_of(member).request(
             StopFetchersRequest(self.group_id, member.member_id, self.group.generation, partitions)
         )
+        self._on_stopped(member, partitions, response)
+
+    def _on_stopped(
+        self,
+        member: Member,
+        partitions: list[TopicPartition] | None,
+        response: ResponseBody | None,
+    ) -> None:
+        """A member answered StopFetchers: keep the positions it handed back."""
         if not isinstance(response, StopFetchersResponse):
             raise InvalidRequestError(f"answered StopFetchers with {type(response).__name__}")
         positions = self._accepted(response.positions)
@@ -1124,16 +1339,48 @@ class GroupRunner:
             if not self._is_current(member):
                 return
 
-    async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
-        conn = self._conn_of(member)
+    def _push_start(
+        self,
+        answers: _Answers,
+        nursery: trio.Nursery,
+        member: Member,
+        stages: list[StartPlan],
+        generation: int,
+    ) -> bool:
+        """Phase 4 for one member with no task: its one StartFetchers, due now, pushed.
+
+        False (a task is needed) for a staged start, one not due yet, one in
+        several parts, or a member whose link cannot push.
+        """
+        if len(stages) != 1 or stages[0].not_before > trio.current_time():
+            return False
+        conn = self._conns.get(member.member_id)
+        if getattr(conn, "push", None) is None or conn is None or not self._is_current(member):
+            return False
+        plan = stages[0]
+        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        if len(parts) != 1:
+            return False
         tps = [p.tp for p in plan.partitions]
         self.group.member_starting(member.member_id, tps)
-        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        (request,) = self._start_requests(member, plan, generation, parts, tps)
+        return self._push(answers, nursery, member, request, plan)
+
+    def _start_requests(
+        self,
+        member: Member,
+        plan: StartPlan,
+        generation: int,
+        parts: list[list[PartitionOffset]],
+        tps: list[TopicPartition],
+    ) -> list[StartFetchersRequest]:
+        """The StartFetchers of ``plan``, one per part of its partitions."""
+        requests = []
         at = 0
         for number, part in enumerate(parts, 1):
             mine, at = tps[at : at + len(part)], at + len(part)
             brokers, leaders = self._locate(mine) if self._locate else ([], [])
-            await conn.request(
+            requests.append(
                 StartFetchersRequest(
                     self.group_id,
                     member.member_id,
@@ -1146,13 +1393,26 @@ class GroupRunner:
                     leaders=leaders,
                 )
             )
+        return requests
+
+    async def _start_member(self, member: Member, plan: StartPlan, generation: int) -> None:
+        conn = self._conn_of(member)
+        tps = [p.tp for p in plan.partitions]
+        self.group.member_starting(member.member_id, tps)
+        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        for request in self._start_requests(member, plan, generation, parts, tps):
+            await conn.request(request)
+        self._on_started(member, plan, None)
+
+    def _on_started(self, member: Member, plan: StartPlan, response: ResponseBody | None) -> None:
+        """A member acknowledged its (last) StartFetchers of ``plan``."""
         if not self._is_current(member):
             return
         self.group.member_started(member.member_id)
         self._emit(
             ev.Started,
             member_id=member.member_id,
-            generation=generation,
+            generation=self.group.generation,
             partitions=[f"{p.topic}-{p.partition}" for p in plan.partitions]
             if self._detail
             else [],
@@ -1181,6 +1441,20 @@ class GroupRunner:
             for m in desc.members
         ]
         return msgspec.structs.replace(desc, members=members)
+
+    def describe_page(
+        self, start: str | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        """:meth:`describe` for one page: the group without its members, and its members
+        from id ``start`` on (None: none), described as they are iterated."""
+        desc = self.group.describe(members=False)
+        if start is None:
+            return desc, iter(())
+        return desc, map(self._with_epoch, self.group.describe_members(start))
+
+    def _with_epoch(self, member: MemberDescription) -> MemberDescription:
+        epoch = getattr(self._conns.get(member.member_id), "member_epoch", -1)
+        return member if epoch == -1 else msgspec.structs.replace(member, member_epoch=epoch)
 
     def is_removable(self, now: float, retention: float) -> bool:
         """True if the group is empty, has no offsets, and has been so for ``retention``."""

@@ -173,8 +173,9 @@ class BrokerHandler(RequestHandler):
         quotas = None if security is None else security.quotas
         self._quotas: Quotas | None = quotas if quotas is not None and quotas.enabled else None
         """None: no quota is set (nothing to count)."""
-        self._owed: dict[int, float] = {}
-        """Request (by id) → the delay its answer owes (over the request-rate quota)."""
+        self._owed: dict[int, float] | None = None if self._quotas is None else {}
+        """Request (by id) → the delay its answer owes (over the request-rate quota); None
+        without quotas (a connection costs no empty dict then)."""
         # (The routing tables are the class's: a connection costs no dict of bound methods.)
 
     def cost(self, body: RequestBody) -> int:
@@ -191,6 +192,8 @@ class BrokerHandler(RequestHandler):
             now = trio.current_time()
             delay = self._quotas.record(self._conn.principal, "request", 1, now)
             if delay > 0:
+                if self._owed is None:
+                    self._owed = {}
                 self._owed[id(body)] = delay  # (answered in a task, late: see handle)
                 return None
         answer = _NOW.get(type(body))
@@ -329,13 +332,16 @@ class BrokerHandler(RequestHandler):
         return ListGroupsResponse(listed, following or "")
 
     def _describe_group(self, body: DescribeGroupRequest) -> ResponseBody:
-        group = self._coordinator.describe_group(body.group)
-        bare = msgspec.structs.replace(group, members=[], offsets=[])
+        after = body.offsets_after
+        cursor = body.members_after
+        start = None if after is not None else cursor.member_id if cursor is not None else ""
+        # (Only the members this page shows are described: see Group.describe_members.)
+        group, described = self._coordinator.describe_group_page(body.group, start)
+        bare = msgspec.structs.replace(group, offsets=[])
         room = self._broker.page_bytes - encoded_size(bare)
         members: list[MemberDescription] = []
-        after = body.offsets_after
         if after is None:  # members first; offsets once every member is given
-            members, members_next, used = page_members(group.members, body.members_after, room)
+            members, members_next, used = page_members(described, cursor, room)
             if members_next is not None:
                 return DescribeGroupResponse(
                     _described(bare, members, []), members_next=members_next
@@ -356,7 +362,7 @@ class BrokerHandler(RequestHandler):
 
     # -- in a task -----------------------------------------------------------------
 
-    async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+    def _check_subscription(self, body: JoinGroupRequest) -> None:
         size, most = encoded_size(body.topics), self._broker.page_bytes // 2
         if size > most:  # (at the default frame, the entry count binds first)
             raise InvalidTopicError(
@@ -364,6 +370,16 @@ class BrokerHandler(RequestHandler):
                 "(a quarter of its frame size: DescribeGroup must show the member on one page); "
                 "subscribe to a pattern that covers the topics instead"
             )
+
+    def _join_now(self, body: JoinGroupRequest) -> ResponseBody | None:
+        """A join into a group whose task runs is O(1): answered inline, with no task."""
+        if self._broker.shutting_down:
+            return None  # (answered BROKER_SHUTTING_DOWN by handle, as any request in a task)
+        self._check_subscription(body)
+        return self._coordinator.join_now(body, self._conn)
+
+    async def _join(self, body: JoinGroupRequest) -> ResponseBody:
+        self._check_subscription(body)
         return await self._coordinator.join(body, self._conn)
 
     async def _leave(self, body: LeaveGroupRequest) -> ResponseBody:
@@ -451,6 +467,7 @@ class BrokerHandler(RequestHandler):
 
 _NOW: dict[type, Callable[[BrokerHandler, Any], ResponseBody | None]] = {
     HeartbeatRequest: BrokerHandler._heartbeat,
+    JoinGroupRequest: BrokerHandler._join_now,
     MetadataRequest: BrokerHandler._metadata,
     ListGroupsRequest: BrokerHandler._list_groups,
     DescribeGroupRequest: BrokerHandler._describe_group,

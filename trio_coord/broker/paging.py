@@ -75,7 +75,7 @@ def _no_key(item: object) -> None:
 
 
 def page_members(
-    members: Sequence[MemberDescription], after: MemberCursor | None, budget: int
+    members: Iterable[MemberDescription], after: MemberCursor | None, budget: int
 ) -> tuple[list[MemberDescription], MemberCursor | None, int]:
     """The members after ``after`` that fit in ``budget`` bytes, the next cursor, bytes used.
 

@@ -27,11 +27,11 @@ import logging
 import math
 import os
 import resource
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -763,7 +763,7 @@ class Broker:
             conn.handler = BrokerHandler(self, conn)
             # Counted out when the connection ends, which a parked one does without this
             # task: the bookkeeping goes with the connection.
-            conn.on_closed = partial(self._forget, conn, ip, counted)
+            conn.on_closed = _Forget(self, conn, ip, counted)
             self._connections.add(conn)
             ip = counted = None
             serving = True
@@ -1083,6 +1083,25 @@ def _topic_name(info: TopicInfo) -> str:
     return info.name
 
 
+class _Forget:
+    """A connection's ``on_closed``: count it out (``Broker._forget``). A slotted object,
+    not a ``functools.partial`` (which is that, a tuple and a dict: ~270 bytes a
+    connection, kept for its whole life)."""
+
+    __slots__ = ("broker", "conn", "ip", "principal")
+
+    def __init__(
+        self, broker: Broker, conn: Connection, ip: str | None, principal: str | None
+    ) -> None:
+        self.broker = broker
+        self.conn = conn
+        self.ip = ip
+        self.principal = principal
+
+    def __call__(self) -> None:
+        self.broker._forget(self.conn, self.ip, self.principal)
+
+
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
     stream = getattr(stream, "transport_stream", stream)
     sock = getattr(stream, "socket", None)
@@ -1093,7 +1112,8 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
     except OSError:
         return None
     # (A UNIX socket's peer is a path, usually empty: no address to count per IP.)
-    return str(address[0]) if isinstance(address, tuple) else None
+    # Interned: the connections from one address share one string, kept while they live.
+    return sys.intern(str(address[0])) if isinstance(address, tuple) else None
 
 
 @asynccontextmanager

@@ -33,11 +33,13 @@ handler tasks are cancelled.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -76,8 +78,9 @@ _RECEIVE_CHUNK = 64 * 1024
 _PARKED_FRAMES = 32
 """The most frames one wake-up of a parked connection answers (the rest: its reader's)."""
 _PARK_LINGER = 0.1
-"""How long a connection with nothing in flight must have been quiet (no frame read, no
-answer written) before its reader parks it."""
+"""How long after its last request that needed a handler task a connection with nothing
+in flight waits before its reader parks it (one whose requests are all answered inline,
+a member joining and heartbeating, parks at once: the parking service answers those)."""
 _PARKED_ANSWER_BYTES = 64 * 1024
 """Answers one wake-up encodes before it leaves the rest to the reader, which writes each
 before it reads on: a small request may have a large answer (Metadata of every topic),
@@ -118,6 +121,23 @@ class _Waiter:
         self.error: CoordError | None = None
 
 
+class _Pushed:
+    """A pushed request's answer goes to a callback: no task waits (:meth:`Connection.push`)."""
+
+    __slots__ = ("callback", "context", "corr_id")
+
+    def __init__(self, corr_id: int, callback: Answered, context: Any) -> None:
+        self.corr_id = corr_id
+        self.callback = callback
+        self.context = context
+
+
+Answered = Callable[[Any, ResponseBody | None, CoordError | None], None]
+"""Called once with a push's ``context``, then its answer body, or the error it was
+answered with (a :class:`~.errors.CoordError`, ConnectionClosedError if the connection
+ended)."""
+
+
 class Connection:
     """One framed, multiplexed connection over a Trio stream.
 
@@ -151,7 +171,8 @@ class Connection:
         self._slot_freed: trio.Event | None = None  # (made when the reader waits for one)
         self._idle_wait: trio.CancelScope | None = None  # (the reader's, while tasks run)
         self._last_corr_id = 0
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, _Waiter | _Pushed] = {}
+        self._pushed: _Pushed | None = None  # (one push owed: kept here, not in _waiters)
         self._is_closed = False
         self._closed: trio.Event | None = None  # (made when someone waits for the close)
         self._close_reason: CoordError | None = None
@@ -161,6 +182,8 @@ class Connection:
         self._shared = shared
         self.last_active = trio.current_time()
         """When a frame last arrived or an answer was last written (for idle timeouts)."""
+        self._task_ended = -math.inf
+        """When the last handler task ended (a connection in use lingers before parking)."""
         self.principal = "User:ANONYMOUS"
         """Who the peer proved to be (a broker sets it once the login is done)."""
         # Only a plain TCP socket can be parked (a TLS stream buffers bytes of its own).
@@ -178,7 +201,9 @@ class Connection:
     @property
     def idle(self) -> bool:
         """True when nothing is in flight either way (no request handled, none awaited)."""
-        return not self._waiters and (self._own is None or not self._own.used)
+        return (
+            not self._waiters and self._pushed is None and (self._own is None or not self._own.used)
+        )
 
     @property
     def receiving_since(self) -> float | None:
@@ -237,6 +262,76 @@ class Connection:
             raise error_for(response.error, response.message)
         return response.body
 
+    def push(
+        self, body: RequestBody, on_answer: Answered, context: Any = None
+    ) -> tuple[int, Callable[[], Awaitable[None]] | None]:
+        """Send a request that no task waits on: ``on_answer(context, body, error)`` is
+        called once.
+
+        For a coordinator pushing to thousands of members at once (a
+        rebalance's StartFetchers): a task and a waiting event per member
+        would be the largest part of the cost. The frame is written at once
+        with one non-blocking write when the connection is a plain socket
+        that nobody else is writing to; otherwise (or if the socket took only
+        part of it) the second item returned is a coroutine function the
+        caller must run in a task of its own to send the rest. The first is
+        the request's correlation id: :meth:`forget` it to stop waiting (the
+        callback is then never called). ``on_answer`` runs in whichever task
+        reads the answer (the reader, the parking service, or the one that
+        found the connection closed): it must not block nor raise. One callback
+        and a context per push, rather than a closure per push, keeps what a
+        rebalance allocates per member small (what it frees, it fragments).
+        Raises
+        ConnectionClosedError if the connection has ended, and the error of
+        encoding (FrameTooLargeError) before anything is sent.
+        """
+        if self._close_reason is not None:
+            raise type(self._close_reason)(str(self._close_reason))
+        corr_id = self._last_corr_id + 1
+        data = self._codec.encode(Request(corr_id, body))
+        self._last_corr_id = corr_id
+        pushed = _Pushed(corr_id, on_answer, context)
+        if self._pushed is None:
+            self._pushed = pushed  # (the usual case: no dict made for one push)
+        else:
+            self._waiters[corr_id] = pushed
+        stream = self._stream
+        if self._sending or not isinstance(stream, trio.SocketStream):
+            return corr_id, functools.partial(self._send_pushed, data, locked=False)
+        self._sending = True
+        try:
+            sent = os.write(stream.socket.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:  # broken: as a failed send_all (the callback is told)
+            self._unlock_sending()
+            self._fail(ConnectionClosedError(f"connection to {self.name} lost: {exc}"))
+            return corr_id, None
+        if sent == len(data):
+            self._unlock_sending()
+            return corr_id, None
+        # (The lock stays taken: the rest goes out first, before anything else.)
+        return corr_id, functools.partial(self._send_pushed, data[sent:], locked=True)
+
+    async def _send_pushed(self, data: bytes, *, locked: bool) -> None:
+        """Send (the rest of) a pushed frame; a failure reaches its callback, not the caller."""
+        if not locked:
+            await self._lock_sending()  # (cancelled here: nothing was sent)
+        try:
+            # The rest of a frame begun (locked): cancelled now, the connection closes.
+            await self._write(data, begun=locked)
+        except ConnectionClosedError:
+            pass  # (_write failed the connection: every waiter, this one too, was told)
+        finally:
+            self._unlock_sending()
+
+    def forget(self, corr_id: int) -> None:
+        """Stop waiting for the answer to a pushed request (:meth:`push`)."""
+        if self._pushed is not None and self._pushed.corr_id == corr_id:
+            self._pushed = None
+        elif self._waiters.pop(corr_id, None) is not None and not self._waiters:
+            self._waiters = {}  # (an emptied dict keeps its table; an idle one has none)
+
     async def _send(self, frame: Request | Response | Goodbye) -> None:
         if self._sending:
             await self._lock_sending()
@@ -247,13 +342,19 @@ class Connection:
         finally:
             self._unlock_sending()
 
-    async def _write(self, data: bytes) -> None:
-        """Send ``data`` whole; the caller holds the write lock."""
+    async def _write(self, data: bytes, *, begun: bool = False) -> None:
+        """Send ``data`` whole; the caller holds the write lock.
+
+        ``begun``: ``data`` is the rest of a frame partly sent already, so a
+        cancellation even before its first byte leaves the peer half a frame
+        (the connection is closed then).
+        """
         # An uncontended lock lets a cancelled task through; send_all would raise
         # Cancelled before its first byte, and the handler below, unable to tell,
         # would close a healthy connection (a routine rebalance restart did so to
         # every member it was pushing to). Cancelled here is certainly clean.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if not begun:
+            await trio.lowlevel.checkpoint_if_cancelled()
         try:
             await self._stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -383,8 +484,8 @@ class Connection:
                 assert self._parking is not None
                 # A connection in use (a producer, a fetching consumer: a request that
                 # needs a task every few milliseconds) would park and be revived for each
-                # one; it parks once it has been quiet for _PARK_LINGER.
-                linger = trio.current_time() < self.last_active + _PARK_LINGER
+                # one; it parks _PARK_LINGER after its last such request was answered.
+                linger = trio.current_time() < self._task_ended + _PARK_LINGER
                 if not linger and self._parking.park(self):
                     return True
             if self._is_closed:
@@ -398,7 +499,7 @@ class Connection:
                     # waiting for the peer's next frame.
                     with trio.CancelScope() as idle:
                         if linger:
-                            idle.deadline = self.last_active + _PARK_LINGER
+                            idle.deadline = self._task_ended + _PARK_LINGER
                         self._idle_wait = idle
                         body = await self._reader.read_frame()
                     self._idle_wait = None
@@ -437,10 +538,27 @@ class Connection:
 
     def _answered(self, response: Response) -> None:
         """Wake the request waiting for ``response`` (if it still waits)."""
-        waiter = self._waiters.get(response.corr_id)
-        if waiter is not None and not waiter.done.is_set():
+        pushed = self._pushed
+        if pushed is not None and pushed.corr_id == response.corr_id:
+            waiter: _Waiter | _Pushed | None = pushed
+        else:
+            waiter = self._waiters.get(response.corr_id)
+        if isinstance(waiter, _Pushed):
+            self.forget(response.corr_id)
+            if response.error != ErrorCode.NONE:
+                self._tell(waiter, None, error_for(response.error, response.message))
+            else:
+                self._tell(waiter, response.body, None)
+        elif waiter is not None and not waiter.done.is_set():
             waiter.response = response
             waiter.done.set()
+
+    def _tell(self, pushed: _Pushed, body: ResponseBody | None, error: CoordError | None) -> None:
+        """Hand a pushed request's answer to its callback (a bug there is logged, not raised)."""
+        try:
+            pushed.callback(pushed.context, body, error)
+        except Exception:
+            log.exception("the callback of a request pushed to %s failed", self.name)
 
     def _charge_now(self, size: int, body: RequestBody) -> tuple[int, int] | None:
         """:meth:`_charge` when no budget makes it wait (the common case); else None."""
@@ -514,6 +632,7 @@ class Connection:
                 await self._reply(request.corr_id, body)
         finally:
             self._in_flight -= 1
+            self._task_ended = trio.current_time()
             if self._slot_freed is not None:
                 self._slot_freed.set()
                 self._slot_freed = None
@@ -575,13 +694,24 @@ class Connection:
         """Mark the connection ended and fail every waiting request with ``reason``."""
         if self._close_reason is None:
             self._close_reason = reason
-        for waiter in self._waiters.values():
-            if not waiter.done.is_set():
+        pushed = [] if self._pushed is None else [self._pushed.corr_id]
+        for corr_id, waiter in self._waiters.items():
+            if isinstance(waiter, _Pushed):
+                pushed.append(corr_id)
+            elif not waiter.done.is_set():
                 waiter.error = type(reason)(str(reason))
                 waiter.done.set()
         self._is_closed = True
         if self._closed is not None:
             self._closed.set()
+        for corr_id in pushed:  # (after: a callback may look at the connection)
+            owed: _Waiter | _Pushed | None
+            if self._pushed is not None and self._pushed.corr_id == corr_id:
+                owed, self._pushed = self._pushed, None
+            else:
+                owed = self._waiters.pop(corr_id, None)
+            if isinstance(owed, _Pushed):
+                self._tell(owed, None, type(reason)(str(reason)))
 
     async def close_with(self, reason: CoordError) -> None:
         """Say goodbye with ``reason`` (bounded wait), then close (for a broker's policies)."""
