@@ -592,7 +592,8 @@ class ClusterMember:
                     await _retrying(store, functools.partial(self._release, store, slot))
             if self.broker_id in self.brokers:
                 for slot, claimant in claimants(self.brokers, self.holders, self.slots).items():
-                    overdue = vacant_since[slot] + self._claim_grace
+                    # (A slot may have fallen vacant during a release above: since now.)
+                    overdue = vacant_since.setdefault(slot, now) + self._claim_grace
                     if claimant == self.broker_id or now >= overdue:
                         await self._claim(store, slot)
                     else:
