@@ -242,3 +242,22 @@ async def test_a_push_answered_closed_or_forgotten_reaches_its_callback_once(tmp
             closed.append("raised")
         assert closed == ["raised"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_member_expelled_as_overdue_leaves_its_connection_idle(autojump_clock):
+    # A member that never answers its StartFetchers is expelled at its rebalance
+    # timeout; its connection stays open (it may join again on it), but nothing is
+    # owed on it any more: it is idle, and connections_max_idle closes it in time.
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, connections_max_idle=10.0) as broker:
+        await broker.topics.create_topic("t", 1)
+        a = _fake(broker, Timeline(), "a", 2.0)
+        async with connected(a):
+            a.hold_start = True
+            await a.join()
+            removed = await rec.wait_for("removed", member_id=a.member_id)
+            assert removed["reason"] == "did not answer within its rebalance timeout (2s)"
+            (conn,) = broker._connections
+            assert conn.idle
+            with trio.fail_after(60):
+                await a.conn.wait_closed()

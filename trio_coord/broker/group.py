@@ -185,6 +185,14 @@ def _all(member: Member) -> None:
     return None
 
 
+def _forget_push(conn: MemberLink, corr_id: int) -> None:
+    """Stop ``conn`` waiting for the answer to push ``corr_id``: a push owed keeps its
+    connection from being idle (``connections_max_idle``) and holds its phase."""
+    forget = getattr(conn, "forget", None)
+    if forget is not None:
+        forget(corr_id)
+
+
 class _Answers:
     """What one phase of a rebalance awaits of its members, with no task per member.
 
@@ -284,6 +292,7 @@ class _Answers:
                 entry = self.pending.pop(first, None)
                 if entry is not None:
                     late.append(entry[0])
+                    _forget_push(entry[1], entry[2])  # (else its link keeps it owed)
         if not self.pending:
             self.done.set()
         return late
@@ -291,9 +300,7 @@ class _Answers:
     def forget(self) -> None:
         """Stop waiting for every answer still owed (the phase ended or was cancelled)."""
         for _, conn, corr_id, _ in self.pending.values():
-            forget = getattr(conn, "forget", None)
-            if forget is not None:
-                forget(corr_id)
+            _forget_push(conn, corr_id)
         self.pending.clear()
         self.by_timeout.clear()
 
