@@ -13,8 +13,10 @@ are owed the broker runs no task for any of them.
 from __future__ import annotations
 
 import logging
+import os
 
 import trio
+import trio.testing
 
 from trio_coord.broker.server import open_broker
 from trio_coord.protocol import Connection, RequestHandler
@@ -261,3 +263,55 @@ async def test_a_member_expelled_as_overdue_leaves_its_connection_idle(autojump_
             assert conn.idle
             with trio.fail_after(60):
                 await a.conn.wait_closed()
+
+
+async def test_a_push_cancelled_before_its_first_byte_leaves_the_connection_open():
+    # The peer is slow to read: its socket buffer is full, so a push writes nothing at
+    # once and hands back the sending to a task. If that task is cancelled before it
+    # sends a byte (a rebalance restarting: routine), nothing of the frame is on the
+    # wire, and the connection must stay open and whole, as a cancelled request does.
+    codec = FrameCodec()
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    async with trio.open_nursery() as nursery:
+        stream = await trio.open_tcp_stream(*listener.socket.getsockname()[:2])
+        peer = await listener.accept()
+        conn = Connection(stream)
+        nursery.start_soon(conn.serve)
+        junk = 0  # (bytes the peer will skip: they fill the socket's buffers)
+        while True:
+            try:
+                junk += os.write(stream.socket.fileno(), bytes(65536))
+            except BlockingIOError:
+                break
+        got: list[object] = []
+        corr_id, rest = conn.push(StopFetchersRequest("g", "m", 1), lambda ctx, b, e: got.append(e))
+        assert rest is not None  # (nothing could be written at once)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await rest()
+        conn.forget(corr_id)
+        assert not conn.closed and got == []
+        # Nor if it is cancelled while it waits for the peer to read.
+        corr_id, rest = conn.push(StopFetchersRequest("g", "m", 1), lambda ctx, b, e: None)
+        assert rest is not None
+        async with trio.open_nursery() as sending:
+            sending.start_soon(rest)
+            await trio.testing.wait_all_tasks_blocked()
+            sending.cancel_scope.cancel()
+        conn.forget(corr_id)
+        assert not conn.closed
+        # The stream is intact: the next push arrives whole after the skipped bytes.
+        _, rest = conn.push(StopFetchersRequest("g", "m2", 2), lambda ctx, b, e: None)
+        if rest is not None:
+            nursery.start_soon(rest)
+        data = bytearray()
+        with trio.fail_after(10):
+            while len(data) < junk + 4 or len(data) < junk + 4 + int.from_bytes(
+                data[junk : junk + 4], "big"
+            ):
+                data.extend(await peer.receive_some(1 << 20))
+        frame = codec.decode(bytes(data[junk + 4 :]))
+        assert isinstance(frame, Request) and frame.body == StopFetchersRequest("g", "m2", 2)
+        assert not conn.closed
+        await peer.aclose()
+        nursery.cancel_scope.cancel()

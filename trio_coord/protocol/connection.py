@@ -311,17 +311,28 @@ class Connection:
             self._unlock_sending()
             return corr_id, None
         # (The lock stays taken: the rest goes out first, before anything else.)
-        return corr_id, functools.partial(self._send_pushed, data[sent:], locked=True)
+        rest = functools.partial(self._send_pushed, data[sent:], locked=True, begun=sent > 0)
+        return corr_id, rest
 
-    async def _send_pushed(self, data: bytes, *, locked: bool) -> None:
-        """Send (the rest of) a pushed frame; a failure reaches its callback, not the caller."""
+    async def _send_pushed(self, data: bytes, *, locked: bool, begun: bool = False) -> None:
+        """Send (the rest of) a pushed frame; a failure reaches its callback, not the caller.
+
+        ``locked``: the write lock is held for it already; ``begun``: part of the
+        frame is on the wire. A socket that took nothing at once (its buffer
+        full: a peer slow to read) is waited for before anything is sent, so
+        that a cancellation meanwhile (a rebalance restarting) leaves nothing
+        of the frame on the wire and the connection whole.
+        """
         if not locked:
             await self._lock_sending()  # (cancelled here: nothing was sent)
         try:
-            # The rest of a frame begun (locked): cancelled now, the connection closes.
-            await self._write(data, begun=locked)
-        except ConnectionClosedError:
-            pass  # (_write failed the connection: every waiter, this one too, was told)
+            if locked and not begun and not self._is_closed:
+                assert isinstance(self._stream, trio.SocketStream)
+                await trio.lowlevel.wait_writable(self._stream.socket)
+            # The rest of a frame begun: cancelled now, the connection closes.
+            await self._write(data, begun=begun)
+        except (ConnectionClosedError, trio.ClosedResourceError):
+            pass  # (the connection failed: every waiter, this one too, was told)
         finally:
             self._unlock_sending()
 
