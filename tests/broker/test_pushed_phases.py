@@ -315,3 +315,39 @@ async def test_a_push_cancelled_before_its_first_byte_leaves_the_connection_open
         assert not conn.closed
         await peer.aclose()
         nursery.cancel_scope.cancel()
+
+
+class _WrongStart(FakeMember):
+    """Answers StartFetchers with the wrong message (a confused or hostile client)."""
+
+    async def handle(self, body):
+        if isinstance(body, StartFetchersRequest):
+            self.pushes.append((trio.current_time(), "start"))
+            return StopFetchersResponse()
+        return await super().handle(body)
+
+
+async def test_a_member_answering_a_start_with_the_wrong_message_is_expelled(autojump_clock):
+    # As one answering a stop with the wrong message: it has not said it fetches what it
+    # was given, so the group is not stable with it counted as the owner.
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 2)
+        a = _fake(broker, timeline, "a", 10.0)
+        b = _WrongStart(broker, "g", ["t"], session_timeout=S, rebalance_timeout=10.0, name="b")
+        async with connected(a), connected(b), trio.open_nursery() as nursery:
+            await a.join()
+            await rec.wait_for("stable")
+            nursery.start_soon(heartbeat_forever, a, 1.0)
+            mark = rec.mark()
+            await b.join()
+            removed = await rec.wait_for("removed", since=mark, member_id=b.member_id)
+            assert removed["reason"].endswith("answered StartFetchers with StopFetchersResponse")
+            assert removed["time"] < 10.0  # at once, not at its rebalance timeout
+            assert [
+                e for e in rec.all("started", since=mark) if e["member_id"] == b.member_id
+            ] == []
+            stable = await rec.wait_for("stable", since=mark)
+            assert set(stable["ownership"].values()) == {a.member_id}
+            assert rec.all("rebalance_failed", since=mark) == []
+            nursery.cancel_scope.cancel()

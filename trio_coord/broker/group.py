@@ -68,6 +68,7 @@ from ..protocol.messages import (
     RequestBody,
     ResponseBody,
     StartFetchersRequest,
+    StartFetchersResponse,
     StopFetchersRequest,
     StopFetchersResponse,
     TopicPartition,
@@ -183,6 +184,13 @@ class _Reset:
 def _all(member: Member) -> None:
     """What a member stops in an eager rebalance: everything (None)."""
     return None
+
+
+def _check_started(response: ResponseBody | None) -> None:
+    """InvalidRequestError (the member is expelled) unless ``response`` acknowledges a
+    StartFetchers: a member that answers something else may not be fetching anything."""
+    if not isinstance(response, StartFetchersResponse):
+        raise InvalidRequestError(f"answered StartFetchers with {type(response).__name__}")
 
 
 def _forget_push(conn: MemberLink, corr_id: int) -> None:
@@ -1407,12 +1415,15 @@ class GroupRunner:
         tps = [p.tp for p in plan.partitions]
         self.group.member_starting(member.member_id, tps)
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        response = None
         for request in self._start_requests(member, plan, generation, parts, tps):
-            await conn.request(request)
-        self._on_started(member, plan, None)
+            response = await conn.request(request)
+            _check_started(response)
+        self._on_started(member, plan, response)
 
     def _on_started(self, member: Member, plan: StartPlan, response: ResponseBody | None) -> None:
         """A member acknowledged its (last) StartFetchers of ``plan``."""
+        _check_started(response)
         if not self._is_current(member):
             return
         self.group.member_started(member.member_id)
