@@ -26,6 +26,7 @@ from trio_coord import (
     open_consumer,
 )
 from trio_coord.core.group import Group
+from trio_coord.protocol.messages import StartFetchersRequest
 
 from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker, heartbeat_forever
 
@@ -126,6 +127,68 @@ async def test_a_static_member_that_stepped_out_is_resumed_at_once(autojump_cloc
                 assert resumed["time"] == 3.0 and again.owned == had
                 assert rec.all("rebalance_started", since=mark) == []
                 assert rec.all("removed", since=mark) == []
+            nursery.cancel_scope.cancel()
+        assert timeline.overlaps() == []
+
+
+class _GatedStarts(FakeMember):
+    """Holds each StartFetchers until the test opens its gate (in the order they came)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gates: list[tuple[int, trio.Event]] = []
+
+    async def handle(self, body):
+        if isinstance(body, StartFetchersRequest):
+            gate = trio.Event()
+            self.gates.append((body.generation, gate))
+            await gate.wait()
+        return await super().handle(body)
+
+
+async def test_a_resumed_start_acknowledged_after_a_new_generation_does_not_start_that_one(
+    autojump_clock,
+):
+    """A resumed static member acknowledges the StartFetchers of the generation it was
+    resumed in only after a rebalance made the next generation durable: that answer
+    says nothing of the next one, whose own StartFetchers it has not acknowledged. Had
+    it been counted as started in it, its heartbeats (of the generation it knows) would
+    be refused as stale and it would be sent to rejoin."""
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 6)
+        a = member(broker, timeline, "a", instance_id="host-a")
+        b = member(broker, timeline, "b")
+        async with connected(b), trio.open_nursery() as nursery:
+            async with connected(a):
+                await a.join()
+                await rec.wait_for("stable", generation=1)
+                await b.join()
+                await rec.wait_for("stable", generation=2)
+                await a.leave(stay=True)
+            again = _GatedStarts(
+                broker, "g", ["t"], session_timeout=S, rebalance_timeout=5.0, name="a2"
+            )
+            again.instance_id = "host-a"
+            async with connected(again):
+                await again.join()  # resumed in generation 2, at once
+                while len(again.gates) < 1:
+                    await trio.sleep(0.01)
+                mark = rec.mark()
+                await b.leave()  # a rebalance: generation 3, whose start a2 holds too
+                while len(again.gates) < 2:
+                    await trio.sleep(0.01)
+                assert [g for g, _ in again.gates] == [2, 3]
+                again.gates[0][1].set()  # the resumed start (generation 2) is answered
+                while again.generation != 2:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.1)
+                started = [e for e in rec.all("started", since=mark) if e["generation"] == 3]
+                assert started == []
+                await again.heartbeat()  # generation 2: what it knows, still accepted
+                again.gates[1][1].set()
+                stable = await rec.wait_for("stable", since=mark, generation=3)
+                assert set(stable["ownership"].values()) == {a.member_id}
             nursery.cancel_scope.cancel()
         assert timeline.overlaps() == []
 

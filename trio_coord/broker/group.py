@@ -1419,6 +1419,10 @@ class GroupRunner:
         for request in self._start_requests(member, plan, generation, parts, tps):
             response = await conn.request(request)
             _check_started(response)
+        if self.group.generation != generation:
+            # (A static member's resumed start, answered after a rebalance made the next
+            # generation durable: it acknowledges nothing of that one, which starts it.)
+            return
         self._on_started(member, plan, response)
 
     def _on_started(self, member: Member, plan: StartPlan, response: ResponseBody | None) -> None:
