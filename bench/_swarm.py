@@ -70,7 +70,8 @@ shared machine this process may wait that long for a CPU, and a broker that
 runs out of joins for 0.1 s starts the first rebalance with part of the
 group; shallow enough to stay under the accept queue (``somaxconn``, 4,096)."""
 SOURCES = 16
-"""Loopback source addresses (127.0.0.2, ...) the members' connections are spread over."""
+"""Loopback source addresses (127.0.0.2, ...) the members' connections are spread over
+(``sources`` in the spec; 0: every connection from the kernel's choice, 127.0.0.1)."""
 _RECEIVE = 64 * 1024
 _BIND_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # (Linux)
 _CONNECTING, _JOINING, _ADMITTING, _JOINED = range(4)
@@ -146,7 +147,8 @@ class _Swarm:
         # system CPU in all, and stalls). On loopback, spread the members over several
         # source addresses; the broker sees the same connections, from other addresses.
         loopback = self.address[0].startswith("127.")
-        self.sources = [f"127.0.0.{2 + i}" for i in range(SOURCES)] if loopback else []
+        sources = int(spec.get("sources", SOURCES)) if loopback else 0
+        self.sources = [f"127.0.0.{2 + i}" for i in range(min(sources, 250))]
         self.members: dict[int, _Member] = {}  # by file descriptor
         self.next_index = 0
         self.in_window = 0

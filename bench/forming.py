@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -80,6 +81,8 @@ class Params:
     """Which loads to run, each in turn (``lean``: ``bench/_swarm.py``; ``trio``: the Trio one)."""
     window: int = _swarm.DEFAULT_WINDOW
     """Lean load: members connecting or awaiting their member id at once, per load process."""
+    sources: int = _swarm.SOURCES
+    """Lean load: loopback source addresses its connections are spread over (0: one)."""
 
 
 LOAD_KINDS = ("lean", "trio")
@@ -115,6 +118,7 @@ async def form_once(
                 spec = heartbeat._load_spec("broker", hb, port, first, count)
                 spec["out"] = str(workdir / f"load-{members}-{i}.latencies")
                 spec["window"] = params.window
+                spec["sources"] = params.sources
                 argv = (
                     python_module("bench._swarm", json.dumps(spec))
                     if load_kind == "lean"
@@ -145,6 +149,7 @@ async def form_once(
             stable_at = watch.stable_since - began
             cpu_after = process_cpu_seconds(server.pid)
             load_cpu = [process_cpu_seconds(load.pid) for load in loads]
+            load_system = [_system_cpu_seconds(load.pid) for load in loads]
             # The broker stops first, sparing it a storm of departures and rebalances; the
             # load processes then see their stdin close before "go", and exit.
             await server.stop()
@@ -160,12 +165,25 @@ async def form_once(
         "broker_cpu_s": broker_cpu,
         "broker_cpu_s_per_1k": None if broker_cpu is None else broker_cpu / members * 1000,
         "load_cpu_s": None if None in load_cpu else sum(c for c in load_cpu if c is not None),
+        # (of which the kernel's: connect, send and receive; the rest is the load's Python)
+        "load_system_s": None
+        if None in load_system
+        else sum(c for c in load_system if c is not None),
         "generation": generation,
         "longest_join_gap_s": max(gaps) if gaps else None,
         "stops": sum(r["stops"] for r in reports) if reports else None,
         "load_reports": reports,
         "load_average": load_average_at_start,
     }
+
+
+def _system_cpu_seconds(pid: int) -> float | None:
+    """The kernel's share of process ``pid``'s CPU time (``/proc``; None where unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -181,6 +199,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_cpu_s",
         "broker_cpu_s_per_1k",
         "load_cpu_s",
+        "load_system_s",
         "longest_join_gap_s",
         "load_average",
     ):
@@ -241,6 +260,7 @@ def render(result: dict[str, Any]) -> str:
             _range(s.get("broker_cpu_s"), ".2f"),
             _range(s.get("broker_cpu_s_per_1k"), ".2f"),
             _range(s.get("load_cpu_s"), ".2f"),
+            _range(s.get("load_system_s"), ".2f"),
             ",".join(map(str, s["generations"])),
             _range(_scaled(s.get("longest_join_gap_s"), 1000), ".0f"),
             _range(s.get("load_average"), ".1f"),
@@ -255,6 +275,7 @@ def render(result: dict[str, Any]) -> str:
         "broker CPU s",
         "broker CPU s / 1k members",
         "load CPU s",
+        "of which system s",
         "generations",
         "longest join pause ms",
         "load average",
@@ -321,16 +342,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="lean load: members connecting or awaiting their id at once, per load process "
         f"(default {defaults.window})",
     )
+    parser.add_argument(
+        "--sources",
+        type=int,
+        help="lean load: loopback source addresses (127.0.0.2, ...) to spread its "
+        "connections over; 0: all from 127.0.0.1, where past ~14,000 connections Linux's "
+        f"connect() searches long for a free port (default {defaults.sources})",
+    )
     parser.add_argument("--quick", action="store_true", help="CI smoke preset")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     params = chosen_params(
         args,
         QUICK if args.quick else Params(),
-        ("members", "rounds", "processes", "load_kinds", "window"),
+        ("members", "rounds", "processes", "load_kinds", "window", "sources"),
     )
-    if params.rounds < 1 or params.processes < 1 or params.window < 1:
-        print("rounds, processes and window must be >= 1", file=sys.stderr)
+    if params.rounds < 1 or params.processes < 1 or params.window < 1 or params.sources < 0:
+        print("rounds, processes and window must be >= 1, sources >= 0", file=sys.stderr)
         return 2
     return run_and_report("forming", run_benchmark, params, as_json=args.json, render=render)
 
