@@ -72,6 +72,9 @@ group; shallow enough to stay under the accept queue (``somaxconn``, 4,096)."""
 SOURCES = 16
 """Loopback source addresses (127.0.0.2, ...) the members' connections are spread over
 (``sources`` in the spec; 0: every connection from the kernel's choice, 127.0.0.1)."""
+LONG_GAP = 0.1
+"""A pause between two admitting joins longer than this (the broker's default
+``initial_rebalance_delay``) lets the first rebalance start with part of the group."""
 _RECEIVE = 64 * 1024
 _BIND_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # (Linux)
 _CONNECTING, _JOINING, _ADMITTING, _JOINED = range(4)
@@ -161,6 +164,10 @@ class _Swarm:
         self.last_admitting: float | None = None
         self.longest_gap = 0.0
         self.gap_at = (0.0, 0)  # (seconds since the start, members admitting before it)
+        # The first pauses longer than the broker's initial_rebalance_delay: what starts
+        # a rebalance before every member is in (seconds since the start, members, length).
+        self.long_gaps: list[tuple[float, int, float]] = []
+        self.first_stop: float | None = None
         self.admitting = 0
         self.joined = 0
         self.marks: dict[str, float] = {}  # when the last id was given, the last join answered
@@ -281,6 +288,8 @@ class _Swarm:
                     self.heartbeats.append((time.monotonic() + self.heartbeat_every, member))
             elif isinstance(body, StopFetchersRequest):
                 self.stops += 1
+                if self.first_stop is None:
+                    self.first_stop = time.monotonic() - self.began
             else:
                 raise BenchError(f"{member.client_id}: unexpected push {body!r}")
             self._send(fd, member, _answer(kind, frame.corr_id))
@@ -306,9 +315,13 @@ class _Swarm:
             # As the Trio load: a member joins twice (given its id, then admitted).
             member.state = _ADMITTING
             now = time.monotonic()
-            if self.last_admitting is not None and now - self.last_admitting > self.longest_gap:
-                self.longest_gap = now - self.last_admitting
-                self.gap_at = (self.last_admitting - self.began, self.admitting)
+            if self.last_admitting is not None:
+                gap = now - self.last_admitting
+                if gap > self.longest_gap:
+                    self.longest_gap = gap
+                    self.gap_at = (self.last_admitting - self.began, self.admitting)
+                if gap > LONG_GAP and len(self.long_gaps) < 5:
+                    self.long_gaps.append((self.last_admitting - self.began, self.admitting, gap))
             self.last_admitting = now
             self.admitting += 1
             if self.admitting == self.count:
@@ -348,6 +361,8 @@ class _Swarm:
             "cpu_s": time.process_time() - self.cpu_began,
             "longest_gap_s": self.longest_gap,
             "longest_gap_after": {"s": self.gap_at[0], "members": self.gap_at[1]},
+            "long_gaps": [{"s": s, "members": n, "gap_s": g} for s, n, g in self.long_gaps],
+            "first_stop_s": self.first_stop,
             **self.marks,
             "stops": self.stops,
         }
