@@ -161,9 +161,9 @@ class _Swarm:
         self.ready = False
         self.began = time.monotonic()
         self.cpu_began = time.process_time()
-        self.last_admitting: float | None = None
+        self.last_admitted: float | None = None
         self.longest_gap = 0.0
-        self.gap_at = (0.0, 0)  # (seconds since the start, members admitting before it)
+        self.gap_at = (0.0, 0)  # (seconds since the start, members admitted before it)
         # The first pauses longer than the broker's initial_rebalance_delay: what starts
         # a rebalance before every member is in (seconds since the start, members, length).
         self.long_gaps: list[tuple[float, int, float]] = []
@@ -314,25 +314,28 @@ class _Swarm:
             self.in_window -= 1
             # As the Trio load: a member joins twice (given its id, then admitted).
             member.state = _ADMITTING
-            now = time.monotonic()
-            if self.last_admitting is not None:
-                gap = now - self.last_admitting
-                if gap > self.longest_gap:
-                    self.longest_gap = gap
-                    self.gap_at = (self.last_admitting - self.began, self.admitting)
-                if gap > LONG_GAP and len(self.long_gaps) < 5:
-                    self.long_gaps.append((self.last_admitting - self.began, self.admitting, gap))
-            self.last_admitting = now
             self.admitting += 1
             if self.admitting == self.count:
-                self.marks["ids_s"] = now - self.began
+                self.marks["ids_s"] = time.monotonic() - self.began
             self._send(fd, member, self._join(member, _SECOND_JOIN))
         else:
+            # Admitted (the broker answers a join into a forming group at once): each
+            # admission restarts the broker's initial_rebalance_delay, so the pauses
+            # between two are what decide whether the first generation has everyone.
             member.state = _JOINED
             member.generation = max(member.generation, joined.generation)
+            now = time.monotonic()
+            if self.last_admitted is not None:
+                gap = now - self.last_admitted
+                if gap > self.longest_gap:
+                    self.longest_gap = gap
+                    self.gap_at = (self.last_admitted - self.began, self.joined)
+                if gap > LONG_GAP and len(self.long_gaps) < 5:
+                    self.long_gaps.append((self.last_admitted - self.began, self.joined, gap))
+            self.last_admitted = now
             self.joined += 1
             if self.joined == self.count:
-                self.marks["joined_s"] = time.monotonic() - self.began
+                self.marks["joined_s"] = now - self.began
 
     def _drop(self, fd: int, member: _Member) -> None:
         self.epoll.unregister(fd)
