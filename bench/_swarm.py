@@ -2,12 +2,12 @@
 
 ``python -m bench._swarm SPEC`` (SPEC: the JSON of ``bench/heartbeat.py``'s
 ``--load``, of which it reads host, port, first, count and
-session_timeout_ms, plus an optional ``window``) is what ``bench/forming.py
---load-kind lean`` starts instead of the Trio load. Each member still does
-what a real member does, so the broker's work is the same: its own TCP
-connection, the two-step join (JoinGroup without a member id, answered with
-``rejoin`` and an id, then JoinGroup with it), an answer to every
-StopFetchers and StartFetchers the coordinator pushes (whatever the
+session_timeout_ms, plus optional ``window`` and ``sources``) is what
+``bench/forming.py --load-kind lean`` starts instead of the Trio load. Each
+member still does what a real member does, so the broker's work is the
+same: its own TCP connection, the two-step join (JoinGroup without a member
+id, answered with ``rejoin`` and an id, then JoinGroup with it), an answer
+to every StopFetchers and StartFetchers the coordinator pushes (whatever the
 generation), and a heartbeat every third of its session timeout once
 started. What it does not have is a Trio task, cancel scope, connection
 object and codec per member: one ``select.epoll`` drives every socket,
@@ -15,11 +15,14 @@ connects are started a bounded number at a time (``window`` members whose
 first JoinGroup is not answered yet; a bigger burst would only overflow the
 broker's accept queue, and a dropped SYN is retried after a second, which
 stalls the joins for longer than the broker's ``initial_rebalance_delay``),
-frames are read in bulk and decoded with one msgspec decoder, and the
-answers are one shared pre-encoded frame with the push's correlation id
-spliced in. It prints ``ready {json}`` once every member is started
-(the CPU seconds and time it took, the longest pause between two admitting
-joins, the StopFetchers seen) and keeps answering until stdin closes.
+from ``sources`` loopback addresses (from one, Linux's ``connect()`` stalls
+past ~12,000 connections), frames are read in bulk and decoded with one
+msgspec decoder, and the answers are one shared pre-encoded frame with the
+push's correlation id spliced in. It prints ``ready {json}`` once every
+member is started (its CPU seconds, when the last member was given its id,
+admitted and started, the longest pause between two admissions and the
+first ones longer than 0.1 s, the StopFetchers seen) and keeps answering
+until stdin closes.
 """
 
 from __future__ import annotations
@@ -145,10 +148,10 @@ class _Swarm:
         self.heartbeat_every = self.session_ms / 3000
         self.epoll = select.epoll()
         # One source address has 28,232 ephemeral ports (32768-60999), and Linux's connect()
-        # searches them for a free one of its preferred parity first: past ~14,000
-        # connections to one address each connect scans thousands of ports (seconds of
-        # system CPU in all, and stalls). On loopback, spread the members over several
-        # source addresses; the broker sees the same connections, from other addresses.
+        # searches them for a free one, one parity first: past ~12,000 connections to one
+        # address connects stalled for up to a second (seconds of system CPU in all). On
+        # loopback, spread the members over several source addresses; the broker sees
+        # the same connections, from other addresses.
         loopback = self.address[0].startswith("127.")
         sources = int(spec.get("sources", SOURCES)) if loopback else 0
         self.sources = [f"127.0.0.{2 + i}" for i in range(min(sources, 250))]

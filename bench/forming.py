@@ -1,30 +1,32 @@
 """How long a group of N members takes to form, and what admitting them costs the broker.
 
 ``python bench/forming.py [--members 1000,5000,10000] [--rounds R] [--processes P]
-[--load-kind lean,trio] [--json] [--quick]`` starts, for each size N, each
-kind of load and each of R rounds, a fresh broker process
+[--load-kind lean,trio] [--window W] [--sources S] [--json] [--quick]`` starts,
+for each size N, each kind of load and each of R rounds, a fresh broker process
 (``bench/heartbeat.py``'s ``--serve-broker``) and P load processes, and waits
 until the load processes say every member is started and the group is STABLE
 with all N (DescribeGroup, through the admin client, at one generation for
-0.3 s). In both kinds of load each member opens its own TCP connection, joins
-in two steps (member id, then the join), answers its StartFetchers (and
+0.3 s). In both kinds of load each member opens its own TCP connection, joins in
+two steps (member id, then the join), answers its StartFetchers (and
 StopFetchers, if a second generation comes) and heartbeats every third of its
-session timeout, so the broker's work is the same; they differ in what the
-load costs itself. ``trio`` is ``bench/heartbeat.py``'s ``--load``: a Trio
-task and a ``Connection`` per member (~0.8 ms of CPU per member, more than
-the broker's 0.2 ms: on 2 cores that load, not the broker, set the wall
-time). ``lean`` (the default) is ``bench/_swarm.py``: non-blocking sockets
-on one epoll loop, a bounded number of connects in flight, pre-encoded
-answers. Per run it reports the wall time from the load processes' start
-to the confirmed stable group, and to the first DescribeGroup that saw it
-stable (issue #14's figure: 20,000 members in < 5 s), the **broker's CPU
-seconds** over that time (from ``/proc``; accept, two JoinGroups, the first
-rebalance's StartFetchers and generation record per member), per 1,000
-members admitted, the load processes' CPU seconds, the generations the group
-went through (1 when the burst of joins made one rebalance; a second comes
-when the joins paused for longer than the broker's
+session timeout, so the broker's work is the same; they differ in what the load
+costs itself. ``trio`` is ``bench/heartbeat.py``'s ``--load``: a Trio task and
+a ``Connection`` per member (~0.8 ms of CPU per member, more than the broker's
+0.2 ms: on 2 cores that load, not the broker, set the wall time). ``lean`` (the
+default) is ``bench/_swarm.py``: non-blocking sockets on one epoll loop, at
+most W members connecting or awaiting their id, connections spread over S
+loopback source addresses (from one, Linux's ``connect()`` stalls past ~12,000
+connections: ``--sources 0`` shows it), pre-encoded answers. Per run it reports
+the wall time from the load processes' start to the confirmed stable group, and
+to the first DescribeGroup that saw it stable (issue #14's figure: 20,000
+members in < 5 s), the **broker's CPU seconds** over that time (from ``/proc``;
+accept, two JoinGroups, the first rebalance's StartFetchers and generation
+record per member), per 1,000 members admitted, the load processes' CPU seconds
+(and the kernel's share of them: connect, send, receive), the generations the
+group went through (1 when the burst of joins made one rebalance; a second
+comes when the joins paused for longer than the broker's
 ``initial_rebalance_delay``, 0.1 s: the lean load reports its longest pause
-between two admitting joins) and the load average.
+between two admitting joins, in each load process) and the load average.
 
 Why the CPU column: on a shared machine either side may be what the wall
 time waits for. The broker is one Trio thread; when its CPU seconds are close
@@ -346,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sources",
         type=int,
         help="lean load: loopback source addresses (127.0.0.2, ...) to spread its "
-        "connections over; 0: all from 127.0.0.1, where past ~14,000 connections Linux's "
+        "connections over; 0: all from 127.0.0.1, where past ~12,000 connections Linux's "
         f"connect() searches long for a free port (default {defaults.sources})",
     )
     parser.add_argument("--quick", action="store_true", help="CI smoke preset")
