@@ -204,6 +204,9 @@ class _Swarm:
             sent = member.sock.send(data)
         except BlockingIOError:
             sent = 0
+        except OSError as exc:
+            self._lost(fd, member, exc)
+            return
         if sent < len(data):
             member.outbox = data[sent:]
             self.epoll.modify(fd, _IN | _OUT)
@@ -212,6 +215,9 @@ class _Swarm:
         try:
             sent = member.sock.send(member.outbox)
         except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost(fd, member, exc)
             return
         member.outbox = member.outbox[sent:]
         if not member.outbox:
@@ -258,13 +264,10 @@ class _Swarm:
         except BlockingIOError:
             return
         except OSError as exc:
-            data = b""
-            if not self.ready:
-                raise BenchError(f"{member.client_id}: {exc}") from None
+            self._lost(fd, member, exc)
+            return
         if not data:
-            if not self.ready:
-                raise BenchError(f"{member.client_id}: the broker closed its connection")
-            self._drop(fd, member)  # (the parent stops the broker first: then all close)
+            self._lost(fd, member, None)
             return
         buf = member.inbox + data if member.inbox else data
         pos, end = 0, len(buf)
@@ -340,7 +343,17 @@ class _Swarm:
             if self.joined == self.count:
                 self.marks["joined_s"] = now - self.began
 
+    def _lost(self, fd: int, member: _Member, exc: OSError | None) -> None:
+        """The connection ended: a failure until every member is started; after, the
+        parent stopping the broker first (then every connection ends), so just close."""
+        if not self.ready:
+            why = "the broker closed its connection" if exc is None else str(exc)
+            raise BenchError(f"{member.client_id}: {why} before the group formed")
+        self._drop(fd, member)
+
     def _drop(self, fd: int, member: _Member) -> None:
+        if self.members.get(fd) is not member:
+            return  # (dropped already, while its last frames were handled)
         self.epoll.unregister(fd)
         member.sock.close()
         del self.members[fd]
@@ -400,6 +413,8 @@ class _Swarm:
                     continue
                 if events & _OUT and member.outbox:
                     self._flush(fd, member)
+                    if fd not in members:
+                        continue
                 if events & (_IN | select.EPOLLHUP | select.EPOLLERR):
                     self._receive(fd, member)
             self._connect_more()
@@ -424,4 +439,8 @@ def run_swarm(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    run_swarm(json.loads(sys.argv[1]))
+    try:
+        run_swarm(json.loads(sys.argv[1]))
+    except BenchError as exc:  # (the parent quotes this stderr in its own error)
+        print(f"lean load: {exc}", file=sys.stderr)
+        sys.exit(2)
