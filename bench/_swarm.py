@@ -109,6 +109,25 @@ def _answer(kind: type, corr_id: int) -> bytes:
     return b"".join((size.to_bytes(HEADER_SIZE, "big"), head, corr, tail))
 
 
+class _RunDelay:
+    """How long this process has waited for a CPU so far (``/proc/self/schedstat``, Linux):
+    whether a pause was this process not running, or the broker not answering."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> float:
+        if self._fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+
 class _Member:
     """One member's socket and where it is in joining; the loop does the rest."""
 
@@ -169,7 +188,9 @@ class _Swarm:
         self.gap_at = (0.0, 0)  # (seconds since the start, members admitted before it)
         # The first pauses longer than the broker's initial_rebalance_delay: what starts
         # a rebalance before every member is in (seconds since the start, members, length).
-        self.long_gaps: list[tuple[float, int, float]] = []
+        self.long_gaps: list[tuple[float, int, float, float]] = []
+        self.run_delay = _RunDelay()
+        self.delay_at_last = 0.0
         self.first_stop: float | None = None
         self.admitting = 0
         self.joined = 0
@@ -331,14 +352,17 @@ class _Swarm:
             member.state = _JOINED
             member.generation = max(member.generation, joined.generation)
             now = time.monotonic()
+            delay = self.run_delay()
             if self.last_admitted is not None:
                 gap = now - self.last_admitted
                 if gap > self.longest_gap:
                     self.longest_gap = gap
                     self.gap_at = (self.last_admitted - self.began, self.joined)
                 if gap > LONG_GAP and len(self.long_gaps) < 5:
-                    self.long_gaps.append((self.last_admitted - self.began, self.joined, gap))
+                    at = self.last_admitted - self.began
+                    self.long_gaps.append((at, self.joined, gap, delay - self.delay_at_last))
             self.last_admitted = now
+            self.delay_at_last = delay
             self.joined += 1
             if self.joined == self.count:
                 self.marks["joined_s"] = now - self.began
@@ -380,7 +404,12 @@ class _Swarm:
             "cpu_s": time.process_time() - self.cpu_began,
             "longest_gap_s": self.longest_gap,
             "longest_gap_after": {"s": self.gap_at[0], "members": self.gap_at[1]},
-            "long_gaps": [{"s": s, "members": n, "gap_s": g} for s, n, g in self.long_gaps],
+            # (load_waited_s: of the pause, how long this process waited for a CPU)
+            "long_gaps": [
+                {"s": s, "members": n, "gap_s": g, "load_waited_s": w}
+                for s, n, g, w in self.long_gaps
+            ],
+            "waited_for_cpu_s": self.run_delay(),
             "first_stop_s": self.first_stop,
             **self.marks,
             "stops": self.stops,

@@ -114,6 +114,7 @@ async def form_once(
             await admin.create_topic(heartbeat.TOPIC, members)
         async with AsyncExitStack() as stack:
             cpu_before = process_cpu_seconds(server.pid)
+            waited_before = _run_delay_seconds(server.pid)
             began = trio.current_time()
             loads = []
             for i, (first, count) in enumerate(hb.split()):
@@ -150,8 +151,10 @@ async def form_once(
             assert watch.stable_since is not None
             stable_at = watch.stable_since - began
             cpu_after = process_cpu_seconds(server.pid)
+            waited_after = _run_delay_seconds(server.pid)
             load_cpu = [process_cpu_seconds(load.pid) for load in loads]
             load_system = [_system_cpu_seconds(load.pid) for load in loads]
+            load_waited = [_run_delay_seconds(load.pid) for load in loads]
             # The broker stops first, sparing it a storm of departures and rebalances; the
             # load processes then see their stdin close before "go", and exit.
             await server.stop()
@@ -166,8 +169,12 @@ async def form_once(
         "stable_at_s": stable_at,
         "broker_cpu_s": broker_cpu,
         "broker_cpu_s_per_1k": None if broker_cpu is None else broker_cpu / members * 1000,
+        "broker_waited_s": None
+        if waited_before is None or waited_after is None
+        else waited_after - waited_before,
         "load_cpu_s": None if None in load_cpu else sum(c for c in load_cpu if c is not None),
         # (of which the kernel's: connect, send and receive; the rest is the load's Python)
+        "load_waited_s": None if None in load_waited else max(w or 0.0 for w in load_waited),
         "load_system_s": None
         if None in load_system
         else sum(c for c in load_system if c is not None),
@@ -177,6 +184,15 @@ async def form_once(
         "load_reports": reports,
         "load_average": load_average_at_start,
     }
+
+
+def _run_delay_seconds(pid: int) -> float | None:
+    """How long process ``pid`` has waited for a CPU so far (``/proc``; None where unknown):
+    on a shared machine, the part of the wall time that neither side's CPU explains."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _system_cpu_seconds(pid: int) -> float | None:
@@ -200,8 +216,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "stable_at_s",
         "broker_cpu_s",
         "broker_cpu_s_per_1k",
+        "broker_waited_s",
         "load_cpu_s",
         "load_system_s",
+        "load_waited_s",
         "longest_join_gap_s",
         "load_average",
     ):
@@ -261,8 +279,10 @@ def render(result: dict[str, Any]) -> str:
             _range(s.get("stable_at_s"), ".1f"),
             _range(s.get("broker_cpu_s"), ".2f"),
             _range(s.get("broker_cpu_s_per_1k"), ".2f"),
+            _range(s.get("broker_waited_s"), ".2f"),
             _range(s.get("load_cpu_s"), ".2f"),
             _range(s.get("load_system_s"), ".2f"),
+            _range(s.get("load_waited_s"), ".2f"),
             ",".join(map(str, s["generations"])),
             _range(_scaled(s.get("longest_join_gap_s"), 1000), ".0f"),
             _range(s.get("load_average"), ".1f"),
@@ -276,8 +296,10 @@ def render(result: dict[str, Any]) -> str:
         "stable seen at s",
         "broker CPU s",
         "broker CPU s / 1k members",
+        "broker waited for a CPU s",
         "load CPU s",
         "of which system s",
+        "load waited for a CPU s",
         "generations",
         "longest join pause ms",
         "load average",
