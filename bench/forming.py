@@ -31,6 +31,8 @@ between two admitting joins, in each load process) and the load average.
 Why the CPU column: on a shared machine either side may be what the wall
 time waits for. The broker is one Trio thread; when its CPU seconds are close
 to the wall time it is the bottleneck, and when the load's are, the load is.
+What neither explains is waiting for a CPU: the run-queue wait of the broker
+and of the (slowest) load process (``/proc/PID/schedstat``) are columns too.
 Medians over the rounds, with the range.
 """
 
