@@ -610,6 +610,8 @@ class _StableWatch:
         self.members = members
         self.security = security
         self.seen = "nothing yet"
+        self.stable_since: float | None = None
+        """When (``trio.current_time()``) the generation returned was first seen STABLE."""
 
     async def wait(self) -> int:
         """Return the group's generation once it stayed STABLE with all members."""
@@ -626,6 +628,7 @@ class _StableWatch:
                     if since is None or since[0] != group.generation:
                         since = (group.generation, now)
                     elif now - since[1] >= _STABLE_CONFIRM:
+                        self.stable_since = since[1]
                         return group.generation
                 else:
                     since = None

@@ -106,6 +106,23 @@ def test_forming_bench_quick_json() -> None:
     assert summary["generations"] and min(summary["generations"]) >= 1, summary
 
 
+def test_forming_bench_both_loads() -> None:
+    """The lean load (one epoll loop) and the Trio one both form the group, and the lean one
+    accounts for itself: every member joined in one generation, its CPU and longest pause."""
+    result = run_quick("forming.py", "--load-kind", "lean,trio")
+    rows = {s["load_kind"]: s for s in result["summary"]}
+    assert set(rows) == {"lean", "trio"}, rows
+    for summary in rows.values():
+        assert summary["wall_s"]["median"] > summary["stable_at_s"]["median"] > 0, summary
+        assert min(summary["generations"]) >= 1, summary
+    members = result["params"]["members"][0]
+    (run,) = result["runs"][f"{members} lean"]
+    (report,) = run["load_reports"]
+    assert report["members"] == members, report
+    assert report["cpu_s"] > 0 and report["longest_gap_s"] >= 0, report
+    assert run["load_cpu_s"] is not None and run["load_cpu_s"] > 0, run
+
+
 @pytest.mark.slow
 def test_rebalance_bench_quick() -> None:
     """The quick rebalance benchmark reports every measure, within sanity bounds of S.
