@@ -84,6 +84,34 @@ async def test_the_initial_delay_ends_at_the_rebalance_timeout_however_many_join
                 nursery.cancel_scope.cancel()
 
 
+async def test_a_burst_that_outlasts_a_rebalance_is_taken_in_by_one_more(autojump_clock):
+    # A fleet starting together whose joins paused once (a loaded load process, seen at
+    # 18,500 members): the first generation starts with part of it. The joins that keep
+    # arriving while a rebalance runs (each stop takes 0.25 s here) then wait for the
+    # burst to end, as a new group's do, instead of making one eager rebalance of
+    # everyone per rebalance they overlap (11 to 76 generations were seen).
+    rec = Recorder()
+    async with ephemeral_broker(on_event=rec, initial_rebalance_delay=0.2) as broker:
+        await broker.topics.create_topic("t", 12)
+        members = fakes(broker, *(f"m{i}" for i in range(10)))
+        for member in members:
+            member.stop_delay = 0.25
+        times = [0.0] + [0.5 + 0.1 * i for i in range(9)]  # the last at 1.3
+        async with trio.open_nursery() as nursery:
+            for member, when in zip(members, times, strict=True):
+                nursery.start_soon(connected_join_at, member, when, rec)
+            await rec.wait_for("stable", generation=1)
+            second = await rec.wait_for("stable", generation=2)
+            assert len(set(second["ownership"].values())) < 10  # joins went on meanwhile
+            third = await rec.wait_for("stable", generation=3)
+            assert len(set(third["ownership"].values())) == 10  # all the rest at once
+            started = rec.all("rebalance_started")
+            assert started[-1]["time"] >= 1.3 + 0.2  # after the burst ended
+            await trio.sleep(2.0)
+            assert len(rec.all("stable")) == 3
+            nursery.cancel_scope.cancel()
+
+
 async def connected_join_at(member: FakeMember, when: float, rec: Recorder) -> None:
     async with connected(member):
         await join_at(member, when)

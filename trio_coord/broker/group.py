@@ -356,6 +356,8 @@ class GroupRunner:
         self._kick = trio.Event()
         self._rebalance_scope: trio.CancelScope | None = None
         self._late_joins: set[str] = set()  # new members that joined during the rebalance
+        self._burst = False  # new members joined while the last rebalance ran
+        self._last_join = -math.inf  # when a member last joined
         self._positions_dirty = trio.Event()
         self._resets: list[_Reset] = []
         self._nursery: trio.Nursery | None = None
@@ -495,6 +497,7 @@ class GroupRunner:
         self._bind(conn, member_id, self.group_id)
         self._liveness.watch(member_id, session_timeout)
         self._emit(ev.Joined, member_id=member_id)
+        self._last_join = trio.current_time()
         if new and self._rebalance_scope is not None:
             # A rebalance runs: it is not restarted (a new member owns nothing to stop, and
             # a burst of joins would restart it for each). The member is in its plan if the
@@ -867,8 +870,9 @@ class GroupRunner:
             await self._kick.wait()
             self._kick = trio.Event()
             self._late_joins.clear()  # this rebalance plans with everyone there now
-            if self.group.state is GroupState.EMPTY and self.group.members:
-                await self._debounce_first_joins()
+            if self.group.members and (self.group.state is GroupState.EMPTY or self._joins_go_on()):
+                await self._debounce_joins()
+            self._burst = False
             if not self.group.members:
                 if self._resets:  # nobody to stop: the resets apply at once
                     with contextlib.suppress(StoreError):
@@ -903,13 +907,25 @@ class GroupRunner:
             if scope.cancelled_caught:
                 self._emit(ev.RebalanceRestarted, cause=self._cause or "other")
 
-    async def _debounce_first_joins(self) -> None:
+    def _joins_go_on(self) -> bool:
+        """A burst of joins is still arriving: new members joined while the last rebalance
+        ran, and the last of all joined within ``initial_rebalance_delay``."""
+        delay = self._limits.initial_rebalance_delay
+        return self._burst and trio.current_time() - self._last_join <= delay
+
+    async def _debounce_joins(self) -> None:
         """A group coming to life waits for the burst of joins to end before its first rebalance.
 
         Each join within ``initial_rebalance_delay`` of the previous one waits
         another delay, but no longer in all than the largest rebalance timeout
         of the members: then the first generation has everyone who started
-        together, instead of one rebalance per arrival.
+        together, instead of one rebalance per arrival. A living group waits
+        the same way while a burst goes on (:meth:`_joins_go_on`: new members
+        joined while its last rebalance ran, and the latest join is recent),
+        so that a fleet whose joins paused once makes one more generation, not
+        one eager rebalance of everyone per rebalance its joins overlap. A
+        single join into a quiet group is not delayed, nor is anything once the
+        joins have stopped for a delay.
         """
         delay = self._limits.initial_rebalance_delay
         if delay <= 0:
@@ -1019,6 +1035,7 @@ class GroupRunner:
             answers.forget()
         await trio.lowlevel.checkpoint_if_cancelled()
         group.complete_rebalance()
+        self._burst = bool(self._late_joins)  # (see _joins_go_on)
         if self._late_joins and self._late_joins <= computed[0].spec.members.keys():
             self._kick = trio.Event()  # every late joiner made it into this plan: no rerun
         self._late_joins.clear()
