@@ -144,24 +144,44 @@ def test_a_count_that_lies_is_refused_before_anything_is_allocated():
     refused(huge, "says")
 
 
-def offsets_at(records) -> tuple[bytearray, int]:
+def lengths_at(records) -> tuple[bytearray, int]:
     data = body(records)
     count = HEADER.unpack_from(data)[0]
-    return data, HEADER.size + 8 * count  # the key offsets follow the timestamps
+    return data, HEADER.size + 8 * count  # the key lengths follow the timestamps
 
 
-def test_offsets_that_decrease_or_leave_the_bytes_are_refused():
-    data, at = offsets_at(KEYED)
-    for index, value, match in [
-        (0, 1, "span"),  # not starting at 0
-        (5, 3, "span"),  # not ending at the byte count
-        (2, 0, "decrease"),
-        (2, -5, "decrease"),
-        (3, 2**31 - 1, "decrease"),
+def transposed(numbers: list[int], fmt: str) -> bytes:
+    """Numbers packed little-endian and transposed, as the layout stores them."""
+    raw = struct.pack(f"<{len(numbers)}{fmt}", *numbers)
+    width = struct.calcsize(fmt)
+    return b"".join(raw[i::width] for i in range(width))
+
+
+def with_key_lengths(records, lengths: list[int]) -> bytearray:
+    data, at = lengths_at(records)
+    packed = transposed(lengths, "i")
+    data[at : at + len(packed)] = packed
+    return data
+
+
+def test_the_layout_stores_lengths_transposed():
+    records = [WireRecord(1_000 + i // 3, b"key", b"v" * (i + 1)) for i in range(6)]
+    data, at = lengths_at(records)
+    assert data[HEADER.size : at] == struct.pack("<6q", *(r.timestamp_ms for r in records))
+    assert data[at : at + 24] == transposed([3] * 6, "i") == b"\3" * 6 + bytes(18)
+    assert data[at + 24 : at + 48] == transposed(list(range(1, 7)), "i")
+    assert decode_batch(encode_batch(records)) == records
+
+
+def test_lengths_that_are_negative_overflow_or_leave_the_bytes_are_refused():
+    for lengths, match in [
+        ([2, 2, 2, 2, 3], "add up"),  # one byte more than the key bytes
+        ([2, 2, 2, 2, 1], "add up"),  # one byte short
+        ([4, -2, 2, 2, 4], "negative"),  # the sum is right, a length is not
+        ([2**31 - 1, 2**31 - 1, 2, 2, 8], "add up"),  # 10 only once wrapped at 32 bits
+        ([-(2**31), 2**31 - 1, 2, 2, 9], "negative"),
     ]:
-        bad = bytearray(data)
-        struct.pack_into("<i", bad, at + 4 * index, value)
-        refused(bad, match)
+        refused(with_key_lengths(KEYED, lengths), match)
 
 
 def test_an_unknown_header_or_an_absent_key_with_bytes_is_refused():
@@ -175,11 +195,9 @@ def test_an_unknown_header_or_an_absent_key_with_bytes_is_refused():
     struct.pack_into("<I", bad, 8, 8)  # "no key present" yet 8 key bytes
     refused(bad, "empty")
     mixed = [WireRecord(1, None, b"v"), WireRecord(2, b"key", b"w")]
-    data, at = offsets_at(mixed)
+    data, _ = lengths_at(mixed)
     assert HEADER.unpack_from(data)[1] == 2  # some keys present: a validity bitmap
-    bad = bytearray(data)
-    struct.pack_into("<iii", bad, at, 0, 1, 3)  # the absent first key would hold 1 byte
-    refused(bad, "absent key has bytes")
+    refused(with_key_lengths(mixed, [1, 2]), "absent key has bytes")  # the absent first key
 
 
 def test_headers_that_name_records_out_of_order_or_twice_are_refused():

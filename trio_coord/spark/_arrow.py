@@ -1,27 +1,30 @@
 """From stored record batches to Arrow record batches, without a Python object per record.
 
-A stored batch in the columnar layout (see :mod:`trio_coord.protocol.records`)
-already holds what an Arrow column is made of: its timestamps are an int64
-array, its keys and values int32 offsets, a validity bitmap and the bytes.
-:func:`decode_records` checks its sections once
-(:func:`~trio_coord.protocol.records.read_columns`: lengths, offsets, count)
-and wraps them as Arrow arrays with ``pa.Array.from_buffers``, copying
-nothing (except a stored batch whose sections are not 8-byte aligned in
-memory: it is copied once so they are). :class:`Pending` keeps a partition's
-pieces, one per stored batch, and :meth:`Pending.take` concatenates them into
-the Arrow batches handed to Spark (one ``concat_arrays`` per column, in C++).
-The other columns cost one call each: the offsets (dense: a batch stored at
-``base`` holds ``base``, ``base + 1``, ...) a cached 0..n-1 array plus the
-first offset, the timestamps one multiplication, the topic and partition one
-repeated scalar each, and the headers, when no record has any (the common
-case), an all-empty list array made from offsets alone. A batch in the row
-layout (msgpack records, as older producers wrote them) is decoded into
-:class:`~trio_coord.protocol.records.UntrackedRecord` (no object the garbage
-collector tracks) and made into the same arrays from lists.
+A stored batch in the columnar layout (see
+:mod:`trio_coord.protocol.records`) holds nearly what an Arrow column is
+made of: its timestamps are an int64 array, its keys and values int32
+lengths, a validity bitmap and the bytes. :func:`decode_records` checks its
+sections once (:func:`~trio_coord.protocol.records.read_columns`: lengths,
+count), makes the key and value offsets with one ``cumulative_sum`` of their
+lengths, and wraps the other sections as they are with
+``pa.Array.from_buffers`` (copying only a stored batch's timestamps when
+they are not 8-byte aligned in memory). :class:`Pending` keeps a partition's
+pieces, one per stored batch, and :meth:`Pending.take` concatenates them
+into the Arrow batches handed to Spark (one ``concat_arrays`` per column, in
+C++). The other columns cost one call each: the offsets (dense: a batch
+stored at ``base`` holds ``base``, ``base + 1``, ...) a cached 0..n-1 array
+plus the first offset, the timestamps one multiplication, the topic and
+partition one repeated scalar each, and the headers, when no record has any
+(the common case), an all-empty list array made from offsets alone. A batch
+in the row layout (msgpack records, as older producers wrote them) is
+decoded into :class:`~trio_coord.protocol.records.UntrackedRecord` (no
+object the garbage collector tracks) and made into the same arrays from
+lists.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Final
@@ -107,13 +110,37 @@ class Piece:
         )
 
 
-def _binary(column: Column, count: int) -> pa.Array:
-    if column.presence == NONE_PRESENT:
-        return pa.nulls(count, pa.binary())
-    validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
-    return pa.Array.from_buffers(
-        pa.binary(), count, [validity, pa.py_buffer(column.offsets), pa.py_buffer(column.data)]
-    )
+def _binaries(keys: Column, values: Column, count: int) -> tuple[pa.Array, pa.Array]:
+    """The key and value columns as Arrow binary arrays, their offsets made with one
+    ``cumulative_sum`` of both columns' lengths (checked: none negative, each column's
+    adding up to its bytes, below 2**31): ``0, key lengths, -(key bytes), value lengths``
+    sums to the key offsets, then the value offsets."""
+    present = [c for c in (keys, values) if c.presence != NONE_PRESENT]
+    if len(present) == 2:
+        lengths = b"".join((keys.lengths, _BACK.pack(-len(keys.data)), values.lengths[4:]))
+    elif present:
+        lengths = present[0].lengths
+    else:
+        return pa.nulls(count, pa.binary()), pa.nulls(count, pa.binary())
+    ends = pc.cumulative_sum(
+        pa.Array.from_buffers(pa.int32(), len(lengths) // 4, [None, pa.py_buffer(lengths)])
+    ).buffers()[1]
+    out = []
+    for column in (keys, values):
+        if column.presence == NONE_PRESENT:
+            out.append(pa.nulls(count, pa.binary()))
+            continue
+        offsets, ends = ends.slice(0, 4 * (count + 1)), ends.slice(4 * (count + 1))
+        validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
+        out.append(
+            pa.Array.from_buffers(
+                pa.binary(), count, [validity, offsets, pa.py_buffer(column.data)]
+            )
+        )
+    return out[0], out[1]
+
+
+_BACK = struct.Struct("<i")
 
 
 def decode_records(
@@ -131,18 +158,21 @@ def decode_records(
             pa.array([r.value for r in records], pa.binary()),
             _headers([r.headers for r in records]) if include_headers else None,
         )
-    if pa.py_buffer(body).address % 8:
-        # a stored (uncompressed) batch's sections follow its codec byte: copied once into
-        # an Arrow buffer (64-byte aligned), so that the int64 and int32 arrays are aligned
-        aligned = pa.allocate_buffer(len(body))
-        memoryview(aligned).cast("B")[:] = body
-        body = memoryview(aligned)
+    # The lengths are put back into new buffers (aligned, as malloc's are), the bytes and
+    # bitmaps read in place (at any alignment); the timestamps too, unless a stored batch's
+    # are not 8-byte aligned in memory (they follow its codec byte): they are copied once.
     columns = read_columns(body)
     count = columns.count
+    stamps = pa.py_buffer(columns.stamps)
+    if stamps.address % 8:
+        aligned = pa.allocate_buffer(stamps.size)
+        memoryview(aligned).cast("B")[:] = columns.stamps
+        stamps = aligned
+    keys, values = _binaries(columns.keys, columns.values, count)
     return Piece(
-        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.stamps)]),
-        _binary(columns.keys, count),
-        _binary(columns.values, count),
+        pa.Array.from_buffers(pa.int64(), count, [None, stamps]),
+        keys,
+        values,
         _headers(columns.header_lists()) if include_headers and columns.headers else None,
     )
 
