@@ -164,10 +164,11 @@ def with_key_lengths(records, lengths: list[int]) -> bytearray:
     return data
 
 
-def test_the_layout_stores_lengths_transposed():
+def test_the_layout_stores_timestamps_and_lengths_transposed():
     records = [WireRecord(1_000 + i // 3, b"key", b"v" * (i + 1)) for i in range(6)]
     data, at = lengths_at(records)
-    assert data[HEADER.size : at] == struct.pack("<6q", *(r.timestamp_ms for r in records))
+    assert data[HEADER.size : at] == transposed([r.timestamp_ms for r in records], "q")
+    assert data[HEADER.size : HEADER.size + 8] == b"\xe8\xe8\xe8\xe9\xe9\xe9\x03\x03"
     assert data[at : at + 24] == transposed([3] * 6, "i") == b"\3" * 6 + bytes(18)
     assert data[at + 24 : at + 48] == transposed(list(range(1, 7)), "i")
     assert decode_batch(encode_batch(records)) == records

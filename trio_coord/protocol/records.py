@@ -9,10 +9,10 @@ the records in one of two layouts, compressed as a whole when a codec is
 chosen. The row layout (the codec byte's :data:`COLUMNAR` bit clear) is a
 msgpack array of ``[timestamp_ms, key, value, headers]`` records; the
 columnar layout (the bit set; what :func:`encode_batch` writes) holds the
-timestamps as one int64 array, the keys and the values each as int32 lengths
-(byte-transposed, so that codecs shrink them), an optional validity bitmap
-and the concatenated bytes, and the rare headers in a trailing msgpack
-section (see :func:`read_columns` and docs/protocol.md, "The columnar batch
+timestamps as one int64 array and the keys and the values each as int32
+lengths (both byte-transposed, so that codecs shrink them), an optional
+validity bitmap and the concatenated bytes, and the rare headers in a
+trailing msgpack section (see :func:`read_columns` and docs/protocol.md, "The columnar batch
 layout"), so that a reader in bulk (the broker's check, the Spark source's
 Arrow columns) needs no Python object per record. Every reader reads both
 layouts. Producers, consumers, the broker (to find an offset by timestamp)
@@ -217,7 +217,7 @@ COLUMNAR: Final = 0x10
 #
 #   header (24 bytes): u32 count, u8 key presence, u8 value presence, u16 zero,
 #                      u32 key bytes, u32 value bytes, u32 header bytes, u32 zero
-#   timestamps         count x i64 (milliseconds)
+#   timestamps         count x i64 (milliseconds), transposed
 #   key lengths        count x i32: each key's length (0 if absent), transposed; unless no
 #                      key is present
 #   key validity       ceil(count / 8) bytes (bit i, least significant first: key i is
@@ -228,13 +228,13 @@ COLUMNAR: Final = 0x10
 #                      have headers, by increasing index (no padding after it)
 #
 # "Transposed" (a byte shuffle, as Blosc's): the first (least significant) byte of every
-# length, then the second byte of every length, then the third, then the fourth. Lengths are
-# small numbers, often equal, so transposed they make runs that every codec shrinks, where
-# Arrow-style offsets (what the first version of this layout stored) are byte patterns that
-# never repeat. A reader checks the lengths on the transposed bytes (the fourth bytes hold
-# the signs; the sum is the planes' sums, weighted), puts them back with four slice
-# assignments, and makes offsets with one cumulative sum (``itertools.accumulate``;
-# ``pyarrow.compute.cumulative_sum`` in the Spark source).
+# number, then the second byte of every number, and so on. Lengths are small numbers, often
+# equal, and a batch's timestamps share their high bytes, so transposed they make runs that
+# every codec shrinks, where Arrow-style offsets (what the first version of this layout
+# stored) are byte patterns that never repeat. A reader checks the lengths on the transposed
+# bytes (the fourth bytes hold the signs; the sum is the planes' sums, weighted), puts the
+# numbers back with one slice assignment per byte, and makes offsets with one cumulative sum
+# (``itertools.accumulate``; ``pyarrow.compute.cumulative_sum`` in the Spark source).
 #
 # The batch is exactly that long. The lengths are not negative and add up to the section's
 # byte count; an absent element's length is 0.
@@ -260,6 +260,15 @@ def _transpose(data: bytes | memoryview, width: int) -> bytes:
     """``width``-byte numbers' bytes, all first bytes first (see the layout above)."""
     raw = bytes(data)
     return b"".join([raw[i::width] for i in range(width)])
+
+
+def _untranspose(data: memoryview, width: int) -> bytearray:
+    """Transposed ``width``-byte numbers put back (a new buffer: aligned, as malloc's are)."""
+    out = bytearray(len(data))
+    rows = len(data) // width
+    for i in range(width):
+        out[i::width] = data[i * rows : (i + 1) * rows]
+    return out
 
 
 def _lengths(data: memoryview) -> bytearray:
@@ -316,8 +325,9 @@ class Columns(msgspec.Struct, frozen=True, gc=False):
     count and timestamp checked by :func:`read_columns`."""
 
     count: int
-    stamps: memoryview
-    """``count`` little-endian int64: each record's timestamp in milliseconds."""
+    stamps: bytes | bytearray | memoryview
+    """``count`` little-endian int64: each record's timestamp in milliseconds (not
+    transposed: that is the stored form only)."""
     keys: Column
     values: Column
     headers: list[tuple[int, tuple[Header, ...]]]
@@ -384,7 +394,8 @@ def assemble_columnar(
     headers: Sequence[tuple[int, Sequence[Header]]] = (),
 ) -> bytes:
     """A columnar batch's bytes (before compression) from its sections: ``count`` records'
-    timestamps (``count`` little-endian int64), key and value columns as :class:`Column`
+    timestamps (``count`` little-endian int64, not transposed), key and value columns as
+    :class:`Column`
     (validity only where some elements are absent; nothing where none is present), and the
     ``(index, headers)`` of the records that have any, by increasing index. The one writer
     of the layout that :func:`read_columns` reads."""
@@ -400,7 +411,7 @@ def assemble_columnar(
             len(packed),
             0,
         ),
-        stamps,
+        _transpose(stamps, 8),
     ]
     for section in (
         _transpose(memoryview(keys.lengths)[4:], 4) if keys.lengths else _EMPTY,
@@ -479,7 +490,7 @@ def read_columns(body: bytes | memoryview) -> Columns:
     # is compared with the batch's real length before any section is read.
     used, bitmap = 4 * count, (count + 7) // 8
     position = _HEADER.size + 8 * count
-    stamps = view[_HEADER.size : position]
+    stamps = view[_HEADER.size : position]  # (put back once the sizes are checked)
     metadata = []
     for presence in (key_presence, value_presence):
         lengths = validity = _EMPTY
@@ -525,7 +536,7 @@ def read_columns(body: bytes | memoryview) -> Columns:
                     "each once, each with at least one header"
                 )
             last = index
-    return Columns(count, stamps, columns[0], columns[1], headers)
+    return Columns(count, _untranspose(stamps, 8), columns[0], columns[1], headers)
 
 
 def batch_body(

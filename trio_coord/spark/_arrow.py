@@ -7,8 +7,9 @@ lengths, a validity bitmap and the bytes. :func:`decode_records` checks its
 sections once (:func:`~trio_coord.protocol.records.read_columns`: lengths,
 count), makes the key and value offsets with one ``cumulative_sum`` of their
 lengths, and wraps the other sections as they are with
-``pa.Array.from_buffers`` (copying only a stored batch's timestamps when
-they are not 8-byte aligned in memory). :class:`Pending` keeps a partition's
+``pa.Array.from_buffers`` (the timestamps and lengths are put back from
+their transposed bytes into new, aligned, buffers; the bytes and bitmaps
+are read in place). :class:`Pending` keeps a partition's
 pieces, one per stored batch, and :meth:`Pending.take` concatenates them
 into the Arrow batches handed to Spark (one ``concat_arrays`` per column, in
 C++). The other columns cost one call each: the offsets (dense: a batch
@@ -158,19 +159,13 @@ def decode_records(
             pa.array([r.value for r in records], pa.binary()),
             _headers([r.headers for r in records]) if include_headers else None,
         )
-    # The lengths are put back into new buffers (aligned, as malloc's are), the bytes and
-    # bitmaps read in place (at any alignment); the timestamps too, unless a stored batch's
-    # are not 8-byte aligned in memory (they follow its codec byte): they are copied once.
+    # The timestamps and the lengths are put back into new buffers (aligned, as malloc's
+    # are), the bytes and bitmaps read in place (at any alignment).
     columns = read_columns(body)
     count = columns.count
-    stamps = pa.py_buffer(columns.stamps)
-    if stamps.address % 8:
-        aligned = pa.allocate_buffer(stamps.size)
-        memoryview(aligned).cast("B")[:] = columns.stamps
-        stamps = aligned
     keys, values = _binaries(columns.keys, columns.values, count)
     return Piece(
-        pa.Array.from_buffers(pa.int64(), count, [None, stamps]),
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.stamps)]),
         keys,
         values,
         _headers(columns.header_lists()) if include_headers and columns.headers else None,
