@@ -30,7 +30,7 @@ from trio_coord.protocol.records import (
 )
 
 pa = pytest.importorskip("pyarrow")
-from trio_coord.spark._arrow import decode_records  # noqa: E402
+from trio_coord.spark._arrow import Pending, _binary, decode_records  # noqa: E402
 
 HEADER = struct.Struct("<IBBHIIII")
 CODECS = [None, "zlib", "lzma", "lz4", "zstd"]
@@ -49,6 +49,8 @@ records_st = st.lists(
 
 
 def spark_rows(payload: bytes) -> list[tuple]:
+    """The records of a batch as the Spark source's pieces hold them (timestamps in ms: an
+    Arrow batch's microseconds would overflow at the extremes this test draws)."""
     piece = decode_records(payload)
     headers = (
         [[] for _ in range(len(piece))] if piece.headers is None else piece.headers.to_pylist()
@@ -56,12 +58,42 @@ def spark_rows(payload: bytes) -> list[tuple]:
     return list(
         zip(
             piece.stamps.to_pylist(),
-            piece.keys.to_pylist(),
-            piece.values.to_pylist(),
+            _binary([piece.keys]).to_pylist(),
+            _binary([piece.values]).to_pylist(),
             [[(h["key"], h["value"]) for h in hs] for hs in headers],
             strict=True,
         )
     )
+
+
+@pytest.mark.parametrize("include_headers", [True, False])
+def test_the_spark_source_joins_stored_batches_of_any_presence_into_one_arrow_batch(
+    include_headers,
+):
+    batches = [
+        [WireRecord(1, b"a", b"1"), WireRecord(2, b"bb", b"")],  # every key and value present
+        [WireRecord(3, None, b"3", [("h", b"x")])],  # no key
+        [WireRecord(4, b"", None), WireRecord(5, b"e", b"5")],  # some values absent
+        [WireRecord(6, b"f", b"6")],
+    ]
+    pending = Pending(include_headers)
+    for records in batches:
+        pending.add(decode_records(encode_batch(records), include_headers=include_headers))
+    pending.add(decode_records(encode_batch(batches[0], columnar=False)).slice(1, 2))
+    out = pending.take("t", 0, 10, 3)  # cuts the third batch in two
+    rest = pending.take("t", 0, 13, 100)
+    for batch in (out, rest):
+        batch.validate(full=True)
+    records = [r for b in batches for r in b] + [batches[0][1]]
+    for name, get in (("key", lambda r: r.key), ("value", lambda r: r.value)):
+        assert out.column(name).to_pylist() + rest.column(name).to_pylist() == [
+            get(r) for r in records
+        ]
+    assert out.column("offset").to_pylist() + rest.column("offset").to_pylist() == list(
+        range(10, 10 + len(records))
+    )
+    if include_headers:
+        assert out.column("headers").to_pylist()[2] == [{"key": "h", "value": b"x"}]
 
 
 @settings(max_examples=150, deadline=None)

@@ -271,16 +271,6 @@ def _untranspose(data: memoryview, width: int) -> bytearray:
     return out
 
 
-def _lengths(data: memoryview) -> bytearray:
-    """Transposed int32 lengths put back, after a 0: the ``count + 1`` little-endian int32
-    whose cumulative sum is the Arrow offsets."""
-    out = bytearray(len(data) + 4)
-    rows = len(data) // 4
-    for i in range(4):
-        out[4 + i :: 4] = data[i * rows : (i + 1) * rows]
-    return out
-
-
 class Column(msgspec.Struct, frozen=True, gc=False):
     """One bytes-or-None column of a columnar batch (checked, when :func:`read_columns`
     made it): its elements' lengths, validity and bytes."""
@@ -367,8 +357,10 @@ def _encode_column(items: list[bytes | None], count: int) -> Column:
     if missing == count:
         return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
     filled = [b"" if item is None else item for item in items] if missing else items
-    lengths = array("q", [0])
-    lengths.extend(map(len, filled))  # type: ignore[arg-type]
+    try:
+        lengths = array("i", map(len, filled))  # type: ignore[arg-type]
+    except OverflowError:
+        lengths = array("q", [_INT32_MAX + 1])  # (refused just below)
     if sum(lengths) > _INT32_MAX:
         raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes")
     validity = _EMPTY
@@ -377,13 +369,14 @@ def _encode_column(items: list[bytes | None], count: int) -> Column:
         validity = memoryview(int(bits, 2).to_bytes((count + 7) // 8, "little"))
     return Column(
         SOME_PRESENT if missing else ALL_PRESENT,
-        _le(array("i", lengths)),
+        _ZERO4 + _le(lengths),
         validity,
         memoryview(b"".join(filled)),  # type: ignore[arg-type]
     )
 
 
 _ZEROS = bytes(8)
+_ZERO4 = bytes(4)
 
 
 def assemble_columnar(
@@ -442,10 +435,12 @@ def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
     )
 
 
-def _check_lengths(stored: memoryview, size: int, what: str) -> None:
-    """``count`` transposed int32 lengths (``stored``): none negative (no fourth byte with
-    its high bit set), adding up to ``size`` (the planes' sums, weighted: exact, as Python's
-    ints do not overflow). C loops over bytes, no Python object per length."""
+def _checked_lengths(stored: memoryview, size: int, what: str) -> bytearray:
+    """``count`` transposed int32 lengths (``stored``), checked: none negative (no fourth
+    byte with its high bit set), adding up to ``size`` (the planes' sums, weighted: exact,
+    as Python's ints do not overflow), with C loops over bytes and no Python object per
+    length; put back after a 0: the ``count + 1`` little-endian int32 whose cumulative sum
+    is the Arrow offsets (a new buffer, aligned as malloc's are)."""
     rows = len(stored) // 4
     raw = bytes(stored)
     if raw[3 * rows :].translate(None, _SMALL):
@@ -459,6 +454,10 @@ def _check_lengths(stored: memoryview, size: int, what: str) -> None:
         raise InvalidRecordError(
             f"columnar record batch: the {what} lengths do not add up to its bytes"
         )
+    out = bytearray(4 * rows + 4)
+    for plane in range(4):
+        out[4 + plane :: 4] = raw[plane * rows : (plane + 1) * rows]
+    return out
 
 
 def _check_absent(column: Column, count: int, what: str) -> None:
@@ -517,8 +516,7 @@ def read_columns(body: bytes | memoryview) -> Columns:
         if presence == NONE_PRESENT:
             columns.append(Column(presence, _EMPTY, _EMPTY, _EMPTY))
             continue
-        _check_lengths(lengths, len(data), what)
-        column = Column(presence, _lengths(lengths), validity, data)
+        column = Column(presence, _checked_lengths(lengths, len(data), what), validity, data)
         if presence == SOME_PRESENT:
             _check_absent(column, count, what)
         columns.append(column)

@@ -25,15 +25,15 @@ lists.
 
 from __future__ import annotations
 
-import struct
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..protocol.records import (
+    ALL_PRESENT,
     MAX_BATCH_BYTES,
     NONE_PRESENT,
     SOME_PRESENT,
@@ -85,15 +85,88 @@ ROWS_PER_ARROW_BATCH: Final = 8192
 _LITTLE: Final = sys.byteorder == "little"
 
 
+class _Lazy:
+    """A checked key or value column of one stored columnar batch, kept as its lengths and
+    bytes until the Arrow batch it goes into is built (:func:`_binary`: one cumulative sum
+    for all the stored batches it holds)."""
+
+    __slots__ = ("column", "count")
+
+    def __init__(self, column: Column, count: int) -> None:
+        self.column, self.count = column, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def array(self) -> pa.Array:
+        """This column alone as an Arrow binary array."""
+        column, count = self.column, self.count
+        if column.presence == NONE_PRESENT:
+            return pa.nulls(count, pa.binary())
+        # 0 and the lengths, checked: none negative, adding up to the bytes (below 2**31)
+        lengths = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(column.lengths)])
+        offsets = pc.cumulative_sum(lengths).buffers()[1]
+        validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
+        return pa.Array.from_buffers(
+            pa.binary(), count, [validity, offsets, pa.py_buffer(column.data)]
+        )
+
+    def slice(self, low: int, rows: int) -> pa.Array:
+        """Elements ``low`` to ``low + rows - 1`` as an Arrow binary array (a slice)."""
+        return self.array().slice(low, rows)
+
+
+_Binary: TypeAlias = "pa.Array | _Lazy"
+"""A key or value column of a :class:`Piece`: an Arrow binary array, or :class:`_Lazy`."""
+_INT32_MAX: Final = 2**31 - 1
+_ZERO: Final = bytes(4)
+
+
+def _binary(parts: list[_Binary]) -> pa.Array:
+    """Consecutive parts of one column as one Arrow binary array. Each run of stored columnar
+    batches' columns with every element present (the usual case) is one cumulative sum of
+    all their lengths and one join of all their bytes; other parts are made alone; the
+    runs and parts are then concatenated (``concat_arrays``)."""
+    arrays: list[pa.Array] = []
+    run: list[Column] = []
+    for part in parts:
+        if isinstance(part, _Lazy) and part.column.presence == ALL_PRESENT:
+            run.append(part.column)
+            continue
+        if run:
+            arrays.extend(_joined(run))
+            run = []
+        arrays.append(part.array() if isinstance(part, _Lazy) else part)
+    if run:
+        arrays.extend(_joined(run))
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _joined(columns: list[Column]) -> list[pa.Array]:
+    """Columns with every element present, one after the other, as one binary array (or, if
+    their bytes are more than 32-bit offsets reach, one each: concat_arrays then refuses
+    them as it would any)."""
+    if sum(len(c.data) for c in columns) > _INT32_MAX:
+        return [_Lazy(c, len(c.lengths) // 4 - 1).array() for c in columns]
+    count = sum(len(c.lengths) // 4 - 1 for c in columns)
+    lengths = b"".join([_ZERO, *(memoryview(c.lengths)[4:] for c in columns)])
+    offsets = pc.cumulative_sum(
+        pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(lengths)])
+    ).buffers()[1]
+    data = pa.py_buffer(b"".join([c.data for c in columns]))
+    return [pa.Array.from_buffers(pa.binary(), count, [None, offsets, data])]
+
+
 class Piece:
     """The records of one stored batch (or a slice of it) as Arrow arrays: timestamps in
-    milliseconds (int64), keys and values (binary), and headers (:data:`HEADERS`), None
-    when no record has any or they are not wanted."""
+    milliseconds (int64), keys and values (binary, or :class:`_Lazy` until they are
+    concatenated), and headers (:data:`HEADERS`), None when no record has any or they are
+    not wanted."""
 
     __slots__ = ("headers", "keys", "stamps", "values")
 
     def __init__(
-        self, stamps: pa.Array, keys: pa.Array, values: pa.Array, headers: pa.Array | None
+        self, stamps: pa.Array, keys: _Binary, values: _Binary, headers: pa.Array | None
     ) -> None:
         self.stamps, self.keys, self.values, self.headers = stamps, keys, values, headers
 
@@ -101,7 +174,7 @@ class Piece:
         return len(self.stamps)
 
     def slice(self, low: int, high: int) -> Piece:
-        """Records ``low`` to ``high - 1`` (zero-copy)."""
+        """Records ``low`` to ``high - 1`` (zero-copy, once the keys and values are arrays)."""
         rows = max(0, min(high, len(self)) - low)
         return Piece(
             self.stamps.slice(low, rows),
@@ -109,39 +182,6 @@ class Piece:
             self.values.slice(low, rows),
             None if self.headers is None else self.headers.slice(low, rows),
         )
-
-
-def _binaries(keys: Column, values: Column, count: int) -> tuple[pa.Array, pa.Array]:
-    """The key and value columns as Arrow binary arrays, their offsets made with one
-    ``cumulative_sum`` of both columns' lengths (checked: none negative, each column's
-    adding up to its bytes, below 2**31): ``0, key lengths, -(key bytes), value lengths``
-    sums to the key offsets, then the value offsets."""
-    present = [c for c in (keys, values) if c.presence != NONE_PRESENT]
-    if len(present) == 2:
-        lengths = b"".join((keys.lengths, _BACK.pack(-len(keys.data)), values.lengths[4:]))
-    elif present:
-        lengths = present[0].lengths
-    else:
-        return pa.nulls(count, pa.binary()), pa.nulls(count, pa.binary())
-    ends = pc.cumulative_sum(
-        pa.Array.from_buffers(pa.int32(), len(lengths) // 4, [None, pa.py_buffer(lengths)])
-    ).buffers()[1]
-    out = []
-    for column in (keys, values):
-        if column.presence == NONE_PRESENT:
-            out.append(pa.nulls(count, pa.binary()))
-            continue
-        offsets, ends = ends.slice(0, 4 * (count + 1)), ends.slice(4 * (count + 1))
-        validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
-        out.append(
-            pa.Array.from_buffers(
-                pa.binary(), count, [validity, offsets, pa.py_buffer(column.data)]
-            )
-        )
-    return out[0], out[1]
-
-
-_BACK = struct.Struct("<i")
 
 
 def decode_records(
@@ -163,11 +203,10 @@ def decode_records(
     # are), the bytes and bitmaps read in place (at any alignment).
     columns = read_columns(body)
     count = columns.count
-    keys, values = _binaries(columns.keys, columns.values, count)
     return Piece(
         pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.stamps)]),
-        keys,
-        values,
+        _Lazy(columns.keys, count),
+        _Lazy(columns.values, count),
         _headers(columns.header_lists()) if include_headers and columns.headers else None,
     )
 
@@ -246,8 +285,8 @@ class Pending:
             partition,
             first,
             _concat([p.stamps for p in taken]),
-            _concat([p.keys for p in taken]),
-            _concat([p.values for p in taken]),
+            _binary([p.keys for p in taken]),
+            _binary([p.values for p in taken]),
             headers,
         )
 
