@@ -5,22 +5,22 @@ A stored batch in the columnar layout (see
 made of: its timestamps are an int64 array, its keys and values int32
 lengths, a validity bitmap and the bytes. :func:`decode_records` checks its
 sections once (:func:`~trio_coord.protocol.records.read_columns`: lengths,
-count), makes the key and value offsets with one ``cumulative_sum`` of their
-lengths, and wraps the other sections as they are with
-``pa.Array.from_buffers`` (the timestamps and lengths are put back from
-their transposed bytes into new, aligned, buffers; the bytes and bitmaps
-are read in place). :class:`Pending` keeps a partition's
-pieces, one per stored batch, and :meth:`Pending.take` concatenates them
-into the Arrow batches handed to Spark (one ``concat_arrays`` per column, in
-C++). The other columns cost one call each: the offsets (dense: a batch
-stored at ``base`` holds ``base``, ``base + 1``, ...) a cached 0..n-1 array
-plus the first offset, the timestamps one multiplication, the topic and
-partition one repeated scalar each, and the headers, when no record has any
-(the common case), an all-empty list array made from offsets alone. A batch
-in the row layout (msgpack records, as older producers wrote them) is
-decoded into :class:`~trio_coord.protocol.records.UntrackedRecord` (no
-object the garbage collector tracks) and made into the same arrays from
-lists.
+count), wraps its timestamps with ``pa.Array.from_buffers`` and keeps its
+keys and values as their lengths and bytes (the timestamps and lengths put
+back from their transposed bytes into new, aligned, buffers; the bytes and
+bitmaps read in place). :class:`Pending` keeps a partition's pieces, one per
+stored batch, and :meth:`Pending.take` joins them into the Arrow batches
+handed to Spark: the timestamps with one ``concat_arrays``, the keys and the
+values each with one ``cumulative_sum`` of all their lengths (the offsets)
+and one join of their bytes. The other columns cost one call each: the
+offsets (dense: a batch stored at ``base`` holds ``base``, ``base + 1``,
+...) a cached 0..n-1 array plus the first offset, the timestamps one
+multiplication, the topic and partition one repeated scalar each, and the
+headers, when no record has any (the common case), an all-empty list array
+made from offsets alone. A batch in the row layout (msgpack records, as
+older producers wrote them) is decoded into
+:class:`~trio_coord.protocol.records.UntrackedRecord` (no object the garbage
+collector tracks) and made into the same arrays from lists.
 """
 
 from __future__ import annotations
