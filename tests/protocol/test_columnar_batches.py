@@ -112,6 +112,18 @@ def test_every_reader_gives_back_what_was_encoded_in_either_layout(records, code
     assert spark_rows(payload) == [(r.timestamp_ms, r.key, r.value, r.headers) for r in records]
 
 
+@pytest.mark.parametrize("columnar", [True, False])
+def test_a_timestamp_spark_cannot_hold_is_an_invalid_record_naming_it(columnar):
+    # The broker stores any timestamp from 0 to 2**63 - 1 ms; Spark's are microseconds, so
+    # past 2**63 // 1000 ms (year 294,247) a record cannot be read into Spark. That was an
+    # ArrowInvalid "overflow" out of the task, naming nothing; it is a clear refusal now.
+    pending = Pending()
+    far = 2**63 // 1000 + 1
+    pending.add(decode_records(encode_batch([WireRecord(far, None, b"v")], columnar=columnar)))
+    with pytest.raises(InvalidRecordError, match=f"t-0 at offset 7: timestamp {far} ms"):
+        pending.take("t", 0, 7, 1)
+
+
 def test_a_header_name_that_is_not_utf8_is_an_invalid_record_in_either_layout():
     for columnar in (True, False):
         payload = encode_batch([WireRecord(1, None, b"v", [("\x7f", b"")])], columnar=columnar)
