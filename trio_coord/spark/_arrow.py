@@ -32,6 +32,7 @@ from typing import Final, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..protocol.errors import InvalidRecordError
 from ..protocol.records import (
     ALL_PRESENT,
     MAX_BATCH_BYTES,
@@ -291,6 +292,24 @@ class Pending:
         )
 
 
+def _micros(topic: str, partition: int, first: int, millis: pa.Array) -> pa.Array:
+    """Timestamps in milliseconds as Spark's (microseconds, UTC); InvalidRecordError naming
+    the first record whose timestamp they cannot hold (past 2**63 // 1000 ms)."""
+    try:
+        return pc.multiply_checked(millis, 1000).cast(TIMESTAMP)
+    except pa.ArrowInvalid:
+        past = pc.or_(pc.greater(millis, _MAX_MILLIS), pc.less(millis, -_MAX_MILLIS))
+        bad = pc.index(past, True).as_py()
+        stamp = millis[bad].as_py()
+        raise InvalidRecordError(
+            f"{topic}-{partition} at offset {first + bad}: timestamp {stamp} ms is past what "
+            "Spark's timestamps (microseconds) hold; read from a later offset"
+        ) from None
+
+
+_MAX_MILLIS: Final = 2**63 // 1000
+
+
 def arrow_batch(
     topic: str,
     partition: int,
@@ -311,7 +330,7 @@ def arrow_batch(
         pa.repeat(pa.scalar(topic, pa.string()), rows),
         pa.repeat(pa.scalar(partition, pa.int32()), rows),
         _offsets(first, rows),
-        pc.multiply_checked(pa.array(stamps, pa.int64()), 1000).cast(TIMESTAMP),
+        _micros(topic, partition, first, pa.array(stamps, pa.int64())),
         pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
     ]
     if headers is None:
