@@ -174,8 +174,8 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, mon
     for partition in range(3):  # each partition has its rows in the DataFrame's order
         mine = [value for p, (_, value) in sent if p == partition]
         assert mine == sorted(mine)
-    # A batch closes at the record that brings it to 100 B: a record takes 16 B (its
-    # timestamp and two lengths in the columnar layout) besides its key and value.
+    # A batch holds at most 100 B: a record takes 16 B (its timestamp and two lengths in
+    # the columnar layout) besides its key and value.
     assert all(len(kvs) <= 7 for _, kvs in client.sent)
     assert len(client.sent) >= 40 * 15 // 100
     keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]

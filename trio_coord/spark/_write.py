@@ -38,7 +38,7 @@ import logging
 import sys
 import time
 import zlib
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -345,8 +345,15 @@ class _Batches:
         return sticky
 
     def add(self, tp: TopicPartition, record: _Record) -> None:
-        """Add one record to ``tp``'s open batch; close the batch once full."""
+        """Add one record to ``tp``'s open batch, closing the batch first if the record
+        would take it past ``batchSize`` (a record larger than that goes alone), and after
+        it once full."""
+        size = _RECORD_OVERHEAD + len(record[1] or b"") + len(record[2] or b"")
+        size += sum(8 + len(name) + len(value) for name, value in record[3])
         batch = self.open.get(tp)
+        if batch is not None and batch.count and batch.size + size > self.options.batch_size:
+            self.send(tp)
+            batch = None
         if batch is None:
             batch = self.open[tp] = _Open()
         if not batch.pieces or not isinstance(batch.pieces[-1], list):
@@ -355,8 +362,7 @@ class _Batches:
         assert isinstance(rows, list)
         rows.append(record)
         batch.count += 1
-        batch.size += _RECORD_OVERHEAD + len(record[1] or b"") + len(record[2] or b"")
-        batch.size += sum(8 + len(name) + len(value) for name, value in record[3])
+        batch.size += size
         batch.newest = max(batch.newest, record[0])
         if batch.size >= self.options.batch_size:
             self.send(tp)
@@ -371,10 +377,11 @@ class _Batches:
         fill: bool = False,
     ) -> None:
         """Add the records whose columns are ``millis``, ``key`` and ``value`` (None: absent)
-        to ``tp``'s open batch in order, closing each batch once full: the cuts come from
-        the records' cumulative sizes, bisected. With ``fill``, the records move on to the
-        topic's next partition each time a batch closes (records without a key, as the
-        producer does), and ``tp`` is where they start."""
+        to ``tp``'s open batch in order, closing each batch before the record that would
+        take it past ``batchSize`` (a record larger than that goes alone) or once full:
+        the cuts come from the records' cumulative sizes, bisected. With ``fill``, the
+        records move on to the topic's next partition each time a batch closes (records
+        without a key, as the producer does), and ``tp`` is where they start."""
         rows = len(millis)
         ends = _sizes(key, value, rows)
         limit = self.options.batch_size
@@ -383,8 +390,14 @@ class _Batches:
             batch = self.open.get(tp)
             if batch is None:
                 batch = self.open[tp] = _Open()
-            # The first record that brings the open batch to the limit closes it.
-            cut = min(bisect_left(ends, ends[start] - batch.size + limit, start + 1), rows)
+            # The records that keep the open batch within the limit join it.
+            cut = bisect_right(ends, ends[start] - batch.size + limit, start, rows + 1) - 1
+            if cut <= start and batch.count:  # the next record does not fit: close first
+                self.send(tp)
+                if fill:
+                    tp = TopicPartition(tp.topic, self._sticky(tp.topic))
+                continue
+            cut = max(cut, start + 1)  # (a record larger than the limit, alone)
             length = cut - start
             batch.pieces.append(
                 (
@@ -398,7 +411,7 @@ class _Batches:
             newest = pc.max(millis.slice(start, length)).as_py()
             batch.newest = max(batch.newest, newest)
             start = cut
-            if batch.size >= limit:
+            if batch.size >= limit or start < rows:  # full, or the next record does not fit
                 self.send(tp)
                 if fill:
                     tp = TopicPartition(tp.topic, self._sticky(tp.topic))
