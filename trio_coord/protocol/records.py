@@ -3,21 +3,21 @@
 A batch is the unit a producer sends, a partition log stores and a fetch
 returns. The broker decodes it once, to check it, then stores the bytes as
 they came with the batch's record count and newest timestamp and assigns the
-offsets (the ``i``-th record of a batch stored at ``base`` has offset ``base
-+ i``). The bytes are one codec byte (see :data:`COMPRESSION`) followed by
-the records in one of two layouts, compressed as a whole when a codec is
+offsets (the ``i``-th record of a batch stored at ``base`` has offset
+``base + i``). The bytes are one codec byte (see :data:`COMPRESSION`) followed
+by the records in one of two layouts, compressed as a whole when a codec is
 chosen. The row layout (the codec byte's :data:`COLUMNAR` bit clear) is a
 msgpack array of ``[timestamp_ms, key, value, headers]`` records; the
 columnar layout (the bit set; what :func:`encode_batch` writes) holds the
 timestamps as one int64 array and the keys and the values each as int32
 lengths (both byte-transposed, so that codecs shrink them), an optional
 validity bitmap and the concatenated bytes, and the rare headers in a
-trailing msgpack section (see :func:`read_columns` and docs/protocol.md, "The columnar batch
-layout"), so that a reader in bulk (the broker's check, the Spark source's
-Arrow columns) needs no Python object per record. Every reader reads both
-layouts. Producers, consumers, the broker (to find an offset by timestamp)
-and the Spark data source all use this one module, so the format has exactly
-one definition.
+trailing msgpack section (see :func:`read_columns` and docs/protocol.md,
+"The columnar batch layout"), so that a reader in bulk (the broker's check,
+the Spark source's Arrow columns) needs no Python object per record. Every
+reader reads both layouts. Producers, consumers, the broker (to find an
+offset by timestamp) and the Spark data source all use this one module, so
+the format has exactly one definition.
 
 Code that only reads records in bulk (the broker checking a produced batch,
 the Spark source turning batches into Arrow) decodes them with
@@ -286,11 +286,6 @@ class Column(msgspec.Struct, frozen=True, gc=False):
     data: memoryview
     """The present elements' bytes, one after the other."""
 
-    def offsets(self) -> array[int]:
-        """The ``count + 1`` Arrow-style offsets (``array('i')``, from 0): the lengths'
-        cumulative sum."""
-        return array("i", accumulate(_ints("i", self.lengths)))
-
     def items(self, count: int) -> list[bytes | None]:
         """The column's elements, one Python object each."""
         if self.presence == NONE_PRESENT:
@@ -388,10 +383,9 @@ def assemble_columnar(
 ) -> bytes:
     """A columnar batch's bytes (before compression) from its sections: ``count`` records'
     timestamps (``count`` little-endian int64, not transposed), key and value columns as
-    :class:`Column`
-    (validity only where some elements are absent; nothing where none is present), and the
-    ``(index, headers)`` of the records that have any, by increasing index. The one writer
-    of the layout that :func:`read_columns` reads."""
+    :class:`Column` (validity only where some elements are absent; nothing where none is
+    present), and the ``(index, headers)`` of the records that have any, by increasing
+    index. The one writer of the layout that :func:`read_columns` reads."""
     packed = _encoder.encode(headers) if headers else b""
     parts: list[bytes | memoryview] = [
         _HEADER.pack(
