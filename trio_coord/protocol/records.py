@@ -429,7 +429,7 @@ def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
     )
 
 
-def _checked_lengths(stored: memoryview, size: int, what: str) -> bytearray:
+def _checked_lengths(stored: memoryview, size: int, what: str, put_back: bool = True) -> bytearray:
     """``count`` transposed int32 lengths (``stored``), checked: none negative (no fourth
     byte with its high bit set), adding up to ``size`` (the planes' sums, weighted: exact,
     as Python's ints do not overflow), with C loops over bytes and no Python object per
@@ -448,6 +448,8 @@ def _checked_lengths(stored: memoryview, size: int, what: str) -> bytearray:
         raise InvalidRecordError(
             f"columnar record batch: the {what} lengths do not add up to its bytes"
         )
+    if not put_back:
+        return bytearray()
     out = bytearray(4 * rows + 4)
     for plane in range(4):
         out[4 + plane :: 4] = raw[plane * rows : (plane + 1) * rows]
@@ -461,12 +463,14 @@ def _check_absent(column: Column, count: int, what: str) -> None:
         raise InvalidRecordError(f"columnar record batch: an absent {what} has bytes")
 
 
-def read_columns(body: bytes | memoryview) -> Columns:
+def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
     """A columnar batch's sections (``body``: its bytes after the codec byte, decompressed),
     every count and length checked: :class:`InvalidRecordError` unless the sections add up
     to exactly ``body``'s length, each column's lengths are not negative and add up to its
     byte count (an absent element's being 0), and the headers section decodes and names
-    each record at most once, in order."""
+    each record at most once, in order. With ``lengths=False`` (a check, which reads only
+    the count and the timestamps), the lengths are checked but not put back: a column
+    whose elements are all present then has empty ``lengths``."""
     view = memoryview(body)
     if len(view) < _HEADER.size:
         raise InvalidRecordError("columnar record batch is shorter than its header")
@@ -486,14 +490,14 @@ def read_columns(body: bytes | memoryview) -> Columns:
     stamps = view[_HEADER.size : position]  # (put back once the sizes are checked)
     metadata = []
     for presence in (key_presence, value_presence):
-        lengths = validity = _EMPTY
+        stored = validity = _EMPTY
         if presence != NONE_PRESENT:
-            lengths = view[position : position + used]
+            stored = view[position : position + used]
             position += _padded(used)
             if presence == SOME_PRESENT:
                 validity = view[position : position + bitmap]
                 position += _padded(bitmap)
-        metadata.append((presence, lengths, validity))
+        metadata.append((presence, stored, validity))
     key_data = view[position : position + key_bytes]
     position += _padded(key_bytes)
     value_data = view[position : position + value_bytes]
@@ -504,13 +508,16 @@ def read_columns(body: bytes | memoryview) -> Columns:
             f"({count} records) says {position + header_bytes}"
         )
     columns = []
-    for (presence, lengths, validity), data, what in zip(
+    for (presence, stored, validity), data, what in zip(
         metadata, (key_data, value_data), ("key", "value"), strict=True
     ):
         if presence == NONE_PRESENT:
             columns.append(Column(presence, _EMPTY, _EMPTY, _EMPTY))
             continue
-        column = Column(presence, _checked_lengths(lengths, len(data), what), validity, data)
+        put_back = lengths or presence == SOME_PRESENT  # (an absent one's is checked)
+        column = Column(
+            presence, _checked_lengths(stored, len(data), what, put_back), validity, data
+        )
         if presence == SOME_PRESENT:
             _check_absent(column, count, what)
         columns.append(column)
@@ -641,7 +648,8 @@ def check_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> tuple[int, 
     """A batch's record count and its oldest and newest timestamps (0 for no records),
     once it decodes (raises :class:`InvalidRecordError` as :func:`decode_batch` does).
     A columnar batch is checked without a Python object per record."""
-    unpacked = unpack_batch(payload, max_bytes)
+    columnar, body = batch_body(payload, max_bytes)
+    unpacked = read_columns(body, lengths=False) if columnar else read_rows(body)
     if isinstance(unpacked, Columns):
         if not unpacked.count:
             return 0, 0, 0
