@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     repeat = 2 if options.quick else options.repeat
     load = load_average()
-    result = {
+    result: dict[str, Any] = {
         "params": {"records": options.records, "repeat": repeat, "quick": options.quick},
         "load_average": load,
         "sizes": sizes(options.records),
