@@ -287,14 +287,17 @@ async def test_hostile_columnar_batches_are_refused_and_the_broker_keeps_serving
     tmp_path: Path,
 ) -> None:
     # The broker's check of a produced columnar batch: a count that lies (in the batch or
-    # in the request), offsets outside the bytes, a batch cut short, a bomb; each is
+    # in the request), lengths past the bytes or negative, a batch cut short, a bomb; each is
     # INVALID_RECORD for that request alone, and nothing is stored.
     records = [WireRecord(i, b"k%d" % i, b"v" * i) for i in range(1, 6)]
     good = bytearray(encode_batch(records))
     lying = bytearray(good)
     lying[1:5] = (6).to_bytes(4, "little")
+    lengths = 1 + 24 + 8 * 5  # the key lengths, transposed: 5 low bytes, ..., 5 high bytes
     outside = bytearray(good)
-    outside[1 + 24 + 40 + 4 * 5 : 1 + 24 + 40 + 4 * 6] = (2**31 - 1).to_bytes(4, "little")
+    outside[lengths] = 0xFF  # the first key's length: 255 bytes, more than there are
+    negative = bytearray(good)
+    negative[lengths + 15] = 0x80  # its high byte: a negative length
     inflated = encode_batch([WireRecord(0, None, bytes(MAX_BATCH_BYTES + 2**20))])
     bomb = bytes((inflated[0] | COMPRESSION["zlib"][0],)) + zlib.compress(inflated[1:], 9)
     async with (
@@ -306,7 +309,8 @@ async def test_hostile_columnar_batches_are_refused_and_the_broker_keeps_serving
             async with open_connection(*broker.address) as conn:
                 for payload, count, match in [
                     (lying, 5, "header .* says"),
-                    (outside, 5, "offsets"),
+                    (outside, 5, "lengths do not add up"),
+                    (negative, 5, "negative"),
                     (good[:-3], 5, "says"),
                     (bomb, 1, "more than"),
                     (good, 4, "holds 5 record"),

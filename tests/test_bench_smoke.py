@@ -268,3 +268,19 @@ def test_kafka_bench_quick_json() -> None:
         value = rebalance["ratio"][name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, rebalance["ratio"]
     assert rebalance["ratio"]["crash"] < 1, rebalance
+
+
+def test_batch_layout_bench_quick_json() -> None:
+    """`bench/batch_layout.py --quick --json`: sizes in both layouts, and read-cost ratios."""
+    result = run_quick("batch_layout.py")
+    assert {(row["data"], row["codec"]) for row in result["sizes"]} == {
+        (data, codec)
+        for data in ("json-like", "equal", "random")
+        for codec in ("none", "zlib", "lz4", "zstd")
+    }
+    for row in result["sizes"]:
+        assert row["rows"] > 0 and row["columnar"] > 0, row
+    for name, figures in result["timings"].items():
+        assert figures["columnar"] > 0 and figures["rows"] > 0, name
+        low, high = figures["ratio_range"]
+        assert 0 < low <= figures["ratio"] <= high, (name, figures)

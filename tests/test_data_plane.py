@@ -176,6 +176,30 @@ async def test_unknown_topic_and_oversized_records_fail_clearly(broker):
         assert (await producer.send("t", b"fine")).offset == 0
 
 
+async def test_a_record_the_producer_accepts_fits_the_brokers_batch_limit(broker):
+    # The producer's max_batch_bytes is the broker's (512 KiB each, by default): a record it
+    # accepts, alone in its batch or filling one with another, compressed or not, is
+    # stored, not refused by the broker once the batch's own bytes (its header, padding, a
+    # codec's framing of incompressible bytes) are added.
+    await make_topic(broker.bootstrap, "t", 1)
+    limit = 512 * 1024
+    stored = 0
+    for codec in (None, "lz4"):
+        async with open_producer(
+            broker.bootstrap, batch_size=limit, linger=0.05, compression=codec
+        ) as producer:
+            for size in (limit - 24 - 80, limit - 24 - 7, limit - 24):
+                try:
+                    await producer.send("t", os.urandom(size))
+                    stored += 1
+                except RecordTooLargeError as exc:
+                    assert "max_batch_bytes" in str(exc)  # the producer's own refusal
+            async with trio.open_nursery() as nursery:  # two halves fill one batch
+                for _ in range(2):
+                    nursery.start_soon(producer.send, "t", os.urandom(limit // 2 - 24))
+    assert stored >= 2  # (a record just under the limit is not refused up front)
+
+
 async def test_compressed_batches_round_trip(broker):
     await make_topic(broker.bootstrap, "t", 1)
     codecs = ("zlib", "lzma", "lz4", "zstd")

@@ -174,14 +174,43 @@ def test_rows_go_to_the_keys_partition_or_fill_one_partition_at_a_time(keys, mon
     for partition in range(3):  # each partition has its rows in the DataFrame's order
         mine = [value for p, (_, value) in sent if p == partition]
         assert mine == sorted(mine)
-    # A batch closes at the record that brings it to 100 B: a record takes 16 B (its
-    # timestamp and two offsets in the columnar layout) besides its key and value.
+    # A batch holds at most 100 B: a record takes 16 B (its timestamp and two lengths in
+    # the columnar layout) besides its key and value.
     assert all(len(kvs) <= 7 for _, kvs in client.sent)
     assert len(client.sent) >= 40 * 15 // 100
     keyless = [(p, kvs) for p, kvs in client.sent if all(k is None for k, _ in kvs)]
     if all(k is None for k in keys):  # consecutive batches move on to the next partition
         partitions = [p for p, _ in keyless]
         assert all(b == (a + 1) % 3 for a, b in itertools.pairwise(partitions))
+
+
+@pytest.mark.parametrize("keyed", ["none", "all", "some"])
+def test_a_batch_holding_more_than_one_record_stays_within_batch_size(keyed):
+    # batchSize is what a Produce request holds, and must stay under the brokers'
+    # max_batch_bytes: a big row after small ones used to join their batch and take it
+    # past batchSize by up to its own size (past the broker's limit: the write failed,
+    # and its retries). A record larger than batchSize goes alone.
+    import pyarrow as pa
+
+    from trio_coord.spark._options import write_options
+    from trio_coord.spark._write import _Batches
+
+    sizes = [10, 10, 10, 80, 10, 150, 10, 10, 60, 30, 5]
+    values = [bytes([65 + i]) * size for i, size in enumerate(sizes)]
+    keys = {
+        "none": [None] * len(sizes),
+        "all": [b"k"] * len(sizes),  # one key: one partition, in order
+        "some": [b"k" if i % 2 else None for i in range(len(sizes))],
+    }[keyed]
+    options = write_options({"bootstrap": "127.0.0.1:1", "topic": "t", "batchSize": "100"})
+    client = _Recorder()
+    out = _Batches(client, options)  # type: ignore[arg-type]
+    out.add_arrow(pa.RecordBatch.from_pydict({"key": keys, "value": values}), now_ms=5)
+    out.flush()
+    for _, kvs in client.sent:
+        size = sum(16 + len(k or b"") + len(v or b"") for k, v in kvs)
+        assert len(kvs) == 1 or size <= 100, kvs
+    assert sorted(v for _, kvs in client.sent for _, v in kvs) == sorted(values)
 
 
 def test_string_columns_nulls_and_timestamps_are_written_as_given():

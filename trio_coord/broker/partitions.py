@@ -11,7 +11,7 @@ purgatory (``min_bytes=0`` answers at once). Produce validates a batch (it
 decodes, its count and newest timestamp match the header) before storing
 it, so a bad producer cannot poison the consumers of a partition; the check
 (:func:`~trio_coord.protocol.records.check_batch`) reads a columnar batch's
-lengths and offsets with no object per record, and decodes a row batch into
+section sizes and lengths with no object per record, and decodes a row batch into
 objects the garbage collector does not track, a quarter of the cost of a
 ``WireRecord`` decode on a broker's heap.
 

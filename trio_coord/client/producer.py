@@ -57,7 +57,15 @@ Compression = Literal["zlib", "lzma", "lz4", "zstd"]
 log = logging.getLogger(__name__)
 
 _RECORD_OVERHEAD = 24
-"""Bytes a record costs in a batch besides its key, value and headers (an estimate)."""
+"""Bytes a record costs in a batch besides its key, value and headers (at most 16 in the
+columnar layout, its timestamp and two lengths, and two bits of validity)."""
+_HEADER_OVERHEAD = 11
+"""Bytes a header costs besides its name and value, at most (msgpack: a 2-array, the
+name's and the value's lengths); a record with headers costs 8 more (its index)."""
+_BATCH_OVERHEAD = 72
+"""Bytes a batch costs besides its records, at most (the codec byte, the columnar
+layout's 24-byte header, the padding of its sections, the headers' array): kept free of
+records, so that a batch the producer fills is never over the broker's max_batch_bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +200,7 @@ class Producer(EnterOnce):
                 raise ValueError(f"{name} must be positive (seconds), not {value}")
         self.linger = linger
         self.batch_size = batch_size
+        self._batch_limit = min(batch_size, max_batch_bytes - _BATCH_OVERHEAD)
         self.max_batch_bytes = max_batch_bytes
         self.buffer_bytes = buffer_bytes
         self.max_in_flight = max_in_flight
@@ -330,8 +339,8 @@ class Producer(EnterOnce):
         )
         size = _RECORD_OVERHEAD + len(key_b or b"") + len(value_b or b"")
         if hdrs:
-            size += sum(len(n) + len(v) + 4 for n, v in hdrs)
-        if size > self.max_batch_bytes:
+            size += 8 + sum(len(n) + len(v) + _HEADER_OVERHEAD for n, v in hdrs)
+        if size + _BATCH_OVERHEAD > self.max_batch_bytes:
             raise RecordTooLargeError(
                 f"a record of about {size} bytes exceeds max_batch_bytes "
                 f"({self.max_batch_bytes}); raise it (within the broker's max_batch_bytes)"
@@ -356,7 +365,7 @@ class Producer(EnterOnce):
         if queue is None:
             queue = self._queues[tp] = _PartitionQueue()
         batch = queue.open
-        if batch is not None and batch.size + size > self.batch_size and batch.records:
+        if batch is not None and batch.size + size > self._batch_limit and batch.records:
             self._close_open(tp, queue)
             batch = None
         if batch is None:
@@ -367,7 +376,7 @@ class Producer(EnterOnce):
         self._buffered += size
         self._pending += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
-        if batch.size >= self.batch_size:
+        if batch.size >= self._batch_limit:
             self._close_open(tp, queue)
         if not queue.sending:
             queue.sending = True
@@ -447,6 +456,8 @@ class Producer(EnterOnce):
         """Send a batch until it is stored or its delivery timeout passes; resolve its records."""
         assert self._cluster is not None
         payload = encode_batch(batch.records, self.compression)
+        if self.compression and len(payload) > self.max_batch_bytes:  # incompressible
+            payload = encode_batch(batch.records)  # (within the limit, counted above)
         request = ProduceRequest(
             tp.topic,
             tp.partition,

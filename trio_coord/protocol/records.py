@@ -9,14 +9,15 @@ by the records in one of two layouts, compressed as a whole when a codec is
 chosen. The row layout (the codec byte's :data:`COLUMNAR` bit clear) is a
 msgpack array of ``[timestamp_ms, key, value, headers]`` records; the
 columnar layout (the bit set; what :func:`encode_batch` writes) holds the
-timestamps as one int64 array, the keys and the values each as Arrow-style
-int32 offsets, an optional validity bitmap and the concatenated bytes, and the
-rare headers in a trailing msgpack section (see :func:`read_columns` and
-docs/protocol.md, "The columnar batch layout"), so that a reader in bulk (the
-broker's check, the Spark source's Arrow columns) needs no Python object per
-record. Every reader reads both layouts. Producers, consumers, the broker (to
-find an offset by timestamp) and the Spark data source all use this one
-module, so the format has exactly one definition.
+timestamps as one int64 array and the keys and the values each as int32
+lengths (both byte-transposed, so that codecs shrink them), an optional
+validity bitmap and the concatenated bytes, and the rare headers in a
+trailing msgpack section (see :func:`read_columns` and docs/protocol.md,
+"The columnar batch layout"), so that a reader in bulk (the broker's check,
+the Spark source's Arrow columns) needs no Python object per record. Every
+reader reads both layouts. Producers, consumers, the broker (to find an
+offset by timestamp) and the Spark data source all use this one module, so
+the format has exactly one definition.
 
 Code that only reads records in bulk (the broker checking a produced batch,
 the Spark source turning batches into Arrow) decodes them with
@@ -35,7 +36,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, compress, repeat
 from typing import Any, Final
 
 import cramjam
@@ -216,18 +217,27 @@ COLUMNAR: Final = 0x10
 #
 #   header (24 bytes): u32 count, u8 key presence, u8 value presence, u16 zero,
 #                      u32 key bytes, u32 value bytes, u32 header bytes, u32 zero
-#   timestamps         count x i64 (milliseconds)
-#   key offsets        (count + 1) x i32, unless no key is present
+#   timestamps         count x i64 (milliseconds), transposed
+#   key lengths        count x i32: each key's length (0 if absent), transposed; unless no
+#                      key is present
 #   key validity       ceil(count / 8) bytes (bit i, least significant first: key i is
 #                      present), only when some keys are and some are not
-#   value offsets, value validity: as for the keys
+#   value lengths, value validity: as for the keys
 #   key bytes, value bytes: the present keys' (values') bytes, one after the other
 #   headers            a msgpack array of [index, [[name, value], ...]] for the records that
 #                      have headers, by increasing index (no padding after it)
 #
-# The batch is exactly that long. Offsets start at 0, never decrease, and end at the
-# section's byte count; a record's key (value) is bytes[offsets[i]:offsets[i + 1]], or None
-# where its validity bit is clear (its two offsets are then equal).
+# "Transposed" (a byte shuffle, as Blosc's): the first (least significant) byte of every
+# number, then the second byte of every number, and so on. Lengths are small numbers, often
+# equal, and a batch's timestamps share their high bytes, so transposed they make runs that
+# every codec shrinks, where Arrow-style offsets (what the first version of this layout
+# stored) are byte patterns that never repeat. A reader checks the lengths on the transposed
+# bytes (the fourth bytes hold the signs; the sum is the planes' sums, weighted), puts the
+# numbers back with one slice assignment per byte, and makes offsets with one cumulative sum
+# (``itertools.accumulate``; ``pyarrow.compute.cumulative_sum`` in the Spark source).
+#
+# The batch is exactly that long. The lengths are not negative and add up to the section's
+# byte count; an absent element's length is 0.
 
 _HEADER = struct.Struct("<IBBHIIII")
 ALL_PRESENT: Final = 0
@@ -236,6 +246,9 @@ SOME_PRESENT: Final = 2
 _PRESENCE = (ALL_PRESENT, NONE_PRESENT, SOME_PRESENT)
 _LITTLE = sys.byteorder == "little"
 _EMPTY = memoryview(b"")
+_INT32_MAX = 2**31 - 1
+_ABSENT = bytes.maketrans(b"01", b"\x01\x00")
+_SMALL = bytes(range(128))
 _headers_decoder = msgspec.msgpack.Decoder(list[tuple[int, tuple[tuple[str, bytes], ...]]])
 
 
@@ -243,13 +256,31 @@ def _padded(size: int) -> int:
     return size + (-size % 8)
 
 
+def _transpose(data: bytes | memoryview, width: int) -> bytes:
+    """``width``-byte numbers' bytes, all first bytes first (see the layout above)."""
+    raw = bytes(data)
+    return b"".join([raw[i::width] for i in range(width)])
+
+
+def _untranspose(data: memoryview, width: int) -> bytearray:
+    """Transposed ``width``-byte numbers put back (a new buffer: aligned, as malloc's are)."""
+    out = bytearray(len(data))
+    rows = len(data) // width
+    for i in range(width):
+        out[i::width] = data[i * rows : (i + 1) * rows]
+    return out
+
+
 class Column(msgspec.Struct, frozen=True, gc=False):
-    """One bytes-or-None column of a columnar batch, as slices of its buffer (checked)."""
+    """One bytes-or-None column of a columnar batch (checked, when :func:`read_columns`
+    made it): its elements' lengths, validity and bytes."""
 
     presence: int
     """:data:`ALL_PRESENT`, :data:`NONE_PRESENT` or :data:`SOME_PRESENT`."""
-    offsets: memoryview
-    """``count + 1`` little-endian int32 (empty where no element is present)."""
+    lengths: bytes | bytearray | memoryview
+    """``count + 1`` little-endian int32: 0, then each element's length, 0 where it is
+    absent (so that their cumulative sum is the Arrow offsets; empty where no element is
+    present). Not transposed: that is the stored form only."""
     validity: memoryview
     """The validity bitmap (empty unless :data:`SOME_PRESENT`)."""
     data: memoryview
@@ -259,7 +290,7 @@ class Column(msgspec.Struct, frozen=True, gc=False):
         """The column's elements, one Python object each."""
         if self.presence == NONE_PRESENT:
             return [None] * count
-        ends = _ints("i", self.offsets).tolist()
+        ends = list(accumulate(_ints("i", self.lengths)))
         data = bytes(self.data)
         # (zip over a list: faster than pairwise over the array)
         out: list[bytes | None] = [data[a:b] for a, b in zip(ends, ends[1:], strict=False)]  # noqa: RUF007
@@ -275,12 +306,13 @@ def _bits(validity: memoryview, count: int) -> str:
 
 
 class Columns(msgspec.Struct, frozen=True, gc=False):
-    """A columnar batch's records as slices of its (decompressed) buffer, every length,
-    offset and count checked by :func:`read_columns`."""
+    """A columnar batch's records as sections of its (decompressed) buffer, every length,
+    count and timestamp checked by :func:`read_columns`."""
 
     count: int
-    stamps: memoryview
-    """``count`` little-endian int64: each record's timestamp in milliseconds."""
+    stamps: bytes | bytearray | memoryview
+    """``count`` little-endian int64: each record's timestamp in milliseconds (not
+    transposed: that is the stored form only)."""
     keys: Column
     values: Column
     headers: list[tuple[int, tuple[Header, ...]]]
@@ -298,12 +330,20 @@ class Columns(msgspec.Struct, frozen=True, gc=False):
         return out
 
 
-def _ints(code: str, view: memoryview) -> array[int]:
+def _ints(code: str, view: bytes | bytearray | memoryview) -> array[int]:
     out = array(code)
     out.frombytes(view)
     if not _LITTLE:
         out.byteswap()
     return out
+
+
+def _le(numbers: array[int]) -> bytes:
+    """An array's bytes, little-endian."""
+    if not _LITTLE:
+        numbers = array(numbers.typecode, numbers)
+        numbers.byteswap()
+    return numbers.tobytes()
 
 
 def _encode_column(items: list[bytes | None], count: int) -> Column:
@@ -312,26 +352,26 @@ def _encode_column(items: list[bytes | None], count: int) -> Column:
     if missing == count:
         return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
     filled = [b"" if item is None else item for item in items] if missing else items
-    ends = array("i", [0])
     try:
-        ends.extend(accumulate(map(len, filled)))  # type: ignore[arg-type]
+        lengths = array("i", map(len, filled))  # type: ignore[arg-type]
     except OverflowError:
-        raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes") from None
-    if not _LITTLE:
-        ends.byteswap()
+        lengths = array("q", [_INT32_MAX + 1])  # (refused just below)
+    if sum(lengths) > _INT32_MAX:
+        raise ValueError(f"a batch holds at most {MAX_BATCH_BYTES} bytes")
     validity = _EMPTY
     if missing:
         bits = "".join(["0" if item is None else "1" for item in reversed(items)])
         validity = memoryview(int(bits, 2).to_bytes((count + 7) // 8, "little"))
     return Column(
         SOME_PRESENT if missing else ALL_PRESENT,
-        memoryview(ends.tobytes()),
+        _ZERO4 + _le(lengths),
         validity,
         memoryview(b"".join(filled)),  # type: ignore[arg-type]
     )
 
 
 _ZEROS = bytes(8)
+_ZERO4 = bytes(4)
 
 
 def assemble_columnar(
@@ -342,8 +382,8 @@ def assemble_columnar(
     headers: Sequence[tuple[int, Sequence[Header]]] = (),
 ) -> bytes:
     """A columnar batch's bytes (before compression) from its sections: ``count`` records'
-    timestamps (``count`` little-endian int64), key and value columns as :class:`Column`
-    (offsets from 0, validity only where some elements are absent; nothing where none is
+    timestamps (``count`` little-endian int64, not transposed), key and value columns as
+    :class:`Column` (validity only where some elements are absent; nothing where none is
     present), and the ``(index, headers)`` of the records that have any, by increasing
     index. The one writer of the layout that :func:`read_columns` reads."""
     packed = _encoder.encode(headers) if headers else b""
@@ -358,12 +398,12 @@ def assemble_columnar(
             len(packed),
             0,
         ),
-        stamps,
+        _transpose(stamps, 8),
     ]
     for section in (
-        keys.offsets,
+        _transpose(memoryview(keys.lengths)[4:], 4) if keys.lengths else _EMPTY,
         keys.validity,
-        values.offsets,
+        _transpose(memoryview(values.lengths)[4:], 4) if values.lengths else _EMPTY,
         values.validity,
         keys.data,
         values.data,
@@ -380,38 +420,57 @@ def _encode_columnar(records: Sequence[WireRecord | UntrackedRecord]) -> bytes:
         stamps = array("q", [r.timestamp_ms for r in records])
     except OverflowError:
         raise ValueError("a record's timestamp_ms must fit a signed 64-bit integer") from None
-    if not _LITTLE:
-        stamps.byteswap()
     return assemble_columnar(
         count,
-        stamps.tobytes(),
+        _le(stamps),
         _encode_column([r.key for r in records], count),
         _encode_column([r.value for r in records], count),
         [(i, r.headers) for i, r in enumerate(records) if r.headers],
     )
 
 
-def _check_column(column: Column, count: int, what: str) -> None:
-    """Offsets from 0 to the column's byte count, never decreasing; absent elements empty."""
-    if column.presence == NONE_PRESENT:
-        return
-    ends = _ints("i", column.offsets).tolist()
-    if ends[0] != 0 or ends[-1] != len(column.data):
-        raise InvalidRecordError(f"columnar record batch: the {what} offsets do not span its bytes")
-    if ends != sorted(ends):
-        raise InvalidRecordError(f"columnar record batch: the {what} offsets decrease")
-    if column.presence == SOME_PRESENT:
-        valid = _bits(column.validity, count)
-        if any(bit == "0" and a != b for bit, a, b in zip(valid, ends, ends[1:], strict=False)):
-            raise InvalidRecordError(f"columnar record batch: an absent {what} has bytes")
+def _checked_lengths(stored: memoryview, size: int, what: str, put_back: bool = True) -> bytearray:
+    """``count`` transposed int32 lengths (``stored``), checked: none negative (no fourth
+    byte with its high bit set), adding up to ``size`` (the planes' sums, weighted: exact,
+    as Python's ints do not overflow), with C loops over bytes and no Python object per
+    length; put back after a 0: the ``count + 1`` little-endian int32 whose cumulative sum
+    is the Arrow offsets (a new buffer, aligned as malloc's are)."""
+    rows = len(stored) // 4
+    raw = bytes(stored)
+    if raw[3 * rows :].translate(None, _SMALL):
+        raise InvalidRecordError(f"columnar record batch: a {what} length is negative")
+    total = 0
+    for plane in range(4):
+        at = plane * rows
+        if raw.count(0, at, at + rows) != rows:  # (the high planes are mostly zeros)
+            total += sum(raw[at : at + rows]) << (8 * plane)
+    if total != size:
+        raise InvalidRecordError(
+            f"columnar record batch: the {what} lengths do not add up to its bytes"
+        )
+    if not put_back:
+        return bytearray()
+    out = bytearray(4 * rows + 4)
+    for plane in range(4):
+        out[4 + plane :: 4] = raw[plane * rows : (plane + 1) * rows]
+    return out
 
 
-def read_columns(body: bytes | memoryview) -> Columns:
+def _check_absent(column: Column, count: int, what: str) -> None:
+    """An absent element's length is 0."""
+    absent = _bits(column.validity, count).encode().translate(_ABSENT)
+    if any(compress(_ints("i", memoryview(column.lengths)[4:]), absent)):
+        raise InvalidRecordError(f"columnar record batch: an absent {what} has bytes")
+
+
+def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
     """A columnar batch's sections (``body``: its bytes after the codec byte, decompressed),
-    every count, length and offset checked: :class:`InvalidRecordError` unless the
-    sections add up to exactly ``body``'s length, each column's offsets start at 0, never
-    decrease and end at its byte count (an absent element's two being equal), and the
-    headers section decodes and names each record at most once, in order."""
+    every count and length checked: :class:`InvalidRecordError` unless the sections add up
+    to exactly ``body``'s length, each column's lengths are not negative and add up to its
+    byte count (an absent element's being 0), and the headers section decodes and names
+    each record at most once, in order. With ``lengths=False`` (a check, which reads only
+    the count and the timestamps), the lengths are checked but not put back: a column
+    whose elements are all present then has empty ``lengths``."""
     view = memoryview(body)
     if len(view) < _HEADER.size:
         raise InvalidRecordError("columnar record batch is shorter than its header")
@@ -426,19 +485,19 @@ def read_columns(body: bytes | memoryview) -> Columns:
         raise InvalidRecordError("columnar record batch has bytes for a column it says is empty")
     # Every size is below 2**35 and Python's ints do not overflow: the end of the last section
     # is compared with the batch's real length before any section is read.
-    used, bitmap = 4 * (count + 1), (count + 7) // 8
+    used, bitmap = 4 * count, (count + 7) // 8
     position = _HEADER.size + 8 * count
-    stamps = view[_HEADER.size : position]
+    stamps = view[_HEADER.size : position]  # (put back once the sizes are checked)
     metadata = []
     for presence in (key_presence, value_presence):
-        offsets = validity = _EMPTY
+        stored = validity = _EMPTY
         if presence != NONE_PRESENT:
-            offsets = view[position : position + used]
+            stored = view[position : position + used]
             position += _padded(used)
             if presence == SOME_PRESENT:
                 validity = view[position : position + bitmap]
                 position += _padded(bitmap)
-        metadata.append((offsets, validity))
+        metadata.append((presence, stored, validity))
     key_data = view[position : position + key_bytes]
     position += _padded(key_bytes)
     value_data = view[position : position + value_bytes]
@@ -448,10 +507,20 @@ def read_columns(body: bytes | memoryview) -> Columns:
             f"columnar record batch is {len(view)} bytes, but its header "
             f"({count} records) says {position + header_bytes}"
         )
-    keys = Column(key_presence, *metadata[0], key_data)
-    values = Column(value_presence, *metadata[1], value_data)
-    _check_column(keys, count, "key")
-    _check_column(values, count, "value")
+    columns = []
+    for (presence, stored, validity), data, what in zip(
+        metadata, (key_data, value_data), ("key", "value"), strict=True
+    ):
+        if presence == NONE_PRESENT:
+            columns.append(Column(presence, _EMPTY, _EMPTY, _EMPTY))
+            continue
+        put_back = lengths or presence == SOME_PRESENT  # (an absent one's is checked)
+        column = Column(
+            presence, _checked_lengths(stored, len(data), what, put_back), validity, data
+        )
+        if presence == SOME_PRESENT:
+            _check_absent(column, count, what)
+        columns.append(column)
     headers: list[tuple[int, tuple[Header, ...]]] = []
     if header_bytes:
         try:
@@ -466,7 +535,7 @@ def read_columns(body: bytes | memoryview) -> Columns:
                     "each once, each with at least one header"
                 )
             last = index
-    return Columns(count, stamps, keys, values, headers)
+    return Columns(count, _untranspose(stamps, 8), columns[0], columns[1], headers)
 
 
 def batch_body(
@@ -579,7 +648,8 @@ def check_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> tuple[int, 
     """A batch's record count and its oldest and newest timestamps (0 for no records),
     once it decodes (raises :class:`InvalidRecordError` as :func:`decode_batch` does).
     A columnar batch is checked without a Python object per record."""
-    unpacked = unpack_batch(payload, max_bytes)
+    columnar, body = batch_body(payload, max_bytes)
+    unpacked = read_columns(body, lengths=False) if columnar else read_rows(body)
     if isinstance(unpacked, Columns):
         if not unpacked.count:
             return 0, 0, 0

@@ -1,21 +1,24 @@
 """From stored record batches to Arrow record batches, without a Python object per record.
 
-A stored batch in the columnar layout (see :mod:`trio_coord.protocol.records`)
-already holds what an Arrow column is made of: its timestamps are an int64
-array, its keys and values int32 offsets, a validity bitmap and the bytes.
-:func:`decode_records` checks its sections once
-(:func:`~trio_coord.protocol.records.read_columns`: lengths, offsets, count)
-and wraps them as Arrow arrays with ``pa.Array.from_buffers``, copying
-nothing (except a stored batch whose sections are not 8-byte aligned in
-memory: it is copied once so they are). :class:`Pending` keeps a partition's
-pieces, one per stored batch, and :meth:`Pending.take` concatenates them into
-the Arrow batches handed to Spark (one ``concat_arrays`` per column, in C++).
-The other columns cost one call each: the offsets (dense: a batch stored at
-``base`` holds ``base``, ``base + 1``, ...) a cached 0..n-1 array plus the
-first offset, the timestamps one multiplication, the topic and partition one
-repeated scalar each, and the headers, when no record has any (the common
-case), an all-empty list array made from offsets alone. A batch in the row
-layout (msgpack records, as older producers wrote them) is decoded into
+A stored batch in the columnar layout (see
+:mod:`trio_coord.protocol.records`) holds nearly what an Arrow column is
+made of: its timestamps are an int64 array, its keys and values int32
+lengths, a validity bitmap and the bytes. :func:`decode_records` checks its
+sections once (:func:`~trio_coord.protocol.records.read_columns`: lengths,
+count), wraps its timestamps with ``pa.Array.from_buffers`` and keeps its
+keys and values as their lengths and bytes (the timestamps and lengths put
+back from their transposed bytes into new, aligned, buffers; the bytes and
+bitmaps read in place). :class:`Pending` keeps a partition's pieces, one per
+stored batch, and :meth:`Pending.take` joins them into the Arrow batches
+handed to Spark: the timestamps with one ``concat_arrays``, the keys and the
+values each with one ``cumulative_sum`` of all their lengths (the offsets)
+and one join of their bytes. The other columns cost one call each: the
+offsets (dense: a batch stored at ``base`` holds ``base``, ``base + 1``,
+...) a cached 0..n-1 array plus the first offset, the timestamps one
+multiplication, the topic and partition one repeated scalar each, and the
+headers, when no record has any (the common case), an all-empty list array
+made from offsets alone. A batch in the row layout (msgpack records, as
+older producers wrote them) is decoded into
 :class:`~trio_coord.protocol.records.UntrackedRecord` (no object the garbage
 collector tracks) and made into the same arrays from lists.
 """
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..protocol.errors import InvalidRecordError
 from ..protocol.records import (
+    ALL_PRESENT,
     MAX_BATCH_BYTES,
     NONE_PRESENT,
     SOME_PRESENT,
@@ -81,15 +86,88 @@ ROWS_PER_ARROW_BATCH: Final = 8192
 _LITTLE: Final = sys.byteorder == "little"
 
 
+class _Lazy:
+    """A checked key or value column of one stored columnar batch, kept as its lengths and
+    bytes until the Arrow batch it goes into is built (:func:`_binary`: one cumulative sum
+    for all the stored batches it holds)."""
+
+    __slots__ = ("column", "count")
+
+    def __init__(self, column: Column, count: int) -> None:
+        self.column, self.count = column, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def array(self) -> pa.Array:
+        """This column alone as an Arrow binary array."""
+        column, count = self.column, self.count
+        if column.presence == NONE_PRESENT:
+            return pa.nulls(count, pa.binary())
+        # 0 and the lengths, checked: none negative, adding up to the bytes (below 2**31)
+        lengths = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(column.lengths)])
+        offsets = pc.cumulative_sum(lengths).buffers()[1]
+        validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
+        return pa.Array.from_buffers(
+            pa.binary(), count, [validity, offsets, pa.py_buffer(column.data)]
+        )
+
+    def slice(self, low: int, rows: int) -> pa.Array:
+        """Elements ``low`` to ``low + rows - 1`` as an Arrow binary array (a slice)."""
+        return self.array().slice(low, rows)
+
+
+_Binary: TypeAlias = "pa.Array | _Lazy"
+"""A key or value column of a :class:`Piece`: an Arrow binary array, or :class:`_Lazy`."""
+_INT32_MAX: Final = 2**31 - 1
+_ZERO: Final = bytes(4)
+
+
+def _binary(parts: list[_Binary]) -> pa.Array:
+    """Consecutive parts of one column as one Arrow binary array. Each run of stored columnar
+    batches' columns with every element present (the usual case) is one cumulative sum of
+    all their lengths and one join of all their bytes; other parts are made alone; the
+    runs and parts are then concatenated (``concat_arrays``)."""
+    arrays: list[pa.Array] = []
+    run: list[Column] = []
+    for part in parts:
+        if isinstance(part, _Lazy) and part.column.presence == ALL_PRESENT:
+            run.append(part.column)
+            continue
+        if run:
+            arrays.extend(_joined(run))
+            run = []
+        arrays.append(part.array() if isinstance(part, _Lazy) else part)
+    if run:
+        arrays.extend(_joined(run))
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _joined(columns: list[Column]) -> list[pa.Array]:
+    """Columns with every element present, one after the other, as one binary array (or, if
+    their bytes are more than 32-bit offsets reach, one each: concat_arrays then refuses
+    them as it would any)."""
+    if sum(len(c.data) for c in columns) > _INT32_MAX:
+        return [_Lazy(c, len(c.lengths) // 4 - 1).array() for c in columns]
+    count = sum(len(c.lengths) // 4 - 1 for c in columns)
+    lengths = b"".join([_ZERO, *(memoryview(c.lengths)[4:] for c in columns)])
+    offsets = pc.cumulative_sum(
+        pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(lengths)])
+    ).buffers()[1]
+    data = pa.py_buffer(b"".join([c.data for c in columns]))
+    return [pa.Array.from_buffers(pa.binary(), count, [None, offsets, data])]
+
+
 class Piece:
     """The records of one stored batch (or a slice of it) as Arrow arrays: timestamps in
-    milliseconds (int64), keys and values (binary), and headers (:data:`HEADERS`), None
-    when no record has any or they are not wanted."""
+    milliseconds (int64), keys and values (binary, or :class:`_Lazy` until they are
+    concatenated), and headers (:data:`HEADERS`), None when no record has any or they are
+    not wanted."""
 
     __slots__ = ("headers", "keys", "stamps", "values")
 
     def __init__(
-        self, stamps: pa.Array, keys: pa.Array, values: pa.Array, headers: pa.Array | None
+        self, stamps: pa.Array, keys: _Binary, values: _Binary, headers: pa.Array | None
     ) -> None:
         self.stamps, self.keys, self.values, self.headers = stamps, keys, values, headers
 
@@ -97,7 +175,7 @@ class Piece:
         return len(self.stamps)
 
     def slice(self, low: int, high: int) -> Piece:
-        """Records ``low`` to ``high - 1`` (zero-copy)."""
+        """Records ``low`` to ``high - 1`` (zero-copy, once the keys and values are arrays)."""
         rows = max(0, min(high, len(self)) - low)
         return Piece(
             self.stamps.slice(low, rows),
@@ -105,15 +183,6 @@ class Piece:
             self.values.slice(low, rows),
             None if self.headers is None else self.headers.slice(low, rows),
         )
-
-
-def _binary(column: Column, count: int) -> pa.Array:
-    if column.presence == NONE_PRESENT:
-        return pa.nulls(count, pa.binary())
-    validity = pa.py_buffer(column.validity) if column.presence == SOME_PRESENT else None
-    return pa.Array.from_buffers(
-        pa.binary(), count, [validity, pa.py_buffer(column.offsets), pa.py_buffer(column.data)]
-    )
 
 
 def decode_records(
@@ -131,18 +200,14 @@ def decode_records(
             pa.array([r.value for r in records], pa.binary()),
             _headers([r.headers for r in records]) if include_headers else None,
         )
-    if pa.py_buffer(body).address % 8:
-        # a stored (uncompressed) batch's sections follow its codec byte: copied once into
-        # an Arrow buffer (64-byte aligned), so that the int64 and int32 arrays are aligned
-        aligned = pa.allocate_buffer(len(body))
-        memoryview(aligned).cast("B")[:] = body
-        body = memoryview(aligned)
+    # The timestamps and the lengths are put back into new buffers (aligned, as malloc's
+    # are), the bytes and bitmaps read in place (at any alignment).
     columns = read_columns(body)
     count = columns.count
     return Piece(
         pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.stamps)]),
-        _binary(columns.keys, count),
-        _binary(columns.values, count),
+        _Lazy(columns.keys, count),
+        _Lazy(columns.values, count),
         _headers(columns.header_lists()) if include_headers and columns.headers else None,
     )
 
@@ -221,10 +286,28 @@ class Pending:
             partition,
             first,
             _concat([p.stamps for p in taken]),
-            _concat([p.keys for p in taken]),
-            _concat([p.values for p in taken]),
+            _binary([p.keys for p in taken]),
+            _binary([p.values for p in taken]),
             headers,
         )
+
+
+def _micros(topic: str, partition: int, first: int, millis: pa.Array) -> pa.Array:
+    """Timestamps in milliseconds as Spark's (microseconds, UTC); InvalidRecordError naming
+    the first record whose timestamp they cannot hold (past 2**63 // 1000 ms)."""
+    try:
+        return pc.multiply_checked(millis, 1000).cast(TIMESTAMP)
+    except pa.ArrowInvalid:
+        past = pc.or_(pc.greater(millis, _MAX_MILLIS), pc.less(millis, -_MAX_MILLIS))
+        bad = pc.index(past, True).as_py()
+        stamp = millis[bad].as_py()
+        raise InvalidRecordError(
+            f"{topic}-{partition} at offset {first + bad}: timestamp {stamp} ms is past what "
+            "Spark's timestamps (microseconds) hold; read from a later offset"
+        ) from None
+
+
+_MAX_MILLIS: Final = 2**63 // 1000
 
 
 def arrow_batch(
@@ -247,7 +330,7 @@ def arrow_batch(
         pa.repeat(pa.scalar(topic, pa.string()), rows),
         pa.repeat(pa.scalar(partition, pa.int32()), rows),
         _offsets(first, rows),
-        pc.multiply_checked(pa.array(stamps, pa.int64()), 1000).cast(TIMESTAMP),
+        _micros(topic, partition, first, pa.array(stamps, pa.int64())),
         pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), rows),
     ]
     if headers is None:

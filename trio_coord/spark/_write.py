@@ -17,8 +17,9 @@ keyed or none, no ``partition`` or ``headers`` column) the rows stay Arrow
 arrays: keyed rows are hashed once per distinct key and sorted by partition
 with a stable sort, each partition's rows are sliced into batches cut at
 ``batchSize`` bytes by bisecting their cumulative sizes, and a closed batch's
-timestamps, keys and values are its slices concatenated, whose buffers are
-the batch's sections: no Python object per row. Other rows are kept as
+timestamps, keys and values are its slices concatenated, whose buffers give
+the batch's sections (the lengths with one Arrow call): no Python object per
+row. Other rows are kept as
 tuples ``(timestamp_ms, key, value, headers)`` and made into the same arrays
 when their batch closes. Closed batches are produced :data:`IN_FLIGHT` at a
 time, one per partition in flight together
@@ -37,7 +38,7 @@ import logging
 import sys
 import time
 import zlib
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -192,7 +193,7 @@ def _headers_list(column: pa.Array | None, rows: int) -> list[tuple[Header, ...]
 # A partition's open batch is a list of pieces, in row order: slices of a task's Arrow
 # columns (timestamps in milliseconds, keys, values), or tuples of rows that took the
 # per-row path. A record's size toward ``batchSize`` is its bytes in the columnar layout:
-# 8 for its timestamp, 4 for each offset, and its key's and value's bytes.
+# 8 for its timestamp, 4 for each length, and its key's and value's bytes.
 
 _RECORD_OVERHEAD: Final = 16
 
@@ -212,13 +213,19 @@ def _sizes(key: pa.Array | None, value: pa.Array | None, rows: int) -> array.arr
     return ends
 
 
+def _buffer_bytes(numbers: pa.Array, width: int) -> memoryview:
+    """A fixed-width array's values as its (native-endian) bytes."""
+    start = numbers.offset * width
+    return memoryview(numbers.buffers()[1]).cast("B")[start : start + width * len(numbers)]
+
+
 def _arrow_column(column: pa.Array) -> Column:
     """A binary array (offset 0, as concatenated) as a columnar batch's column."""
     rows = len(column)
     if column.null_count == rows:
         return Column(NONE_PRESENT, _EMPTY, _EMPTY, _EMPTY)
     validity = _EMPTY
-    if column.null_count:  # an absent element's two offsets must be equal
+    if column.null_count:  # an absent element's length must be 0
         validity = memoryview(pc.is_valid(column).buffers()[1])[: (rows + 7) // 8]
         column = pc.fill_null(column, b"")
     if column.offset:
@@ -231,7 +238,8 @@ def _arrow_column(column: pa.Array) -> Column:
         ends = memoryview(offsets).cast("B")[: 4 * (rows + 1)]
     size = int.from_bytes(ends[-4:], sys.byteorder)
     body = memoryview(data).cast("B")[:size] if data is not None else _EMPTY
-    return Column(SOME_PRESENT if len(validity) else ALL_PRESENT, ends, validity, body)
+    lengths = b"\0\0\0\0" + bytes(_buffer_bytes(pc.binary_length(column), 4))
+    return Column(SOME_PRESENT if len(validity) else ALL_PRESENT, lengths, validity, body)
 
 
 _Piece = tuple[pa.Array, pa.Array | None, pa.Array | None] | list[_Record]
@@ -274,10 +282,9 @@ def _columnar_body(pieces: list[_Piece], count: int) -> bytes:
         values.append(pa.nulls(rows, pa.binary()) if value is None else _as_binary(value))
         at += rows
     timestamps = pa.concat_arrays(stamps)
-    start = timestamps.offset * 8
     return assemble_columnar(
         count,
-        memoryview(timestamps.buffers()[1]).cast("B")[start : start + 8 * count],
+        _buffer_bytes(timestamps, 8),
         _arrow_column(pa.concat_arrays(keys)),
         _arrow_column(pa.concat_arrays(values)),
         headers,
@@ -338,8 +345,15 @@ class _Batches:
         return sticky
 
     def add(self, tp: TopicPartition, record: _Record) -> None:
-        """Add one record to ``tp``'s open batch; close the batch once full."""
+        """Add one record to ``tp``'s open batch, closing the batch first if the record
+        would take it past ``batchSize`` (a record larger than that goes alone), and after
+        it once full."""
+        size = _RECORD_OVERHEAD + len(record[1] or b"") + len(record[2] or b"")
+        size += sum(8 + len(name) + len(value) for name, value in record[3])
         batch = self.open.get(tp)
+        if batch is not None and batch.count and batch.size + size > self.options.batch_size:
+            self.send(tp)
+            batch = None
         if batch is None:
             batch = self.open[tp] = _Open()
         if not batch.pieces or not isinstance(batch.pieces[-1], list):
@@ -348,8 +362,7 @@ class _Batches:
         assert isinstance(rows, list)
         rows.append(record)
         batch.count += 1
-        batch.size += _RECORD_OVERHEAD + len(record[1] or b"") + len(record[2] or b"")
-        batch.size += sum(8 + len(name) + len(value) for name, value in record[3])
+        batch.size += size
         batch.newest = max(batch.newest, record[0])
         if batch.size >= self.options.batch_size:
             self.send(tp)
@@ -364,10 +377,11 @@ class _Batches:
         fill: bool = False,
     ) -> None:
         """Add the records whose columns are ``millis``, ``key`` and ``value`` (None: absent)
-        to ``tp``'s open batch in order, closing each batch once full: the cuts come from
-        the records' cumulative sizes, bisected. With ``fill``, the records move on to the
-        topic's next partition each time a batch closes (records without a key, as the
-        producer does), and ``tp`` is where they start."""
+        to ``tp``'s open batch in order, closing each batch before the record that would
+        take it past ``batchSize`` (a record larger than that goes alone) or once full:
+        the cuts come from the records' cumulative sizes, bisected. With ``fill``, the
+        records move on to the topic's next partition each time a batch closes (records
+        without a key, as the producer does), and ``tp`` is where they start."""
         rows = len(millis)
         ends = _sizes(key, value, rows)
         limit = self.options.batch_size
@@ -376,8 +390,14 @@ class _Batches:
             batch = self.open.get(tp)
             if batch is None:
                 batch = self.open[tp] = _Open()
-            # The first record that brings the open batch to the limit closes it.
-            cut = min(bisect_left(ends, ends[start] - batch.size + limit, start + 1), rows)
+            # The records that keep the open batch within the limit join it.
+            cut = bisect_right(ends, ends[start] - batch.size + limit, start, rows + 1) - 1
+            if cut <= start and batch.count:  # the next record does not fit: close first
+                self.send(tp)
+                if fill:
+                    tp = TopicPartition(tp.topic, self._sticky(tp.topic))
+                continue
+            cut = max(cut, start + 1)  # (a record larger than the limit, alone)
             length = cut - start
             batch.pieces.append(
                 (
@@ -391,7 +411,7 @@ class _Batches:
             newest = pc.max(millis.slice(start, length)).as_py()
             batch.newest = max(batch.newest, newest)
             start = cut
-            if batch.size >= limit:
+            if batch.size >= limit or start < rows:  # full, or the next record does not fit
                 self.send(tp)
                 if fill:
                     tp = TopicPartition(tp.topic, self._sticky(tp.topic))
