@@ -37,7 +37,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate, compress, repeat
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import cramjam
 import msgspec
@@ -602,17 +602,11 @@ def decode_batch(payload: bytes, max_bytes: int = MAX_BATCH_BYTES) -> list[WireR
     if not columnar:
         return _decode_rows(_decoder, body)
     columns = read_columns(body)
-    n = columns.count
-    headers = [list(h) for h in columns.header_lists()] if columns.headers else None
-    return list(
-        map(
-            WireRecord,
-            columns.timestamps(),
-            columns.keys.items(n),
-            columns.values.items(n),
-            headers if headers is not None else ([] for _ in range(n)),
-        )
-    )
+    if columns.headers:
+        headers: Iterable[list[Header]] = [list(h) for h in columns.header_lists()]
+    else:
+        headers = ([] for _ in range(columns.count))
+    return _columnar_records(WireRecord, columns, headers)
 
 
 def decode_untracked(
@@ -624,15 +618,19 @@ def decode_untracked(
     if not columnar:
         return _decode_rows(_untracked, body)
     columns = read_columns(body)
+    return _columnar_records(UntrackedRecord, columns, columns.header_lists())
+
+
+_R = TypeVar("_R", WireRecord, UntrackedRecord)
+
+
+def _columnar_records(
+    make: Callable[..., _R], columns: Columns, headers: Iterable[Any]
+) -> list[_R]:
+    """A columnar batch's records as ``make(timestamp, key, value, headers)`` each."""
     n = columns.count
     return list(
-        map(
-            UntrackedRecord,
-            columns.timestamps(),
-            columns.keys.items(n),
-            columns.values.items(n),
-            columns.header_lists(),
-        )
+        map(make, columns.timestamps(), columns.keys.items(n), columns.values.items(n), headers)
     )
 
 
