@@ -1234,40 +1234,47 @@ class GroupRunner:
                     request = StopFetchersRequest(
                         self.group_id, member.member_id, self.group.generation, partitions
                     )
-                    if not self._push(answers, nursery, member, request, partitions):
+                    conn = self._push_link(member)
+                    if conn is None:
                         nursery.start_soon(self._answer_in_time, member, call, 0.0)
+                    else:
+                        self._push(answers, nursery, member, conn, request, partitions)
                 await self._await_answers(answers)
         finally:
             answers.forget()
+
+    def _push_link(self, member: Member) -> Any:
+        """The link of ``member`` if a request can be pushed on it (a native connection:
+        it has ``push``) and the member is current; None if it needs a task instead."""
+        conn = self._conns.get(member.member_id)
+        if getattr(conn, "push", None) is None or not self._is_current(member):
+            return None
+        return conn
 
     def _push(
         self,
         answers: _Answers,
         nursery: trio.Nursery,
         member: Member,
+        conn: Any,
         request: RequestBody,
         extra: object,
-    ) -> bool:
-        """Push ``request`` to ``member``, its answer owed to ``answers`` (and applied with
-        ``extra``); False if its link cannot push (the caller runs a task for it instead)."""
-        conn = self._conns.get(member.member_id)
-        push = getattr(conn, "push", None)
-        if push is None or conn is None or not self._is_current(member):
-            return False
+    ) -> None:
+        """Push ``request`` to ``member`` on ``conn`` (its :meth:`_push_link`), its answer
+        owed to ``answers`` (and applied with ``extra``)."""
         answers.add(member, conn, extra, trio.current_time())  # (before: it may fail at once)
         try:
-            corr_id, rest = push(request, answers.callback, member)
+            corr_id, rest = conn.push(request, answers.callback, member)
         except ConnectionClosedError:
             answers.fail(member, "lost its connection")
-            return True
+            return
         except CoordError as exc:  # (could not be encoded: nothing was sent)
             answers.fail(member, f"refused the rebalance: {exc}")
-            return True
+            return
         if member.member_id in answers.pending:
             answers.pending[member.member_id] = (member, conn, corr_id, extra)
         if rest is not None:
             nursery.start_soon(rest)
-        return True
 
     async def _await_answers(self, answers: _Answers) -> None:
         """Wait for every answer ``answers`` is owed; expel a member that fails or is late.
@@ -1386,8 +1393,8 @@ class GroupRunner:
         """
         if len(stages) != 1 or stages[0].not_before > trio.current_time():
             return False
-        conn = self._conns.get(member.member_id)
-        if getattr(conn, "push", None) is None or conn is None or not self._is_current(member):
+        conn = self._push_link(member)
+        if conn is None:
             return False
         plan = stages[0]
         parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
@@ -1396,7 +1403,8 @@ class GroupRunner:
         tps = [p.tp for p in plan.partitions]
         self.group.member_starting(member.member_id, tps)
         (request,) = self._start_requests(member, plan, generation, parts, tps)
-        return self._push(answers, nursery, member, request, plan)
+        self._push(answers, nursery, member, conn, request, plan)
+        return True
 
     def _start_requests(
         self,
