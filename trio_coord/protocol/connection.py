@@ -314,7 +314,7 @@ class Connection:
         rest = functools.partial(self._send_pushed, data[sent:], locked=True, begun=sent > 0)
         return corr_id, rest
 
-    async def _send_pushed(self, data: bytes, *, locked: bool, begun: bool = False) -> None:
+    async def _send_pushed(self, data: bytes | bytearray, *, locked: bool, begun: bool = False) -> None:
         """Send (the rest of) a pushed frame; a failure reaches its callback, not the caller.
 
         ``locked``: the write lock is held for it already; ``begun``: part of the
@@ -353,7 +353,7 @@ class Connection:
         finally:
             self._unlock_sending()
 
-    async def _write(self, data: bytes, *, begun: bool = False) -> None:
+    async def _write(self, data: bytes | bytearray, *, begun: bool = False) -> None:
         """Send ``data`` whole; the caller holds the write lock.
 
         ``begun``: ``data`` is the rest of a frame partly sent already, so a
@@ -675,7 +675,7 @@ class Connection:
             self._unlock_sending()
         return True
 
-    def encode_error(self, corr_id: int, exc: Exception) -> bytes:
+    def encode_error(self, corr_id: int, exc: Exception) -> bytes | bytearray:
         """The frame answering request ``corr_id`` with ``exc`` (a bug's is logged)."""
         if not isinstance(exc, CoordError):
             log.exception("handler failed on %s", self.name, exc_info=exc)
@@ -685,7 +685,7 @@ class Connection:
         except FrameTooLargeError:  # the message alone is too long: send the bare code
             return self._codec.encode(Response(corr_id, exc.code, "", None))
 
-    def encode_answer(self, corr_id: int, body: ResponseBody) -> bytes:
+    def encode_answer(self, corr_id: int, body: ResponseBody) -> bytes | bytearray:
         """The frame answering request ``corr_id`` with ``body``; one that cannot be
         encoded (too large) is answered as an error."""
         try:

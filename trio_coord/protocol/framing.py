@@ -7,8 +7,9 @@ what it claims; a short read at end of stream is a truncated frame. One
 :class:`FrameCodec` per connection reuses one msgspec ``Encoder`` and one
 typed ``Decoder``; encoding writes the prefix and the body into one reused
 buffer, so sending a heartbeat allocates only the bytes object handed to the
-socket. A codec holds nothing between calls, so connections may share one (a
-broker's do). Between frames, a :class:`FrameReader` on a TCP stream waits
+socket, and a large frame (a fetch answer of megabytes) is that buffer itself,
+handed over rather than copied (the codec starts a new one). A codec holds
+nothing between calls, so connections may share one (a broker's do). Between frames, a :class:`FrameReader` on a TCP stream waits
 for the socket to become readable before it asks for bytes: an idle
 connection then suspends a short chain of coroutines, not the stream's whole
 receive path (a broker holds thousands of idle connections), and no receive
@@ -38,6 +39,10 @@ DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
 SMALL_FRAME = 4096
 """Frames up to this size do not wait for a shared byte budget (heartbeats stay live)."""
 _RECEIVE_CHUNK = 64 * 1024
+_HAND_OVER = 64 * 1024
+"""An encoded frame larger than this is returned as the codec's buffer, not a copy of it:
+copying a 4 MiB fetch answer into a new bytes object cost the broker about 1.8 ms (its
+fresh pages faulted in), where encoding it took 0.1 ms."""
 
 
 class TruncatedFrameError(CorruptMessageError):
@@ -53,8 +58,9 @@ class FrameCodec:
         self._decoder = msgspec.msgpack.Decoder(Frame)
         self._buffer = bytearray()
 
-    def encode(self, frame: Frame) -> bytes:
-        """Return ``frame`` as wire bytes, prefix included.
+    def encode(self, frame: Frame) -> bytes | bytearray:
+        """Return ``frame`` as wire bytes, prefix included: a bytes object, or for a frame
+        over 64 KiB a bytearray the caller then owns.
 
         Raises :class:`FrameTooLargeError` if the body exceeds the maximum
         frame size (the peer would refuse it anyway).
@@ -68,6 +74,9 @@ class FrameCodec:
                 f"{self.max_frame_size} bytes; send smaller batches"
             )
         buf[:HEADER_SIZE] = size.to_bytes(HEADER_SIZE, "big")
+        if len(buf) > _HAND_OVER:
+            self._buffer = bytearray()
+            return buf
         return bytes(buf)
 
     def decode(self, body: bytes | bytearray | memoryview) -> Frame:
