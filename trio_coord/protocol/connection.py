@@ -314,7 +314,9 @@ class Connection:
         rest = functools.partial(self._send_pushed, data[sent:], locked=True, begun=sent > 0)
         return corr_id, rest
 
-    async def _send_pushed(self, data: bytes | bytearray, *, locked: bool, begun: bool = False) -> None:
+    async def _send_pushed(
+        self, data: bytes | bytearray, *, locked: bool, begun: bool = False
+    ) -> None:
         """Send (the rest of) a pushed frame; a failure reaches its callback, not the caller.
 
         ``locked``: the write lock is held for it already; ``begun``: part of the

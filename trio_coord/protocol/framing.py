@@ -9,8 +9,9 @@ typed ``Decoder``; encoding writes the prefix and the body into one reused
 buffer, so sending a heartbeat allocates only the bytes object handed to the
 socket, and a large frame (a fetch answer of megabytes) is that buffer itself,
 handed over rather than copied (the codec starts a new one). A codec holds
-nothing between calls, so connections may share one (a broker's do). Between frames, a :class:`FrameReader` on a TCP stream waits
-for the socket to become readable before it asks for bytes: an idle
+nothing between calls, so connections may share one (a broker's do). Between
+frames, a :class:`FrameReader` on a TCP stream waits for the socket to
+become readable before it asks for bytes: an idle
 connection then suspends a short chain of coroutines, not the stream's whole
 receive path (a broker holds thousands of idle connections), and no receive
 is tried in vain first.
