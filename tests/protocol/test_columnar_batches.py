@@ -30,7 +30,13 @@ from trio_coord.protocol.records import (
 )
 
 pa = pytest.importorskip("pyarrow")
-from trio_coord.spark._arrow import Pending, _binary, decode_records  # noqa: E402
+from trio_coord.spark._arrow import (  # noqa: E402
+    Pending,
+    RawPiece,
+    _binary,
+    decode_lazily,
+    decode_records,
+)
 
 HEADER = struct.Struct("<IBBHIIII")
 CODECS = [None, "zlib", "lzma", "lz4", "zstd"]
@@ -64,6 +70,19 @@ def spark_rows(payload: bytes) -> list[tuple]:
             strict=True,
         )
     )
+
+
+def spark_batch(*payloads: bytes) -> pa.RecordBatch:
+    """The batches as the Spark source reads them (:func:`decode_lazily`, then one Arrow
+    batch of them all, which is where the lengths of a :class:`RawPiece` are checked)."""
+    pending = Pending(include_headers=False)
+    for payload in payloads:
+        pending.add(decode_lazily(payload, include_headers=False))
+    return pending.take("t", 0, 0, len(pending))
+
+
+READERS = (decode_batch, decode_untracked, check_batch, decode_records, spark_batch)
+"""Every reader of a stored batch, each of which must refuse a malformed one alike."""
 
 
 @pytest.mark.parametrize("include_headers", [True, False])
@@ -110,6 +129,10 @@ def test_every_reader_gives_back_what_was_encoded_in_either_layout(records, code
     expected = (len(records), min(stamps), max(stamps)) if records else (0, 0, 0)
     assert check_batch(payload) == expected
     assert spark_rows(payload) == [(r.timestamp_ms, r.key, r.value, r.headers) for r in records]
+    if records and all(-(2**63) // 1000 <= r.timestamp_ms <= 2**63 // 1000 for r in records):
+        table = spark_batch(payload, payload)  # (twice: a run of two when it is a RawPiece)
+        assert table.column("key").to_pylist() == [r.key for r in records] * 2
+        assert table.column("value").to_pylist() == [r.value for r in records] * 2
 
 
 @pytest.mark.parametrize("columnar", [True, False])
@@ -129,7 +152,7 @@ def test_a_header_name_that_is_not_utf8_is_an_invalid_record_in_either_layout():
         payload = encode_batch([WireRecord(1, None, b"v", [("\x7f", b"")])], columnar=columnar)
         broken = payload.replace(b"\xa1\x7f", b"\xa1\x80")
         assert broken != payload
-        for read in (decode_batch, decode_untracked, check_batch, decode_records):
+        for read in READERS:
             with pytest.raises(InvalidRecordError, match=r"decoded|headers"):
                 read(broken)
 
@@ -162,7 +185,7 @@ def body(records) -> bytearray:
 
 def refused(data: bytes | bytearray, match: str = "columnar|empty|more than") -> None:
     payload = bytes((COLUMNAR,)) + bytes(data)
-    for read in (decode_batch, decode_untracked, check_batch, decode_records):
+    for read in READERS:
         with pytest.raises(InvalidRecordError, match=match):
             read(payload)
 
@@ -269,7 +292,7 @@ def test_a_columnar_decompression_bomb_is_refused():
     inflated = body([WireRecord(0, None, bytes(MAX_BATCH_BYTES + 2**20))])
     bomb = bytes((COLUMNAR | 1,)) + zlib.compress(bytes(inflated), 9)
     assert len(bomb) < 128 * 1024
-    for read in (decode_batch, decode_untracked, check_batch, decode_records):
+    for read in READERS:
         with pytest.raises(InvalidRecordError, match="more than"):
             read(bomb)
 
@@ -282,7 +305,7 @@ def test_random_columnar_bytes_only_ever_give_invalid_record(data, codec):
         payload = bytes((payload[0],)) + data
     else:
         payload = bytes((COLUMNAR,)) + data
-    for read in (decode_batch, decode_untracked, check_batch, decode_records):
+    for read in READERS:
         try:
             read(payload)
         except InvalidRecordError:
@@ -296,8 +319,52 @@ def test_a_flipped_byte_in_a_columnar_batch_is_read_or_refused_never_a_crash(rec
     at = data.draw(st.integers(0, len(good) - 1))
     good[at] ^= data.draw(st.integers(1, 255))
     payload = bytes((COLUMNAR,)) + bytes(good)
-    for read in (decode_batch, decode_untracked, check_batch, decode_records):
+    for read in READERS:
         try:
             read(payload)
         except InvalidRecordError:
             pass
+
+
+def test_the_spark_source_checks_each_stored_batch_s_lengths_even_when_it_checks_many_at_once():
+    # The source checks the lengths of all the stored batches of an Arrow batch together:
+    # one batch's lengths one byte too long and the next one's one byte short add up over
+    # the two, and must still be refused (they would shift every record of the second).
+    first = with_key_lengths(KEYED, [2, 2, 2, 2, 3])
+    second = with_key_lengths(KEYED, [2, 2, 2, 2, 1])
+    good = bytes((COLUMNAR,)) + bytes(body(KEYED))
+    for pair in [(first, second), (second, first)]:
+        payloads = [bytes((COLUMNAR,)) + bytes(b) for b in pair]
+        assert all(isinstance(decode_lazily(p), RawPiece) for p in payloads)
+        with pytest.raises(InvalidRecordError, match="add up"):
+            spark_batch(good, *payloads, good)
+    # Lengths that add up to the right bytes only once the running sum wraps at 32 bits.
+    wraps = with_key_lengths(KEYED, [2**31 - 1, 2**31 - 1, 2, 2, 8])
+    with pytest.raises(InvalidRecordError, match="add up"):
+        spark_batch(good, bytes((COLUMNAR,)) + bytes(wraps))
+
+
+def test_the_spark_source_reads_runs_of_batches_with_and_without_keys_into_one_batch():
+    keyless = [WireRecord(i, None, b"v%d" % i) for i in range(3)]
+    valueless = [WireRecord(i, b"k%d" % i, None) for i in range(2)]
+    batches = [KEYED, keyless, KEYED, valueless, keyless]
+    payloads = [encode_batch(b) for b in batches]
+    assert all(isinstance(decode_lazily(p), RawPiece) for p in payloads)
+    table = spark_batch(*payloads)
+    table.validate(full=True)
+    records = [r for b in batches for r in b]
+    assert table.column("key").to_pylist() == [r.key for r in records]
+    assert table.column("value").to_pylist() == [r.value for r in records]
+    assert table.column("timestamp").to_pylist() == [
+        pa.scalar(r.timestamp_ms * 1000, pa.timestamp("us", tz="UTC")).as_py() for r in records
+    ]
+    # Cut anywhere, the same records come out.
+    for cut in range(1, len(records)):
+        pending = Pending(include_headers=False)
+        for payload in payloads:
+            pending.add(decode_lazily(payload, include_headers=False))
+        head, tail = pending.take("t", 0, 0, cut), pending.take("t", 0, cut, len(records))
+        assert head.num_rows == cut
+        assert head.column("value").to_pylist() + tail.column("value").to_pylist() == [
+            r.value for r in records
+        ]

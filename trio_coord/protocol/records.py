@@ -56,11 +56,14 @@ __all__ = [
     "Columns",
     "ConsumerRecord",
     "Header",
+    "Section",
+    "Sections",
     "UntrackedRecord",
     "WireRecord",
     "assemble_columnar",
     "batch_body",
     "check_batch",
+    "columnar_sections",
     "decode_batch",
     "decode_untracked",
     "encode_batch",
@@ -463,14 +466,35 @@ def _check_absent(column: Column, count: int, what: str) -> None:
         raise InvalidRecordError(f"columnar record batch: an absent {what} has bytes")
 
 
-def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
+class Section(msgspec.Struct, gc=False):
+    """A key or value column of a columnar batch as :func:`columnar_sections` found it:
+    its presence, its lengths as stored (transposed; empty unless some element is present),
+    its validity bitmap (empty unless :data:`SOME_PRESENT`) and its bytes. Nothing in it
+    is checked but its bounds."""
+
+    presence: int
+    lengths: memoryview
+    validity: memoryview
+    data: memoryview
+
+
+class Sections(msgspec.Struct, frozen=True, gc=False):
+    """A columnar batch's sections, bounds checked and nothing else (see
+    :func:`columnar_sections`): ``stamps`` and each column's lengths still transposed."""
+
+    count: int
+    stamps: memoryview
+    keys: Section
+    values: Section
+    headers: memoryview
+
+
+def columnar_sections(body: bytes | memoryview) -> Sections:
     """A columnar batch's sections (``body``: its bytes after the codec byte, decompressed),
-    every count and length checked: :class:`InvalidRecordError` unless the sections add up
-    to exactly ``body``'s length, each column's lengths are not negative and add up to its
-    byte count (an absent element's being 0), and the headers section decodes and names
-    each record at most once, in order. With ``lengths=False`` (a check, which reads only
-    the count and the timestamps), the lengths are checked but not put back: a column
-    whose elements are all present then has empty ``lengths``."""
+    read from its header: :class:`InvalidRecordError` unless the header is one this version
+    knows and the sections add up to exactly ``body``'s length. The lengths and headers
+    are not checked: :func:`read_columns` does that (and the Spark source, in bulk over
+    many batches)."""
     view = memoryview(body)
     if len(view) < _HEADER.size:
         raise InvalidRecordError("columnar record batch is shorter than its header")
@@ -485,32 +509,55 @@ def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
         raise InvalidRecordError("columnar record batch has bytes for a column it says is empty")
     # Every size is below 2**35 and Python's ints do not overflow: the end of the last section
     # is compared with the batch's real length before any section is read.
-    used, bitmap = 4 * count, (count + 7) // 8
     position = _HEADER.size + 8 * count
-    stamps = view[_HEADER.size : position]  # (put back once the sizes are checked)
-    metadata = []
-    for presence in (key_presence, value_presence):
-        stored = validity = _EMPTY
-        if presence != NONE_PRESENT:
-            stored = view[position : position + used]
-            position += _padded(used)
-            if presence == SOME_PRESENT:
-                validity = view[position : position + bitmap]
-                position += _padded(bitmap)
-        metadata.append((presence, stored, validity))
-    key_data = view[position : position + key_bytes]
-    position += _padded(key_bytes)
-    value_data = view[position : position + value_bytes]
-    position += _padded(value_bytes)
+    stamps = view[_HEADER.size : position]
+    keys, position = _section(view, position, count, key_presence)
+    values, position = _section(view, position, count, value_presence)
+    keys.data = view[position : position + key_bytes]
+    position += key_bytes + (-key_bytes % 8)
+    values.data = view[position : position + value_bytes]
+    position += value_bytes + (-value_bytes % 8)
     if position + header_bytes != len(view):
         raise InvalidRecordError(
             f"columnar record batch is {len(view)} bytes, but its header "
             f"({count} records) says {position + header_bytes}"
         )
+    return Sections(count, stamps, keys, values, view[position:])
+
+
+def _section(view: memoryview, position: int, count: int, presence: int) -> tuple[Section, int]:
+    """A column's lengths and validity at ``position`` (its bytes are set by the caller), and
+    the position after them."""
+    if presence == NONE_PRESENT:
+        return Section(presence, _EMPTY, _EMPTY, _EMPTY), position
+    used = 4 * count
+    lengths = view[position : position + used]
+    position += used + (-used % 8)
+    if presence == ALL_PRESENT:
+        return Section(presence, lengths, _EMPTY, _EMPTY), position
+    bitmap = (count + 7) // 8
+    validity = view[position : position + bitmap]
+    return Section(presence, lengths, validity, _EMPTY), position + bitmap + (-bitmap % 8)
+
+
+def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
+    """A columnar batch's sections (``body``: its bytes after the codec byte, decompressed),
+    every count and length checked: :class:`InvalidRecordError` unless the sections add up
+    to exactly ``body``'s length, each column's lengths are not negative and add up to its
+    byte count (an absent element's being 0), and the headers section decodes and names
+    each record at most once, in order. With ``lengths=False`` (a check, which reads only
+    the count and the timestamps), the lengths are checked but not put back: a column
+    whose elements are all present then has empty ``lengths``."""
+    sections = columnar_sections(body)
+    count, stamps, header_view = sections.count, sections.stamps, sections.headers
     columns = []
-    for (presence, stored, validity), data, what in zip(
-        metadata, (key_data, value_data), ("key", "value"), strict=True
-    ):
+    for section, what in ((sections.keys, "key"), (sections.values, "value")):
+        presence, stored, validity, data = (
+            section.presence,
+            section.lengths,
+            section.validity,
+            section.data,
+        )
         if presence == NONE_PRESENT:
             columns.append(Column(presence, _EMPTY, _EMPTY, _EMPTY))
             continue
@@ -522,9 +569,9 @@ def read_columns(body: bytes | memoryview, *, lengths: bool = True) -> Columns:
             _check_absent(column, count, what)
         columns.append(column)
     headers: list[tuple[int, tuple[Header, ...]]] = []
-    if header_bytes:
+    if header_view:
         try:
-            headers = _headers_decoder.decode(view[position:])
+            headers = _headers_decoder.decode(header_view)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a name not UTF-8)
             raise InvalidRecordError(f"columnar record batch's headers: {exc}") from None
         last = -1

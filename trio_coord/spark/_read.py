@@ -65,7 +65,7 @@ from ..protocol.errors import (
     UnknownMemberError,
 )
 from ..protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
-from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, Piece, decode_records
+from ._arrow import ARROW_SCHEMA, ROWS_PER_ARROW_BATCH, Pending, Piece, RawPiece, decode_lazily
 from ._client import BlockingClient
 from ._options import OffsetSpec, OptionError, ReadOptions, SparkSecurity, WriteOptions
 from ._plan import (
@@ -252,7 +252,7 @@ def _fetches(
     fetch_max_bytes: int,
     fail_on_data_loss: bool,
     include_headers: bool = True,
-) -> Generator[list[tuple[int, Piece]], None, None]:
+) -> Generator[list[tuple[int, Piece | RawPiece]], None, None]:
     """The records of ``r``, decoded, one fetch's worth at a time: each a list of
     ``(offset of the first, records)`` chunks in offset order; a chunk that does not start
     where the last one ended follows records lost to retention (failOnDataLoss=false)."""
@@ -280,7 +280,7 @@ def _fetches(
             high = r.end - fetched.base_offset
             if low >= fetched.count or high <= 0:
                 continue
-            records = decode_records(fetched.records, include_headers=include_headers)
+            records = decode_lazily(fetched.records, include_headers=include_headers)
             if low > 0 or high < len(records):
                 records = records.slice(max(0, low), high)
             chunks.append((position, records))
@@ -297,8 +297,8 @@ _DONE: Final = object()
 
 
 def _ahead(
-    chunks: Iterator[list[tuple[int, Piece]]],
-) -> Generator[list[tuple[int, Piece]], None, None]:
+    chunks: Iterator[list[tuple[int, Piece | RawPiece]]],
+) -> Generator[list[tuple[int, Piece | RawPiece]], None, None]:
     """``chunks``, produced by a thread up to :data:`_AHEAD` ahead: the next fetch waits on
     the broker while this thread builds Arrow batches. The thread has stopped (so the
     task's client is idle again) when this generator ends or is closed."""
