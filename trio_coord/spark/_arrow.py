@@ -178,19 +178,20 @@ class Piece:
     concatenated), and headers (:data:`HEADERS`), None when no record has any or they are
     not wanted."""
 
-    __slots__ = ("headers", "keys", "stamps", "values")
+    __slots__ = ("headers", "keys", "rows", "stamps", "values")
 
     def __init__(
         self, stamps: pa.Array, keys: _Binary, values: _Binary, headers: pa.Array | None
     ) -> None:
         self.stamps, self.keys, self.values, self.headers = stamps, keys, values, headers
+        self.rows = len(stamps)  # (an attribute: the hot paths read it per stored batch)
 
     def __len__(self) -> int:
-        return len(self.stamps)
+        return self.rows
 
     def slice(self, low: int, high: int) -> Piece:
         """Records ``low`` to ``high - 1`` (zero-copy, once the keys and values are arrays)."""
-        rows = max(0, min(high, len(self)) - low)
+        rows = max(0, min(high, self.rows) - low)
         return Piece(
             self.stamps.slice(low, rows),
             self.keys.slice(low, rows),
@@ -237,14 +238,14 @@ class RawPiece:
     and timestamps of every such batch of an Arrow batch at once (:func:`_raw_columns`),
     which costs a few calls per stored batch where :func:`decode_records` costs dozens."""
 
-    __slots__ = ("body", "sections")
+    __slots__ = ("body", "rows", "sections")
     headers: Final = None
 
     def __init__(self, body: bytes | memoryview, sections: Sections) -> None:
-        self.body, self.sections = body, sections
+        self.body, self.sections, self.rows = body, sections, sections.count
 
     def __len__(self) -> int:
-        return self.sections.count
+        return self.rows
 
     @property
     def nbytes(self) -> int:
@@ -385,9 +386,9 @@ class Pending:
 
     def add(self, piece: Piece | RawPiece) -> None:
         """Append ``piece``'s records (the next offsets)."""
-        if len(piece):
+        if piece.rows:
             self.pieces.append(piece)
-            self.rows += len(piece)
+            self.rows += piece.rows
 
     def take(self, topic: str, partition: int, first: int, rows: int) -> pa.RecordBatch:
         """The first ``rows`` records (offsets ``first``, ``first + 1``, ...) as one Arrow
@@ -398,12 +399,12 @@ class Pending:
         self.rows -= wanted
         while wanted:
             piece = self.pieces[0]
-            if len(piece) <= wanted:
+            if piece.rows <= wanted:
                 taken.append(self.pieces.popleft())
-                wanted -= len(piece)
+                wanted -= piece.rows
             else:
                 taken.append(piece.slice(0, wanted))
-                self.pieces[0] = piece.slice(wanted, len(piece))
+                self.pieces[0] = piece.slice(wanted, piece.rows)
                 wanted = 0
         stamps: list[pa.Array] = []
         keys: list[pa.Array] = []
@@ -416,7 +417,7 @@ class Pending:
                 keys.append(run_keys)
                 values.append(run_values)
             else:  # (more bytes than 32-bit offsets reach: each alone, as concat_arrays takes)
-                pieces = [p.slice(0, len(p)) if isinstance(p, RawPiece) else p for p in listed]
+                pieces = [p.slice(0, p.rows) if isinstance(p, RawPiece) else p for p in listed]
                 stamps.extend(p.stamps for p in pieces)
                 keys.append(_binary([p.keys for p in pieces]))
                 values.append(_binary([p.values for p in pieces]))

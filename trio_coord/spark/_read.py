@@ -281,10 +281,10 @@ def _fetches(
             if low >= fetched.count or high <= 0:
                 continue
             records = decode_lazily(fetched.records, include_headers=include_headers)
-            if low > 0 or high < len(records):
+            if low > 0 or high < records.rows:
                 records = records.slice(max(0, low), high)
             chunks.append((position, records))
-            position += len(records)
+            position += records.rows
             if position >= r.end:
                 break
         if chunks:
