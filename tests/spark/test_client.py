@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from trio_coord.protocol.errors import UnknownTopicError
-from trio_coord.protocol.messages import EARLIEST, LATEST, ListedOffset, TopicPartition
+from trio_coord.protocol.messages import (
+    EARLIEST,
+    LATEST,
+    FetchRequest,
+    ListedOffset,
+    TopicPartition,
+)
 from trio_coord.protocol.records import WireRecord, encode_batch
 from trio_coord.spark import (
     ARROW_SCHEMA,
@@ -28,6 +33,7 @@ from trio_coord.spark import (
     _read,
 )
 from trio_coord.spark._arrow import ARROW_SCHEMA_WITHOUT_HEADERS
+from trio_coord.spark._client import _Socket
 from trio_coord.spark._options import read_options
 from trio_coord.spark._plan import OffsetRange
 from trio_coord.spark._read import commit_forward, read_range, read_task
@@ -213,29 +219,62 @@ def test_batches_produced_together_land_in_their_partitions_in_order(bootstrap):
     assert read[2] == [f"p2-{i}".encode() for i in range(8)]
 
 
-def _fetching_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "trio_coord fetch"]
+def _produce_20_batches_of_20(client: BlockingClient, tp: TopicPartition) -> None:
+    for base in range(0, 400, 20):
+        records = [WireRecord(i, None, f"v{i}".encode()) for i in range(base, base + 20)]
+        client.produce(tp, encode_batch(records), 20, base + 19)
 
 
-def test_a_read_stopped_early_stops_its_fetching_thread_and_leaves_the_client_usable(bootstrap):
+def _counting_sends(monkeypatch) -> list[object]:
+    """Every request body the client's sockets send, in order."""
+    sent: list[object] = []
+    real = _Socket.send
+
+    def send(self, bodies):
+        sent.extend(bodies)
+        return real(self, bodies)
+
+    monkeypatch.setattr(_Socket, "send", send)
+    return sent
+
+
+def test_a_fetch_sends_the_next_one_before_its_records_are_decoded(bootstrap, monkeypatch):
+    make_topic(bootstrap, "client-pipe", 1)
+    tp = TopicPartition("client-pipe", 0)
+    with BlockingClient(bootstrap) as client:
+        _produce_20_batches_of_20(client, tp)
+        sent = _counting_sends(monkeypatch)
+        first = client.fetch(tp, 0, max_bytes=64, ahead_until=400)
+        assert [b.base_offset for b in first.batches] == [0]
+        fetches = [b for b in sent if isinstance(b, FetchRequest)]
+        assert [f.partitions[0].offset for f in fetches] == [0, 20]  # the next one is out
+        second = client.fetch(tp, 20, max_bytes=64, ahead_until=40)
+        assert [b.base_offset for b in second.batches] == [20]
+        # Its answer was the one sent ahead; nothing is sent past ahead_until.
+        fetches = [b for b in sent if isinstance(b, FetchRequest)]
+        assert [f.partitions[0].offset for f in fetches] == [0, 20]
+        # A call for something else lets the early answer go; the socket stays in step.
+        client.fetch(tp, 0, max_bytes=64, ahead_until=400)
+        other = client.fetch(tp, 100, max_bytes=64)
+        assert [b.base_offset for b in other.batches] == [100]
+        assert client.list_offsets([tp], LATEST)[tp].log_end == 400
+        assert client.fetch(tp, 20, max_bytes=64).batches[0].base_offset == 20
+
+
+def test_a_read_stopped_early_leaves_the_client_usable(bootstrap):
     make_topic(bootstrap, "client-ahead", 1)
     tp = TopicPartition("client-ahead", 0)
     with BlockingClient(bootstrap) as client:
-        for base in range(0, 400, 20):  # 20 stored batches of 20 records
-            records = [WireRecord(i, None, f"v{i}".encode()) for i in range(base, base + 20)]
-            client.produce(tp, encode_batch(records), 20, base + 19)
-        # One stored batch per fetch, ten rows per Arrow batch: the thread runs ahead.
+        _produce_20_batches_of_20(client, tp)
+        # One stored batch per fetch, ten rows per Arrow batch: the next fetch is out.
         batches = read_range(
             client, OffsetRange("client-ahead", 0, 0, 400), rows_per_batch=10, fetch_max_bytes=64
         )
         assert next(batches).to_pylist()[0]["offset"] == 0
-        assert _fetching_threads()
         batches.close()
-        assert not _fetching_threads()
         assert client.list_offsets([tp], LATEST)[tp].log_end == 400  # the socket is in step
         every = list(read_range(client, OffsetRange("client-ahead", 0, 5, 395), rows_per_batch=64))
     assert [r["offset"] for b in every for r in b.to_pylist()] == list(range(5, 395))
-    assert not _fetching_threads()
 
 
 def test_a_malformed_stored_batch_is_an_invalid_record_error():
@@ -279,12 +318,15 @@ class _TrimmedLog:
         self._answer = FetchedPartition("t", 0, 0, "", 5, 10, [FetchedBatch(5, 5, payload)])
         self._listed = ListedOffset("t", 0, 5, 5, 10)
 
-    def fetch(self, tp, offset, *, max_bytes, max_wait_ms=0):
+    def fetch(self, tp, offset, *, max_bytes, max_wait_ms=0, ahead_until=None):
         from trio_coord.protocol.errors import OffsetOutOfRangeError
 
         if offset < 5:
             raise OffsetOutOfRangeError(f"offset {offset} is out of range")
         return self._answer
+
+    def drop_ahead(self):
+        pass
 
     def list_offsets(self, partitions, timestamp_ms):
         return {TopicPartition("t", 0): self._listed}

@@ -21,7 +21,8 @@ One request at a time, except :meth:`BlockingClient.produce_many`, which
 puts one batch per partition in flight together on each leader's connection
 (the broker answers them in any order, matched by correlation id): a Spark
 write task then waits for one round trip per group of partitions, not per
-batch.
+batch; and :meth:`BlockingClient.fetch` with ``ahead_until``, which sends
+the next fetch of a partition before the caller decodes this one's records.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -95,7 +96,12 @@ class BrokerUnreachableError(ConnectionClosedError):
 
 
 class _Socket:
-    """One blocking connection: send requests, read their answers."""
+    """One blocking connection: send requests, read their answers.
+
+    Requests may be sent ahead (:meth:`send`) and their answers read later
+    (:meth:`receive`); an answer read while waiting for another is kept until
+    it is asked for or :meth:`drop`-ped.
+    """
 
     def __init__(self, sock: socket.socket, address: Address) -> None:
         self.sock = sock
@@ -103,6 +109,9 @@ class _Socket:
         self.codec = FrameCodec(RECEIVE_LIMIT)
         self.corr_ids = itertools.count(1)
         self.broken = False
+        self._waiting: set[int] = set()  # sent, answer not read yet
+        self._early: dict[int, ResponseBody | CoordError] = {}  # read, not asked for yet
+        self._unwanted: set[int] = set()  # sent, answer to be thrown away when it comes
 
     def call(self, body: RequestBody) -> ResponseBody:
         """Send one request and return its answer's body, raising the error it carries."""
@@ -120,6 +129,10 @@ class _Socket:
         does not decode) leaves the connection unusable: ``broken`` is set,
         the error raised, and the caller closes it.
         """
+        return self.receive(self.send(bodies))
+
+    def send(self, bodies: Sequence[RequestBody]) -> list[int]:
+        """Send ``bodies`` together; their correlation ids, for :meth:`receive`."""
         ids = [next(self.corr_ids) for _ in bodies]
         frames = b"".join(
             self.codec.encode(Request(corr_id, body))
@@ -127,25 +140,48 @@ class _Socket:
         )
         self.broken = True
         self.sock.sendall(frames)
-        waiting = {corr_id: index for index, corr_id in enumerate(ids)}
-        answers: list[ResponseBody | CoordError | None] = [None] * len(ids)
-        while waiting:
+        self.broken = False
+        self._waiting.update(ids)
+        return ids
+
+    def receive(self, ids: Sequence[int]) -> list[ResponseBody | CoordError]:
+        """The answers to the requests :meth:`send` gave ``ids``, in that order (each its
+        body or the error it carries), reading frames until they have all come."""
+        answers = {i: self._early.pop(i) for i in ids if i in self._early}
+        self.broken = True
+        while len(answers) < len(ids):
             answer = self.codec.decode(self._read_frame())
             if isinstance(answer, Goodbye):
                 raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
-            if not isinstance(answer, Response) or answer.corr_id not in waiting:
+            if not isinstance(answer, Response) or answer.corr_id not in self._waiting:
                 raise CorruptMessageError(
-                    f"expected the answer to one of requests {sorted(waiting)}, got {answer!r}"
+                    f"expected the answer to one of requests {sorted(self._waiting)}, "
+                    f"got {answer!r}"
                 )
-            index = waiting.pop(answer.corr_id)
+            self._waiting.discard(answer.corr_id)
+            if answer.corr_id in self._unwanted:
+                self._unwanted.discard(answer.corr_id)
+                continue
+            value: ResponseBody | CoordError
             if answer.error:
-                answers[index] = error_for(answer.error, answer.message)
+                value = error_for(answer.error, answer.message)
             elif answer.body is None:
                 raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
             else:
-                answers[index] = answer.body
+                value = answer.body
+            if answer.corr_id in ids:
+                answers[answer.corr_id] = value
+            else:
+                self._early[answer.corr_id] = value
         self.broken = False
-        return answers  # type: ignore[return-value]  # every one was filled
+        return [answers[i] for i in ids]
+
+    def drop(self, corr_id: int) -> None:
+        """Forget the answer to request ``corr_id``: read already, it is let go; still to
+        come, it is thrown away when it comes (this does not wait for it)."""
+        self._early.pop(corr_id, None)
+        if corr_id in self._waiting:
+            self._unwanted.add(corr_id)
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)
@@ -188,6 +224,17 @@ def _login(sock: _Socket, security: SparkSecurity) -> None:
         raise SaslAuthenticationError(str(exc)) from None
 
 
+class _Ahead(NamedTuple):
+    """A fetch sent ahead of its caller (see :meth:`BlockingClient.fetch`)."""
+
+    sock: _Socket
+    corr_id: int
+    tp: TopicPartition
+    offset: int
+    max_bytes: int
+    wait: int
+
+
 class BlockingClient:
     """Metadata, offsets, fetch, produce and group commits, blocking; see the module docstring.
 
@@ -211,6 +258,7 @@ class BlockingClient:
         self._sockets: dict[Address, _Socket] = {}
         self._routing = Routing()  # what is known of brokers, topics and leaders
         self._answered: Address | None = None  # the broker that last answered Metadata
+        self._ahead: _Ahead | None = None  # the fetch sent ahead (see fetch)
 
     def __enter__(self) -> BlockingClient:
         return self
@@ -220,6 +268,7 @@ class BlockingClient:
 
     def close(self) -> None:
         """Close every connection this client opened (it may be used again afterwards)."""
+        self._ahead = None
         sockets, self._sockets = list(self._sockets.values()), {}
         for sock in sockets:
             sock.close()
@@ -459,20 +508,99 @@ class BlockingClient:
     # -- records ------------------------------------------------------------------------------
 
     def fetch(
-        self, tp: TopicPartition, offset: int, *, max_bytes: int, max_wait_ms: int = 0
+        self,
+        tp: TopicPartition,
+        offset: int,
+        *,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        ahead_until: int | None = None,
     ) -> FetchedPartition:
         """Batches of ``tp`` from ``offset`` (the first may begin before it); raises the
-        partition's error (OffsetOutOfRangeError, UnknownTopicError, ...)."""
+        partition's error (OffsetOutOfRangeError, UnknownTopicError, ...).
+
+        With ``ahead_until``, the fetch of the records that follow these (if
+        they start below ``ahead_until``) is sent as soon as this answer is
+        read, on the same connection: the broker reads them while the caller
+        decodes these, and the next call asking for them takes that answer
+        instead of a round trip. The pipeline is one request deep, needs no
+        thread, and costs nothing when the next call asks for something else
+        (the early answer is thrown away when it comes; any error it carries
+        is asked for again the usual way, with its retries).
+        """
+        part = self._take_ahead(tp, offset, max_bytes, max_wait_ms)
+        if part is None:
+            request = FetchRequest(
+                [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
+                max_wait_ms=max_wait_ms,
+                max_bytes=max_bytes,
+            )
+            response = self._call(request, FetchResponse, tp=tp)
+            (part,) = response.partitions
+            if part.error:
+                raise error_for(part.error, part.message)
+        if ahead_until is not None and part.batches:
+            last = part.batches[-1]
+            following = last.base_offset + last.count
+            if following < ahead_until:
+                self._send_ahead(tp, following, max_bytes, max_wait_ms)
+        return part
+
+    def _send_ahead(self, tp: TopicPartition, offset: int, max_bytes: int, wait: int) -> None:
+        """Send the fetch of ``tp`` from ``offset`` to its leader, its answer to be read by
+        :meth:`fetch` (nothing is sent if the leader's connection is not open)."""
+        found = self._routing.leader_of(tp)  # (known: it just answered)
+        if isinstance(found, CoordError):
+            return
+        sock = self._sockets.get((found.host, found.port))
+        if sock is None:
+            return
         request = FetchRequest(
             [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
-            max_wait_ms=max_wait_ms,
+            max_wait_ms=wait,
             max_bytes=max_bytes,
         )
-        response = self._call(request, FetchResponse, tp=tp)
-        (part,) = response.partitions
-        if part.error:
-            raise error_for(part.error, part.message)
-        return part
+        try:
+            (corr_id,) = sock.send([request])
+        except OSError:
+            self._discard(sock)
+            return
+        self._ahead = _Ahead(sock, corr_id, tp, offset, max_bytes, wait)
+
+    def drop_ahead(self) -> None:
+        """Let go of the fetch sent ahead, if any: its answer is thrown away when it comes
+        (this does not wait for it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.sock.drop(ahead.corr_id)
+
+    def _take_ahead(
+        self, tp: TopicPartition, offset: int, max_bytes: int, wait: int
+    ) -> FetchedPartition | None:
+        """The answer to the fetch sent ahead, if it is this one and it carries records or
+        no error; None otherwise (an early answer not wanted is thrown away)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or self._sockets.get(ahead.sock.address) is not ahead.sock:
+            return None
+        if (ahead.tp, ahead.offset, ahead.max_bytes, ahead.wait) != (tp, offset, max_bytes, wait):
+            ahead.sock.drop(ahead.corr_id)
+            return None
+        try:
+            (answer,) = ahead.sock.receive([ahead.corr_id])
+        except (OSError, CoordError):
+            self._discard(ahead.sock)
+            return None
+        if not isinstance(answer, FetchResponse) or len(answer.partitions) != 1:
+            return None
+        (part,) = answer.partitions
+        return None if part.error else part
+
+    def _discard(self, sock: _Socket) -> None:
+        """Close ``sock`` if it is broken (an exchange on it failed half-way)."""
+        if sock.broken:
+            if self._sockets.get(sock.address) is sock:
+                del self._sockets[sock.address]
+            sock.close()
 
     def produce(
         self,

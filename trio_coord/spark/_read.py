@@ -11,11 +11,11 @@ cores the session has, else pieces of each partition's range. Bad options
 here, before any task runs. Each task then reads its ranges with the client
 its Python worker kept from its previous task (or a new one), and yields
 Arrow record batches whose types are exactly :data:`ARROW_SCHEMA` (the Arrow
-form of :data:`SCHEMA`, built by :mod:`._arrow`); a thread of the task
-fetches and decodes the next records meanwhile (a few fetches ahead at
-most), so that the broker's answer is on its way while Arrow batches are
-built; the client goes back to the worker when the task ends (the thread
-stopped first), and is closed when the task fails.
+form of :data:`SCHEMA`, built by :mod:`._arrow`); each fetch sends the next
+one before its records are decoded, so that the broker reads them while the
+task builds Arrow batches (one request ahead, on the same connection, with
+no thread); the client goes back to the worker when the task ends, and is
+closed when the task fails.
 
 The stream reader keeps the end of what has been read per partition as its
 offset (see :mod:`._plan`), discovers new partitions and, for a pattern, new
@@ -33,11 +33,9 @@ lost offsets) rather than crawling through the gap in empty batches.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -252,14 +250,18 @@ def _fetches(
     fetch_max_bytes: int,
     fail_on_data_loss: bool,
     include_headers: bool = True,
+    ahead: bool = True,
 ) -> Generator[list[tuple[int, Piece | RawPiece]], None, None]:
     """The records of ``r``, decoded, one fetch's worth at a time: each a list of
     ``(offset of the first, records)`` chunks in offset order; a chunk that does not start
-    where the last one ended follows records lost to retention (failOnDataLoss=false)."""
+    where the last one ended follows records lost to retention (failOnDataLoss=false).
+    With ``ahead``, each fetch sends the next one before its records are decoded
+    (:meth:`BlockingClient.fetch`'s ``ahead_until``)."""
     position = r.start
+    until = r.end if ahead else None
     while position < r.end:
         try:
-            part = client.fetch(r.tp, position, max_bytes=fetch_max_bytes)
+            part = client.fetch(r.tp, position, max_bytes=fetch_max_bytes, ahead_until=until)
         except OffsetOutOfRangeError:
             position = _skip_lost(client, r, position, fail_on_data_loss)
             continue
@@ -291,55 +293,6 @@ def _fetches(
             yield chunks
 
 
-_AHEAD: Final = 2
-"""Fetches (decoded) the fetching thread of a task may hold ahead of the Arrow building."""
-_DONE: Final = object()
-
-
-def _ahead(
-    chunks: Iterator[list[tuple[int, Piece | RawPiece]]],
-) -> Generator[list[tuple[int, Piece | RawPiece]], None, None]:
-    """``chunks``, produced by a thread up to :data:`_AHEAD` ahead: the next fetch waits on
-    the broker while this thread builds Arrow batches. The thread has stopped (so the
-    task's client is idle again) when this generator ends or is closed."""
-    handoff: queue.Queue[Any] = queue.Queue(_AHEAD)
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            for chunk in chunks:
-                while not stop.is_set():
-                    try:
-                        handoff.put(chunk, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            handoff.put(_DONE)
-        except BaseException as exc:  # handed to the consumer, raised there
-            handoff.put(exc)
-
-    thread = threading.Thread(target=run, name="trio_coord fetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = handoff.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():
-            try:  # unblock a put, then wait for the fetch in progress
-                handoff.get_nowait()
-            except queue.Empty:
-                thread.join(0.01)
-        thread.join()
-
-
 def read_range(
     client: BlockingClient,
     r: OffsetRange,
@@ -355,12 +308,11 @@ def read_range(
 
     Offsets are dense (a batch stored at ``base`` holds ``base``, ``base + 1``,
     ...), so the records waiting for the next Arrow batch are columns and the
-    offset of their first one. With ``prefetch``, a thread fetches and decodes
-    the next records while this one builds batches (see :func:`_ahead`).
+    offset of their first one. With ``prefetch``, the broker reads the next
+    records while this task decodes these (each fetch sends the next before
+    its answer is decoded: see :meth:`BlockingClient.fetch`).
     """
-    fetches = _fetches(client, r, fetch_max_bytes, fail_on_data_loss, include_headers)
-    if prefetch:
-        fetches = _ahead(fetches)
+    fetches = _fetches(client, r, fetch_max_bytes, fail_on_data_loss, include_headers, prefetch)
     pending = Pending(include_headers)
     first = r.start
     try:
@@ -376,7 +328,7 @@ def read_range(
         if pending:
             yield pending.take(r.topic, r.partition, first, len(pending))
     finally:
-        fetches.close()  # (with prefetch) the thread has stopped
+        client.drop_ahead()  # (a read abandoned half-way: the early answer is not wanted)
 
 
 _IDLE_LIMIT = 8
