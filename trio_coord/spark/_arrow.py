@@ -405,6 +405,8 @@ class Pending:
                 taken.append(self.pieces.popleft())
                 wanted -= len(piece)
             else:
+                if isinstance(piece, RawPiece):  # (checked and put back once, then cut)
+                    piece = piece.slice(0, len(piece))
                 taken.append(piece.slice(0, wanted))
                 self.pieces[0] = piece.slice(wanted, len(piece))
                 wanted = 0
