@@ -7,6 +7,7 @@ directory layout, its lock, and configuration checks.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from pathlib import Path
 
@@ -117,6 +118,43 @@ async def test_rolling_segments_keeps_offsets_and_reads_across_them(tmp_path: Pa
         log = manager.get("t", 0)
         assert log is not None
         assert read_all(log) == batches
+
+
+async def test_batches_larger_than_a_read_ahead_read_back_whole_in_any_thread(
+    tmp_path: Path,
+) -> None:
+    # A fetch reads ahead (up to 4 MiB) into a buffer its thread reuses: a batch larger than
+    # that, or straddling its end, comes back whole, and what a read returned stays as it
+    # was after later reads, in this thread or in others reading at the same time.
+    mib = 1 << 20
+    async with open_log_manager(tmp_path, NO_RETENTION) as manager:
+        log = await manager.create("t", 0)
+        sizes = [10, 70_000, 4 * mib - 30, 4 * mib + 1000, 5, 3 * mib, 2 * mib, 12]
+        batches = []
+        for n, size in enumerate(sizes):
+            data = random.Random(n).randbytes(size)
+            batches.append(StoredBatch(await log.append(data, 1, n), 1, n, data))
+        first = log.read(0, 8 * mib)
+        assert first == batches[:3]
+        limits = [1, 64 * 1024, 4 * mib, 9 * mib, 32 * mib]
+
+        def reads(failures: list[str]) -> None:
+            for limit in limits:
+                for offset in range(len(batches)):
+                    got = log.read(offset, limit)
+                    if got != batches[offset : offset + len(got)] or not got:
+                        failures.append(f"read({offset}, {limit})")
+
+        failures: list[str] = []
+        reads(failures)
+        threads = [threading.Thread(target=reads, args=(failures,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert first == batches[:3]
+        assert all(type(b.payload) is bytes for b in first)
 
 
 async def test_sparse_index_finds_every_offset_among_many_batches(tmp_path: Path) -> None:

@@ -368,3 +368,128 @@ def test_the_spark_source_reads_runs_of_batches_with_and_without_keys_into_one_b
         assert head.column("value").to_pylist() + tail.column("value").to_pylist() == [
             r.value for r in records
         ]
+
+
+def test_the_spark_source_refuses_a_stored_batch_of_no_records_that_has_bytes():
+    # A batch of 0 records holds no lengths, so its key and value bytes must be 0 too; one
+    # that has some is refused by every reader, the Spark source too (though it reads none
+    # of its records).
+    data = body([])
+    struct.pack_into("<BBxxI", data, 4, 0, 0, 8)  # keys and values "all present", 8 key bytes
+    bad = bytes((COLUMNAR,)) + bytes(data + b"12345678")
+    good = bytes((COLUMNAR,)) + bytes(body(KEYED))
+    for read in (decode_batch, decode_untracked, check_batch, decode_records):
+        with pytest.raises(InvalidRecordError, match="add up"):
+            read(bad)
+    with pytest.raises(InvalidRecordError, match="add up"):
+        spark_batch(good, bad, good)
+
+
+present = st.binary(max_size=12)
+batch_records = st.one_of(  # (each column all present or all absent: what is checked in bulk)
+    *(
+        st.lists(
+            st.builds(WireRecord, st.integers(-(2**40), 2**40), keys, values),
+            max_size=6,
+        )
+        for keys in (present, st.none())
+        for values in (present, st.none())
+    ),
+    records_st.map(lambda rs: [WireRecord(r.timestamp_ms // 2**24, r.key, r.value) for r in rs]),
+)
+
+
+@st.composite
+def stored_batches(draw) -> list[bytes]:
+    """A few stored columnar batches, some with their key or value lengths changed: at
+    random, or by moving bytes from one batch's length to another's (the sums over all the
+    batches then still add up)."""
+    batches = [body(records) for records in draw(st.lists(batch_records, min_size=1, max_size=5))]
+    columns = []  # (batch, position of its lengths, count) of each column with lengths
+    for index, data in enumerate(batches):
+        count, keys, values = HEADER.unpack_from(data)[:3]
+        at = HEADER.size + 8 * count
+        for presence in (keys, values):
+            if presence != 1:  # (1: none present, no lengths)
+                columns.append((index, at, count))
+                at += 4 * count + (-4 * count % 8)
+                if presence == 2:  # (some present: a validity bitmap)
+                    at += (count + 7) // 8 + (-((count + 7) // 8) % 8)
+    for _ in range(draw(st.integers(0, 2)) if columns else 0):
+        index, at, count = draw(st.sampled_from(columns))
+        if not count:
+            continue
+        row = draw(st.integers(0, count - 1))
+        lengths = lengths_in(batches[index], at, count)
+        if draw(st.booleans()):
+            lengths[row] = draw(st.integers(-(2**31), 2**31 - 1))
+        else:
+            delta = draw(st.integers(-3, 3))
+            lengths[row] += delta
+            other, other_at, other_count = draw(st.sampled_from(columns))
+            if other_count:
+                other_lengths = lengths_in(batches[other], other_at, other_count)
+                other_lengths[0] -= delta
+                put(batches[other], other_at, other_lengths)
+        put(batches[index], at, lengths)
+    return [bytes((COLUMNAR,)) + bytes(data) for data in batches]
+
+
+def lengths_in(data: bytearray, at: int, count: int) -> list[int]:
+    """The ``count`` transposed int32 lengths at ``at``."""
+    raw = bytes(data[at : at + 4 * count])
+    packed = bytearray(4 * count)
+    for plane in range(4):
+        packed[plane::4] = raw[plane * count : (plane + 1) * count]
+    return list(struct.unpack(f"<{count}i", packed))
+
+
+def put(data: bytearray, at: int, lengths: list[int]) -> None:
+    """Store ``lengths`` transposed at ``at`` (each wrapped to 32 bits, as a batch would be
+    written with them)."""
+    packed = transposed([(n + 2**31) % 2**32 - 2**31 for n in lengths], "i")
+    data[at : at + len(packed)] = packed
+
+
+@settings(max_examples=300, deadline=None)
+@given(stored_batches(), st.data())
+def test_the_spark_source_reads_or_refuses_stored_batches_as_each_batch_alone_does(payloads, data):
+    # The reference: each batch read and checked alone (decode_untracked, no Arrow).
+    try:
+        expected = [r for payload in payloads for r in decode_untracked(payload)]
+    except InvalidRecordError:
+        expected = None
+    pending = Pending(include_headers=data.draw(st.booleans()))
+    for payload in payloads:
+        try:
+            pending.add(decode_lazily(payload, include_headers=pending.include_headers))
+        except InvalidRecordError:
+            assert expected is None
+            return
+    rows = len(pending)
+    if not rows:  # (an Arrow batch is never taken of no records)
+        assert expected == []
+        return
+    drawn = data.draw(st.lists(st.integers(1, 40), max_size=3))  # (where Arrow batches end)
+    cuts = sorted({cut for cut in drawn if cut < rows})
+    tables = []
+    try:
+        for low, high in zip([0, *cuts], [*cuts, rows], strict=True):
+            tables.append(pending.take("t", 0, low, high - low))
+    except InvalidRecordError:
+        assert expected is None
+        return
+    assert expected is not None, "a batch that reading it alone refuses was read"
+    assert len(pending) == 0
+    got = pa.Table.from_batches(tables)
+    got.validate(full=True)
+    assert got.column("key").to_pylist() == [r.key for r in expected]
+    assert got.column("value").to_pylist() == [r.value for r in expected]
+    assert got.column("offset").to_pylist() == list(range(len(expected)))
+    assert got.column("timestamp").to_pylist() == [
+        pa.scalar(r.timestamp_ms * 1000, pa.timestamp("us", tz="UTC")).as_py() for r in expected
+    ]
+    if pending.include_headers:
+        assert got.column("headers").to_pylist() == [
+            [{"key": k, "value": v} for k, v in r.headers] for r in expected
+        ]

@@ -332,6 +332,21 @@ def test_encode_accepts_exactly_max_and_refuses_one_more() -> None:
         codec.encode(Request(1, CreateTopicRequest("n" * 21, 3)))
 
 
+def test_a_large_encoded_frame_is_the_caller_s_and_later_encodes_leave_it_alone() -> None:
+    # A frame over 64 KiB is handed over, not copied: the codec (one per broker, shared by
+    # every connection) must not write into it again while it waits to be sent.
+    codec = FrameCodec(max_frame_size=1 << 20)
+    first = Request(1, CreateTopicRequest("a" * 100_000, 3))
+    wire = codec.encode(first)
+    kept = bytes(wire)
+    for frame in (Request(2, CreateTopicRequest("b" * 200_000, 3)), *FRAMES):
+        again = codec.encode(frame)
+        assert again is not wire
+        assert codec.decode(again[HEADER_SIZE:]) == frame
+    assert wire == kept
+    assert codec.decode(wire[HEADER_SIZE:]) == first
+
+
 async def test_encoded_frames_are_refused_by_a_reader_with_a_smaller_limit() -> None:
     wire = FrameCodec().encode(FRAMES[2])
     stream = trio.testing.MemoryReceiveStream()

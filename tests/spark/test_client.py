@@ -308,7 +308,14 @@ def test_commits_never_move_backwards(bootstrap):
     assert committed(bootstrap, "client-g") == {("client-c", 0): 8, ("client-c", 1): 6}
 
 
-class _TrimmedLog:
+class _Scripted:
+    """A stand-in for BlockingClient whose fetches a test scripts (none is sent ahead)."""
+
+    def drop_ahead(self) -> None:
+        pass
+
+
+class _TrimmedLog(_Scripted):
     """A client whose partition lost offsets 0..4 to retention and holds 5..9."""
 
     def __init__(self) -> None:
@@ -325,9 +332,6 @@ class _TrimmedLog:
             raise OffsetOutOfRangeError(f"offset {offset} is out of range")
         return self._answer
 
-    def drop_ahead(self):
-        pass
-
     def list_offsets(self, partitions, timestamp_ms):
         return {TopicPartition("t", 0): self._listed}
 
@@ -342,6 +346,37 @@ def test_records_lost_to_retention_fail_the_read_unless_told_to_skip():
     assert "set failOnDataLoss=false to skip what is lost" in str(caught.value)
     batches = list(read_range(_TrimmedLog(), lost, fail_on_data_loss=False))
     assert [r["offset"] for b in batches for r in b.to_pylist()] == [5, 6, 7]
+
+
+class _Miscounted(_Scripted):
+    """A client whose broker says its batch at offset 0 holds 5 records, but the batch holds
+    ``held`` (a damaged log, or a hostile broker); offsets 5..9 follow in another batch."""
+
+    def __init__(self, held: int) -> None:
+        from trio_coord.protocol.messages import FetchedBatch, FetchedPartition
+
+        wrong = encode_batch([WireRecord(0, None, f"a{i}".encode()) for i in range(held)])
+        right = encode_batch([WireRecord(0, None, f"b{i}".encode()) for i in range(5, 10)])
+        self._answer = FetchedPartition(
+            "t", 0, 0, "", 0, 10, [FetchedBatch(0, 5, wrong), FetchedBatch(5, 5, right)]
+        )
+        self.fetches = 0
+
+    def fetch(self, tp, offset, *, max_bytes, max_wait_ms=0, ahead_until=None):
+        self.fetches += 1
+        assert self.fetches < 50, f"still fetching offset {offset} after 50 fetches"
+        return self._answer
+
+
+@pytest.mark.parametrize("held", [0, 3, 7])
+def test_a_stored_batch_holding_other_than_its_count_of_records_is_refused(held):
+    # Read on as they were, its records would take other records' offsets (7), or the
+    # task would fetch the offsets it lacks again and again, for ever (0, 3).
+    from trio_coord.protocol.errors import InvalidRecordError
+
+    for r in (OffsetRange("t", 0, 0, 10), OffsetRange("t", 0, 0, 4), OffsetRange("t", 0, 1, 10)):
+        with pytest.raises(InvalidRecordError, match=f"holds {held} records, but"):
+            list(read_range(_Miscounted(held), r, prefetch=False))
 
 
 def test_a_stream_reader_pickles_without_its_driver_side_client(bootstrap):

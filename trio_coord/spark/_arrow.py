@@ -232,11 +232,12 @@ def _columnar_piece(body: bytes | memoryview, include_headers: bool) -> Piece:
 
 
 class RawPiece:
-    """The records of one whole stored columnar batch with no headers and each of its key
-    and value columns all present or all absent (the usual batch), kept as its sections,
-    bounds checked and nothing else: :meth:`Pending.take` checks and puts back the lengths
-    and timestamps of every such batch of an Arrow batch at once (:func:`_raw_columns`),
-    which costs a few calls per stored batch where :func:`decode_records` costs dozens."""
+    """The records of one whole stored columnar batch of at least one record, with no
+    headers and each of its key and value columns all present or all absent (the usual
+    batch), kept as its sections, bounds checked and nothing else: :meth:`Pending.take`
+    checks and puts back the lengths and timestamps of every such batch of an Arrow batch
+    at once (:func:`_raw_columns`), which costs a few calls per stored batch where
+    :func:`decode_records` costs dozens."""
 
     __slots__ = ("body", "rows", "sections")
     headers: Final = None
@@ -265,12 +266,14 @@ def decode_lazily(
     payload: bytes | memoryview, max_bytes: int = MAX_BATCH_BYTES, include_headers: bool = True
 ) -> Piece | RawPiece:
     """The records of one stored batch payload: a :class:`RawPiece` when it is one (checked
-    when taken), else a :class:`Piece` as :func:`decode_records` makes it."""
+    when taken), else a :class:`Piece` as :func:`decode_records` makes it (checked now: a
+    batch of no records too, which :class:`Pending` drops without taking it)."""
     columnar, body = batch_body(payload, max_bytes)
     if columnar and _LITTLE:
         sections = columnar_sections(body)
         if (
-            not sections.headers
+            sections.count  # (one of none is checked now: Pending drops it unread)
+            and not sections.headers
             and sections.keys.presence in _BULK
             and sections.values.presence in _BULK
         ):
@@ -403,6 +406,8 @@ class Pending:
                 taken.append(self.pieces.popleft())
                 wanted -= piece.rows
             else:
+                if isinstance(piece, RawPiece):  # (checked and put back once, then cut)
+                    piece = piece.slice(0, piece.rows)
                 taken.append(piece.slice(0, wanted))
                 self.pieces[0] = piece.slice(wanted, piece.rows)
                 wanted = 0

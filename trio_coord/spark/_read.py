@@ -58,6 +58,7 @@ from pyspark.sql.types import (
 
 from ..protocol.errors import (
     CoordError,
+    InvalidRecordError,
     OffsetOutOfRangeError,
     OffsetRegressionError,
     UnknownMemberError,
@@ -283,6 +284,12 @@ def _fetches(
             if low >= fetched.count or high <= 0:
                 continue
             records = decode_lazily(fetched.records, include_headers=include_headers)
+            if records.rows != fetched.count:  # (read on, offsets would shift or never end)
+                raise InvalidRecordError(
+                    f"{r.tp}: the batch at offset {fetched.base_offset} holds {records.rows} "
+                    f"records, but the broker says {fetched.count}: its log is damaged; "
+                    f"read from offset {fetched.base_offset + fetched.count} on to skip it"
+                )
             if low > 0 or high < records.rows:
                 records = records.slice(max(0, low), high)
             chunks.append((position, records))
