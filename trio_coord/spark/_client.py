@@ -578,7 +578,12 @@ class BlockingClient:
         self, tp: TopicPartition, offset: int, max_bytes: int, wait: int
     ) -> FetchedPartition | None:
         """The answer to the fetch sent ahead, if it is this one and it carries records or
-        no error; None otherwise (an early answer not wanted is thrown away)."""
+        no error; None otherwise (an early answer not wanted is thrown away).
+
+        An error it carries is acted on as :meth:`_call` would (a leader that
+        moved is looked up afresh, not asked again) before the fetch is sent
+        the usual way.
+        """
         ahead, self._ahead = self._ahead, None
         if ahead is None or self._sockets.get(ahead.sock.address) is not ahead.sock:
             return None
@@ -590,10 +595,14 @@ class BlockingClient:
         except (OSError, CoordError):
             self._discard(ahead.sock)
             return None
-        if not isinstance(answer, FetchResponse) or len(answer.partitions) != 1:
-            return None
-        (part,) = answer.partitions
-        return None if part.error else part
+        if isinstance(answer, FetchResponse) and len(answer.partitions) == 1:
+            (part,) = answer.partitions
+            if not part.error:
+                return part
+            answer = error_for(part.error, part.message)
+        if isinstance(answer, CoordError):
+            self._after(answer, classify(answer), tp)
+        return None
 
     def _discard(self, sock: _Socket) -> None:
         """Close ``sock`` if it is broken (an exchange on it failed half-way)."""
