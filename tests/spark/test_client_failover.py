@@ -20,6 +20,7 @@ import pytest
 
 from trio_coord.protocol.errors import (
     BrokerShuttingDownError,
+    ConnectionClosedError,
     CoordError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
@@ -295,6 +296,19 @@ def test_a_fetch_follows_the_leader_that_moved_while_the_next_fetch_was_ahead(cl
         assert client.fetch(TP, 10, max_bytes=64, ahead_until=20).batches[0].base_offset == 10
     fetches = [broker for broker, kind in cluster.asked if kind == "FetchRequest"]
     assert fetches == [1, 1, 2]  # the fetch, the one sent ahead (refused), the one at 2
+
+
+def test_a_broker_that_stops_answering_fails_a_fetch_after_one_timeout_not_two(cluster):
+    # The fetch sent ahead had the whole timeout to be answered: the fetch that waited
+    # for it fails then, as one without a pipeline does, rather than sending it again on
+    # a new connection and waiting another timeout.
+    cluster.stall_after_fetches = 1
+    with BlockingClient(cluster.bootstrap, timeout=0.3) as client:
+        assert client.fetch(TP, 0, max_bytes=64, ahead_until=100).batches[0].base_offset == 0
+        with pytest.raises(ConnectionClosedError, match="timed out"):
+            client.fetch(TP, 10, max_bytes=64, ahead_until=100)
+    fetches = [broker for broker, kind in cluster.asked if kind == "FetchRequest"]
+    assert fetches == [1, 1]  # the fetch and the one sent ahead, never answered
 
 
 def test_a_fetch_or_produce_follows_a_leader_that_moved_off_a_lost_broker(cluster):

@@ -526,7 +526,8 @@ class BlockingClient:
         instead of a round trip. The pipeline is one request deep, needs no
         thread, and costs nothing when the next call asks for something else
         (the early answer is thrown away when it comes; any error it carries
-        is asked for again the usual way, with its retries).
+        is asked for again the usual way, with its retries). The early answer
+        is waited for ``timeout`` at most, as the fetch itself would be.
         """
         part = self._take_ahead(tp, offset, max_bytes, max_wait_ms)
         if part is None:
@@ -582,7 +583,9 @@ class BlockingClient:
 
         An error it carries is acted on as :meth:`_call` would (a leader that
         moved is looked up afresh, not asked again) before the fetch is sent
-        the usual way.
+        the usual way; so is a lost connection. An answer that did not come
+        within ``timeout`` raises ConnectionClosedError, as the fetch sent the
+        usual way would have after waiting as long.
         """
         ahead, self._ahead = self._ahead, None
         if ahead is None or self._sockets.get(ahead.sock.address) is not ahead.sock:
@@ -592,7 +595,15 @@ class BlockingClient:
             return None
         try:
             (answer,) = ahead.sock.receive([ahead.corr_id])
-        except (OSError, CoordError):
+        except TimeoutError as exc:
+            # The broker had a whole timeout (and more) to answer: give up as _call does
+            # when its attempt times out, rather than wait another one for the same fetch.
+            self._discard(ahead.sock)
+            host, port = ahead.sock.address
+            raise ConnectionClosedError(
+                f"lost the connection to the broker at {host}:{port} ({exc})"
+            ) from None
+        except (OSError, CoordError):  # (a broken connection: sent again, with the retries)
             self._discard(ahead.sock)
             return None
         if isinstance(answer, FetchResponse) and len(answer.partitions) == 1:
