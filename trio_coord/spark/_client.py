@@ -150,38 +150,54 @@ class _Socket:
         answers = {i: self._early.pop(i) for i in ids if i in self._early}
         self.broken = True
         while len(answers) < len(ids):
-            answer = self.codec.decode(self._read_frame())
-            if isinstance(answer, Goodbye):
-                raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
-            if not isinstance(answer, Response) or answer.corr_id not in self._waiting:
-                raise CorruptMessageError(
-                    f"expected the answer to one of requests {sorted(self._waiting)}, "
-                    f"got {answer!r}"
-                )
-            self._waiting.discard(answer.corr_id)
-            if answer.corr_id in self._unwanted:
-                self._unwanted.discard(answer.corr_id)
+            read = self._read_answer()
+            if read is None:
                 continue
-            value: ResponseBody | CoordError
-            if answer.error:
-                value = error_for(answer.error, answer.message)
-            elif answer.body is None:
-                raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
+            corr_id, value = read
+            if corr_id in ids:
+                answers[corr_id] = value
             else:
-                value = answer.body
-            if answer.corr_id in ids:
-                answers[answer.corr_id] = value
-            else:
-                self._early[answer.corr_id] = value
+                self._early[corr_id] = value
         self.broken = False
         return [answers[i] for i in ids]
 
     def drop(self, corr_id: int) -> None:
         """Forget the answer to request ``corr_id``: read already, it is let go; still to
-        come, it is thrown away when it comes (this does not wait for it)."""
+        come, it is thrown away when it comes (this does not wait for it: see
+        :meth:`settle`)."""
         self._early.pop(corr_id, None)
         if corr_id in self._waiting:
             self._unwanted.add(corr_id)
+
+    def settle(self) -> None:
+        """Read the answers :meth:`drop`-ped before they came, and throw them away (any
+        other that comes meanwhile is kept): nothing unwanted is then in flight."""
+        self.broken = True
+        while self._unwanted:
+            read = self._read_answer()
+            if read is not None:
+                self._early[read[0]] = read[1]
+        self.broken = False
+
+    def _read_answer(self) -> tuple[int, ResponseBody | CoordError] | None:
+        """Read one answer: its correlation id and its body or the error it carries, or
+        None for one that is not wanted; raises if the connection is unusable."""
+        answer = self.codec.decode(self._read_frame())
+        if isinstance(answer, Goodbye):
+            raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
+        if not isinstance(answer, Response) or answer.corr_id not in self._waiting:
+            raise CorruptMessageError(
+                f"expected the answer to one of requests {sorted(self._waiting)}, got {answer!r}"
+            )
+        self._waiting.discard(answer.corr_id)
+        if answer.corr_id in self._unwanted:
+            self._unwanted.discard(answer.corr_id)
+            return None
+        if answer.error:
+            return answer.corr_id, error_for(answer.error, answer.message)
+        if answer.body is None:
+            raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
+        return answer.corr_id, answer.body
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)
@@ -569,11 +585,26 @@ class BlockingClient:
         self._ahead = _Ahead(sock, corr_id, tp, offset, max_bytes, wait)
 
     def drop_ahead(self) -> None:
-        """Let go of the fetch sent ahead, if any: its answer is thrown away when it comes
-        (this does not wait for it)."""
+        """Let go of the fetch sent ahead, if any: its answer is read and thrown away, so
+        that this client's connections are idle (nothing in flight) when it returns.
+
+        A read that stops half-way (a Spark task abandoned between batches)
+        calls it before its client goes back to the worker's idle pool: an
+        answer left unread there would keep the broker's side of the
+        connection busy, up to a fetch's worth of records unsent, for as long
+        as the worker idles. A connection that fails meanwhile is closed.
+        """
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.sock.drop(ahead.corr_id)
+        if ahead is None:
+            return
+        ahead.sock.drop(ahead.corr_id)
+        if self._sockets.get(ahead.sock.address) is not ahead.sock:
+            return  # (closed already)
+        try:
+            ahead.sock.settle()
+        except (OSError, CoordError) as exc:
+            log.debug("closing the connection to %s:%d: %s", *ahead.sock.address, exc)
+            self._discard(ahead.sock)
 
     def _take_ahead(
         self, tp: TopicPartition, offset: int, max_bytes: int, wait: int
