@@ -272,6 +272,10 @@ def test_a_read_stopped_early_leaves_the_client_usable(bootstrap):
         )
         assert next(batches).to_pylist()[0]["offset"] == 0
         batches.close()
+        # Nothing is left in flight: a task abandoned here parks this client for the
+        # worker's next task, and an answer left unread would hold the broker's
+        # connection busy (up to fetchMaxBytes unsent) for as long as the worker idles.
+        assert [s for s in client._sockets.values() if s._waiting] == []
         assert client.list_offsets([tp], LATEST)[tp].log_end == 400  # the socket is in step
         every = list(read_range(client, OffsetRange("client-ahead", 0, 5, 395), rows_per_batch=64))
     assert [r["offset"] for b in every for r in b.to_pylist()] == list(range(5, 395))

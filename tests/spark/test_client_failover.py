@@ -20,6 +20,7 @@ import pytest
 
 from trio_coord.protocol.errors import (
     BrokerShuttingDownError,
+    ConnectionClosedError,
     CoordError,
     NotCoordinatorError,
     NotLeaderForPartitionError,
@@ -29,6 +30,10 @@ from trio_coord.protocol.framing import HEADER_SIZE, FrameCodec
 from trio_coord.protocol.messages import (
     LATEST,
     BrokerInfo,
+    FetchedBatch,
+    FetchedPartition,
+    FetchRequest,
+    FetchResponse,
     ListedOffset,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -109,7 +114,10 @@ class _ScriptedBroker:
                     )
                 except CoordError as exc:
                     response = Response(request.corr_id, exc.code, str(exc))
-                conn.sendall(codec.encode(response))
+                try:
+                    conn.sendall(codec.encode(response))
+                except OSError:  # (the client gave up on this connection)
+                    return
 
     def close(self) -> None:
         self._stopping.set()
@@ -130,6 +138,11 @@ class _Cluster:
     move_on: type[RequestBody] | None = None
     moved_says: type[CoordError] = NotLeaderForPartitionError
     """What TP's leader answers the ``move_on`` request with as it hands TP over."""
+    moves_after: int = 0
+    """How many ``move_on`` requests TP's leader answers before it hands TP over."""
+    stall_after_fetches: int | None = None
+    """Fetches answered before the brokers stop answering them (until the test ends)."""
+    unstall: threading.Event = field(default_factory=threading.Event)
     refuse_commits: int = 0
     ghost_leader: int = 0
     """How many Metadata answers name TP's leader as broker 9, which is not live (a leader
@@ -151,12 +164,16 @@ class _Cluster:
                 leader = 9
             topics = [TopicInfo(TP.topic, 1, [leader])]
             return MetadataResponse(infos, topics, self.brokers[self.coordinator].info)
-        if isinstance(body, ProduceRequest | ListOffsetsRequest):
+        if isinstance(body, ProduceRequest | ListOffsetsRequest | FetchRequest):
             if broker != self.leader:
                 raise NotLeaderForPartitionError(f"broker {broker} does not lead {TP}")
-            if type(body) is self.move_on:
+            if type(body) is self.move_on and self.moves_after:
+                self.moves_after -= 1
+            elif type(body) is self.move_on:
                 self.move_on, self.leader = None, other
                 raise self.moved_says(f"broker {broker} no longer leads {TP}")
+            if isinstance(body, FetchRequest):
+                return self._fetched(body.partitions[0].offset)
             if isinstance(body, ListOffsetsRequest):
                 return ListOffsetsResponse([ListedOffset(TP.topic, TP.partition, 7, 0, 7)])
             return ProduceResponse(7)
@@ -176,6 +193,17 @@ class _Cluster:
         self.committed.update((o.tp, o.offset) for o in body.offsets)
         return OffsetCommitResponse()
 
+    def _fetched(self, offset: int) -> FetchResponse:
+        """Ten records of TP from ``offset`` (their bytes are not looked at), or no answer at
+        all once ``stall_after_fetches`` have been answered."""
+        if self.stall_after_fetches is not None:
+            if not self.stall_after_fetches:
+                self.unstall.wait()
+                raise BrokerShuttingDownError("the test is over")
+            self.stall_after_fetches -= 1
+        batch = FetchedBatch(offset, 10, b"")
+        return FetchResponse([FetchedPartition(TP.topic, TP.partition, 0, "", 0, 100, [batch])])
+
     @property
     def bootstrap(self) -> str:
         return self.brokers[1].info.address
@@ -187,6 +215,7 @@ def cluster() -> Iterator[_Cluster]:
     for broker_id in (1, 2):
         scripted.brokers[broker_id] = _ScriptedBroker(broker_id, scripted.answer)
     yield scripted
+    scripted.unstall.set()
     for broker in scripted.brokers.values():
         broker.close()
 
@@ -255,6 +284,31 @@ def test_list_offsets_follows_the_leader_that_moved_while_asked(cluster):
         assert client.list_offsets([TP], LATEST)[TP].offset == 7
     asked = [broker for broker, kind in cluster.asked if kind == "ListOffsetsRequest"]
     assert asked == [1, 2]
+
+
+def test_a_fetch_follows_the_leader_that_moved_while_the_next_fetch_was_ahead(cluster):
+    # The fetch sent ahead is refused by the deposed leader: the next fetch asks Metadata
+    # again rather than going back to the broker that refused it (a wasted round trip and
+    # a backoff, which the fetch without a pipeline did not pay).
+    cluster.move_on, cluster.moves_after = FetchRequest, 1
+    with BlockingClient(cluster.bootstrap, timeout=5.0) as client:
+        assert client.fetch(TP, 0, max_bytes=64, ahead_until=100).batches[0].base_offset == 0
+        assert client.fetch(TP, 10, max_bytes=64, ahead_until=20).batches[0].base_offset == 10
+    fetches = [broker for broker, kind in cluster.asked if kind == "FetchRequest"]
+    assert fetches == [1, 1, 2]  # the fetch, the one sent ahead (refused), the one at 2
+
+
+def test_a_broker_that_stops_answering_fails_a_fetch_after_one_timeout_not_two(cluster):
+    # The fetch sent ahead had the whole timeout to be answered: the fetch that waited
+    # for it fails then, as one without a pipeline does, rather than sending it again on
+    # a new connection and waiting another timeout.
+    cluster.stall_after_fetches = 1
+    with BlockingClient(cluster.bootstrap, timeout=0.3) as client:
+        assert client.fetch(TP, 0, max_bytes=64, ahead_until=100).batches[0].base_offset == 0
+        with pytest.raises(ConnectionClosedError, match="timed out"):
+            client.fetch(TP, 10, max_bytes=64, ahead_until=100)
+    fetches = [broker for broker, kind in cluster.asked if kind == "FetchRequest"]
+    assert fetches == [1, 1]  # the fetch and the one sent ahead, never answered
 
 
 def test_a_fetch_or_produce_follows_a_leader_that_moved_off_a_lost_broker(cluster):

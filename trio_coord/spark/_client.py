@@ -150,38 +150,54 @@ class _Socket:
         answers = {i: self._early.pop(i) for i in ids if i in self._early}
         self.broken = True
         while len(answers) < len(ids):
-            answer = self.codec.decode(self._read_frame())
-            if isinstance(answer, Goodbye):
-                raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
-            if not isinstance(answer, Response) or answer.corr_id not in self._waiting:
-                raise CorruptMessageError(
-                    f"expected the answer to one of requests {sorted(self._waiting)}, "
-                    f"got {answer!r}"
-                )
-            self._waiting.discard(answer.corr_id)
-            if answer.corr_id in self._unwanted:
-                self._unwanted.discard(answer.corr_id)
+            read = self._read_answer()
+            if read is None:
                 continue
-            value: ResponseBody | CoordError
-            if answer.error:
-                value = error_for(answer.error, answer.message)
-            elif answer.body is None:
-                raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
+            corr_id, value = read
+            if corr_id in ids:
+                answers[corr_id] = value
             else:
-                value = answer.body
-            if answer.corr_id in ids:
-                answers[answer.corr_id] = value
-            else:
-                self._early[answer.corr_id] = value
+                self._early[corr_id] = value
         self.broken = False
         return [answers[i] for i in ids]
 
     def drop(self, corr_id: int) -> None:
         """Forget the answer to request ``corr_id``: read already, it is let go; still to
-        come, it is thrown away when it comes (this does not wait for it)."""
+        come, it is thrown away when it comes (this does not wait for it: see
+        :meth:`settle`)."""
         self._early.pop(corr_id, None)
         if corr_id in self._waiting:
             self._unwanted.add(corr_id)
+
+    def settle(self) -> None:
+        """Read the answers :meth:`drop`-ped before they came, and throw them away (any
+        other that comes meanwhile is kept): nothing unwanted is then in flight."""
+        self.broken = True
+        while self._unwanted:
+            read = self._read_answer()
+            if read is not None:
+                self._early[read[0]] = read[1]
+        self.broken = False
+
+    def _read_answer(self) -> tuple[int, ResponseBody | CoordError] | None:
+        """Read one answer: its correlation id and its body or the error it carries, or
+        None for one that is not wanted; raises if the connection is unusable."""
+        answer = self.codec.decode(self._read_frame())
+        if isinstance(answer, Goodbye):
+            raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
+        if not isinstance(answer, Response) or answer.corr_id not in self._waiting:
+            raise CorruptMessageError(
+                f"expected the answer to one of requests {sorted(self._waiting)}, got {answer!r}"
+            )
+        self._waiting.discard(answer.corr_id)
+        if answer.corr_id in self._unwanted:
+            self._unwanted.discard(answer.corr_id)
+            return None
+        if answer.error:
+            return answer.corr_id, error_for(answer.error, answer.message)
+        if answer.body is None:
+            raise CorruptMessageError(f"the answer to request {answer.corr_id} has no body")
+        return answer.corr_id, answer.body
 
     def _read_exactly(self, size: int) -> bytearray:
         buf = bytearray(size)
@@ -526,7 +542,8 @@ class BlockingClient:
         instead of a round trip. The pipeline is one request deep, needs no
         thread, and costs nothing when the next call asks for something else
         (the early answer is thrown away when it comes; any error it carries
-        is asked for again the usual way, with its retries).
+        is asked for again the usual way, with its retries). The early answer
+        is waited for ``timeout`` at most, as the fetch itself would be.
         """
         part = self._take_ahead(tp, offset, max_bytes, max_wait_ms)
         if part is None:
@@ -568,17 +585,39 @@ class BlockingClient:
         self._ahead = _Ahead(sock, corr_id, tp, offset, max_bytes, wait)
 
     def drop_ahead(self) -> None:
-        """Let go of the fetch sent ahead, if any: its answer is thrown away when it comes
-        (this does not wait for it)."""
+        """Let go of the fetch sent ahead, if any: its answer is read and thrown away, so
+        that this client's connections are idle (nothing in flight) when it returns.
+
+        A read that stops half-way (a Spark task abandoned between batches)
+        calls it before its client goes back to the worker's idle pool: an
+        answer left unread there would keep the broker's side of the
+        connection busy, up to a fetch's worth of records unsent, for as long
+        as the worker idles. A connection that fails meanwhile is closed.
+        """
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.sock.drop(ahead.corr_id)
+        if ahead is None:
+            return
+        ahead.sock.drop(ahead.corr_id)
+        if self._sockets.get(ahead.sock.address) is not ahead.sock:
+            return  # (closed already)
+        try:
+            ahead.sock.settle()
+        except (OSError, CoordError) as exc:
+            log.debug("closing the connection to %s:%d: %s", *ahead.sock.address, exc)
+            self._discard(ahead.sock)
 
     def _take_ahead(
         self, tp: TopicPartition, offset: int, max_bytes: int, wait: int
     ) -> FetchedPartition | None:
         """The answer to the fetch sent ahead, if it is this one and it carries records or
-        no error; None otherwise (an early answer not wanted is thrown away)."""
+        no error; None otherwise (an early answer not wanted is thrown away).
+
+        An error it carries is acted on as :meth:`_call` would (a leader that
+        moved is looked up afresh, not asked again) before the fetch is sent
+        the usual way; so is a lost connection. An answer that did not come
+        within ``timeout`` raises ConnectionClosedError, as the fetch sent the
+        usual way would have after waiting as long.
+        """
         ahead, self._ahead = self._ahead, None
         if ahead is None or self._sockets.get(ahead.sock.address) is not ahead.sock:
             return None
@@ -587,13 +626,25 @@ class BlockingClient:
             return None
         try:
             (answer,) = ahead.sock.receive([ahead.corr_id])
-        except (OSError, CoordError):
+        except TimeoutError as exc:
+            # The broker had a whole timeout (and more) to answer: give up as _call does
+            # when its attempt times out, rather than wait another one for the same fetch.
+            self._discard(ahead.sock)
+            host, port = ahead.sock.address
+            raise ConnectionClosedError(
+                f"lost the connection to the broker at {host}:{port} ({exc})"
+            ) from None
+        except (OSError, CoordError):  # (a broken connection: sent again, with the retries)
             self._discard(ahead.sock)
             return None
-        if not isinstance(answer, FetchResponse) or len(answer.partitions) != 1:
-            return None
-        (part,) = answer.partitions
-        return None if part.error else part
+        if isinstance(answer, FetchResponse) and len(answer.partitions) == 1:
+            (part,) = answer.partitions
+            if not part.error:
+                return part
+            answer = error_for(part.error, part.message)
+        if isinstance(answer, CoordError):
+            self._after(answer, classify(answer), tp)
+        return None
 
     def _discard(self, sock: _Socket) -> None:
         """Close ``sock`` if it is broken (an exchange on it failed half-way)."""

@@ -335,7 +335,7 @@ def read_range(
         if pending:
             yield pending.take(r.topic, r.partition, first, len(pending))
     finally:
-        client.drop_ahead()  # (a read abandoned half-way: the early answer is not wanted)
+        client.drop_ahead()  # (a read abandoned half-way: the early answer is read out)
 
 
 _IDLE_LIMIT = 8
@@ -357,7 +357,9 @@ def _task_client(options: ReadOptions | WriteOptions) -> Iterator[BlockingClient
 
     It goes back to the idle pool when the task ends or is abandoned between
     batches (its connections are idle then: every request's answer is read in
-    full before a batch is yielded), and is closed when the task fails. It
+    full, and a read abandoned half-way reads out the answer to the fetch it
+    sent ahead: see :meth:`BlockingClient.drop_ahead`), and is closed when the
+    task fails. It
     keeps its connections but not its metadata: the first request asks the
     brokers afresh, so a topic grown since, or a leader moved, is seen.
     """
