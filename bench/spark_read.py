@@ -1,9 +1,12 @@
 """Records/s read into Spark by the data source, against Spark reading the same records from files.
 
 ``python bench/spark_read.py [--records N] [--size S] [--partitions P]
-[--repeat R] [--master URL] [--json] [--quick]`` starts a broker in a
-background thread (an ephemeral one: its logs in a temporary directory),
-produces N records with values of S bytes to a topic of P partitions, and
+[--repeat R] [--master URL] [--linger SECONDS] [--json] [--quick]`` starts a
+broker in a background thread (an ephemeral one: its logs in a temporary
+directory), produces N records with values of S bytes to a topic of P
+partitions (with the producer's default linger of 5 ms, which stores them
+in batches of about 50 records here; ``--linger`` changes it, and the
+header line says how many records a stored batch holds), and
 writes the same records (topic, partition, offset, timestamp, key, value) as
 JSON lines to P files in the same temporary directory, one per partition. In
 one local Spark session it then runs, R times and each going first in turn
@@ -31,6 +34,7 @@ JVM's and the Python workers' warm-up).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -47,7 +51,8 @@ if __package__ in (None, ""):
 
 from bench._common import load_average, spark_bench_main, spark_render, spark_result
 from trio_coord import open_admin, open_producer
-from trio_coord.spark import background_broker, local_session
+from trio_coord.protocol.messages import TopicPartition
+from trio_coord.spark import BlockingClient, background_broker, local_session
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Params:
     repeat: int = 3
     master: str = "local[2]"
     quick: bool = False
+    linger: float = 0.005
 
 
 QUICK = Params(records=5_000, repeat=1, quick=True)
@@ -78,7 +84,7 @@ async def produce(bootstrap: str, params: Params) -> list[list[dict[str, Any]]]:
     async with open_admin(bootstrap) as admin:
         await admin.create_topic(TOPIC, params.partitions)
     rows: list[list[dict[str, Any]]] = [[] for _ in range(params.partitions)]
-    async with open_producer(bootstrap) as producer:
+    async with open_producer(bootstrap, linger=params.linger) as producer:
         deliveries = []
         for i in range(params.records):
             partition = i % params.partitions
@@ -186,11 +192,27 @@ def floor_source(size: int) -> type:
     return FloorSource
 
 
+def stored_batches(bootstrap: str, partitions: int) -> int:
+    """How many batches the topic's records are stored in."""
+    count = 0
+    with BlockingClient(bootstrap) as client:
+        for partition in range(partitions):
+            tp, offset = TopicPartition(TOPIC, partition), 0
+            while True:
+                batches = client.fetch(tp, offset, max_bytes=4 << 20).batches
+                if not batches:
+                    break
+                count += len(batches)
+                offset = batches[-1].base_offset + batches[-1].count
+    return count
+
+
 def measure(params: Params) -> dict[str, Any]:
     """Run the benchmark; the figures as a JSON-ready mapping."""
     load = load_average()
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, background_broker(None) as boot:
         rows = trio.run(produce, boot, params)
+        batches = stored_batches(boot, params.partitions)
         files = Path(tmp) / "json"
         write_json_lines(rows, files)
         spark = local_session(
@@ -249,7 +271,9 @@ def measure(params: Params) -> dict[str, Any]:
         finally:
             spark.stop()
 
-    return spark_result(params, load, samples, RATIOS)
+    result = spark_result(params, load, samples, RATIOS)
+    result["stored_batches"] = batches
+    return result
 
 
 LABELS = {
@@ -266,16 +290,39 @@ def render(result: Mapping[str, Any]) -> str:
     p = result["params"]
     machine = result["machine"]
     load = machine["load_average"]
+    per_batch = p["records"] / max(1, result["stored_batches"])
     head = (
         f"spark_read: {p['records']:,} records of {p['size']} B in {p['partitions']} partitions, "
+        f"stored in batches of {per_batch:,.0f} on average (producer linger "
+        f"{p['linger'] * 1000:g} ms), "
         f"{p['repeat']} repetition(s), medians; Spark {p['master']}; {machine['cpus']} CPUs, "
         f"load average {load if load is not None else 'n/a'}"
     )
     return spark_render(head, result, "read", LABELS, RATIOS)
 
 
+def _seconds(text: str) -> float:
+    """A linger given on the command line: seconds, from 0 to 10."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"the linger must be 0 to 10 seconds, not {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (2 for bad arguments)."""
+
+    def linger(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--linger",
+            type=_seconds,
+            help="the producer's linger in seconds (default 0.005, the producer's own): how "
+            "long it waits to fill a batch, so how many records a stored batch holds",
+        )
+
     return spark_bench_main(
         argv,
         description=__doc__.split("\n\n")[0],
@@ -284,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         what="records",
         measure=measure,
         render=render,
+        extra=linger,
+        fields=("linger",),
     )
 
 

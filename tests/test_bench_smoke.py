@@ -197,6 +197,8 @@ def test_spark_read_bench_quick_json() -> None:
     # Its own SparkSession starts in ~5 s on a quiet machine, much later beside a busy suite.
     result = run_quick("spark_read.py", timeout=180)
     assert result["params"]["quick"] is True
+    # Every record is in some stored batch, and no batch is empty.
+    assert result["params"]["partitions"] <= result["stored_batches"] <= result["params"]["records"]
     for name in ("source", "json"):
         figures = result[name]
         assert len(figures["samples_s"]) == result["params"]["repeat"], figures
