@@ -10,13 +10,16 @@ in a worker thread.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import trio_coord.log.segment as segment_module
@@ -224,8 +227,11 @@ async def test_a_failed_write_appends_nothing(
 
 
 async def test_interval_mode_acknowledges_at_once_and_fsyncs_in_the_background(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    # Virtual time that moves only when the test moves it: on real time, 50 appends on a
+    # busy machine outlasted the 20 ms interval and were fsynced before the test looked.
+    autojump_clock.autojump_threshold = math.inf
     config = LogConfig(flush_interval=0.02, retention_seconds=None)
     async with open_log_manager(tmp_path, config) as manager:
         log = await manager.create("t", 0)
@@ -233,11 +239,15 @@ async def test_interval_mode_acknowledges_at_once_and_fsyncs_in_the_background(
         batches = await append_all(log, [10] * 50)
         assert log.end_offset == batches[-1].next_offset  # visible before any fsync
         assert log.fsync_count == 0
-        with trio.fail_after(5):
-            while log.fsync_count == 0:
-                await trio.sleep(0.005)
+        autojump_clock.jump(0.02)  # one interval: the flusher has the new data fsynced
+        give_up = time.monotonic() + 10
+        while log.fsync_count == 0:  # (in a worker thread: real time)
+            assert time.monotonic() < give_up, "no fsync after the interval"
+            await trio.lowlevel.checkpoint()
         count = log.fsync_count
-        await trio.sleep(0.1)  # five intervals without new data: no fsync
+        for _ in range(5):  # five intervals without new data: no fsync
+            autojump_clock.jump(0.02)
+            await trio.testing.wait_all_tasks_blocked()
         assert log.fsync_count == count
         assert quiet.fsync_count == 0
         await log.append(b"x", 1, 0)
