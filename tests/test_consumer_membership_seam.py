@@ -57,10 +57,6 @@ class FakeFetcher:
     def cluster(self):
         raise AssertionError("no broker lists were pushed, so none is learnt")
 
-    def assign(self, offsets: dict[TopicPartition, int]) -> None:
-        self.calls.append("assign")
-        self.owned, self.frozen = dict(offsets), set()
-
     def add(self, offsets: dict[TopicPartition, int]) -> None:
         self.calls.append("add")
         self.owned.update(offsets)
@@ -177,7 +173,7 @@ async def test_a_cooperative_stop_gives_up_only_what_it_names_and_a_start_only_a
         ("revoked", [tp(1)], [tp(1)]),
         ("assigned", [tp(2)]),  # only what is new
     ]
-    assert fetcher.calls == ["assign", "freeze", "remove", "add"]
+    assert fetcher.calls == ["add", "freeze", "remove", "add"]
 
 
 async def test_an_application_that_stops_asking_loses_its_partitions_until_it_asks_again(
@@ -261,3 +257,19 @@ async def test_a_rejoin_within_the_lease_keeps_fetching(autojump_clock):
     assert coordinator.joins[0].owned == [tp(0)]
     assert heard == [("assigned", [tp(0)])]
     assert fetcher.owned == {tp(0): 10} and membership.state is ConsumerState.STABLE
+
+
+async def test_an_eager_start_over_what_is_owned_says_only_what_changed():
+    # A start with no stop before it: the coordinator that would have stopped the member
+    # died, and the member kept its partitions through the rejoin within its lease. Kept
+    # partitions go on fetching from where they are, and on_assigned hears only of the new
+    # ones (twice "assigned" for one partition is two owners to an application); one
+    # owned and not in the start was taken without a revoke: lost.
+    membership, fetcher, heard = make()
+    push = membership._handler.handle
+    await push(start(2, (0, 10), (2, 30)))
+    await push(start(5, (0, 99), (1, 40)))
+    assert heard == [("assigned", [tp(0), tp(2)]), ("lost", [tp(2)]), ("assigned", [tp(1)])]
+    assert fetcher.owned == {tp(0): 10, tp(1): 40}  # t-0 where it was, not back at 99
+    assert dict(membership.assignment) == {tp(0): 10, tp(1): 40}
+    assert membership.generation == 5 and membership.state is ConsumerState.STABLE

@@ -159,10 +159,6 @@ class FetchControl(Protocol):
         """Where partitions' leaders are learnt (the consumer's cluster view)."""
         ...
 
-    def assign(self, offsets: dict[TopicPartition, int]) -> None:
-        """Own exactly these partitions, from these offsets."""
-        ...
-
     def add(self, offsets: dict[TopicPartition, int]) -> None:
         """Own these partitions too."""
         ...
@@ -440,8 +436,6 @@ class GroupMembership:
                 return StartFetchersResponse()
             if whole.unchanged:
                 self._keep_assignment(whole)
-            elif whole.incremental:
-                await self._start_incremental(whole)
             else:
                 await self._start_fetchers(whole)
             return StartFetchersResponse()
@@ -542,12 +536,19 @@ class GroupMembership:
         self._handed_back = []
         self._state.value = ConsumerState.STABLE
 
-    async def _start_incremental(self, request: StartFetchersRequest) -> None:
-        """Cooperative: own ``request.partitions``, keeping those already fetched as they are.
+    async def _start_fetchers(self, request: StartFetchersRequest) -> None:
+        """Own ``request.partitions``, keeping those already fetched as they are.
 
         ``on_assigned`` hears only of the partitions that are new here. A
         partition owned but not in the request was taken without a revoke
-        (it should not happen: the coordinator revokes first) and is lost.
+        and is lost. Cooperative starts (``incremental``) keep what the member
+        fetches by design; an eager start finds nothing owned after the stop
+        before it, except when that stop never came: the coordinator that
+        would have sent it died, and the member kept its partitions through
+        the rejoin, within its lease. Those it keeps fetching from where they
+        are: ``on_assigned`` twice for one partition, with no revoke between,
+        would tell the application of a second owner (the cluster failover
+        test saw it once in CI).
         """
         self._check_lease()
         self.generation = request.generation
@@ -631,16 +632,6 @@ class GroupMembership:
                 f"member {self.member_id!r} has no lease: no heartbeat it sent within "
                 f"its session timeout ({self._granted_session:g}s) was accepted"
             )
-
-    async def _start_fetchers(self, request: StartFetchersRequest) -> None:
-        self._check_lease()
-        self.generation = request.generation
-        self._handed_back = []
-        self._learn_leaders(request)
-        self._assignment = {p.tp: p.offset for p in request.partitions}
-        self._fetcher.assign(dict(self._assignment))
-        self._state.value = ConsumerState.STABLE
-        await self._listener.assigned(sorted(self._assignment))
 
     async def _lose(self, reason: str) -> None:
         """Drop every partition without a clean revoke (the lease ran out, or we were expelled).
