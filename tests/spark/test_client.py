@@ -257,6 +257,8 @@ def test_a_fetch_sends_the_next_one_before_its_records_are_decoded(bootstrap, mo
         client.fetch(tp, 0, max_bytes=64, ahead_until=400)
         other = client.fetch(tp, 100, max_bytes=64)
         assert [b.base_offset for b in other.batches] == [100]
+        # The early answer was read out first: nothing of it is in flight any more.
+        assert [s for s in client._sockets.values() if s._waiting or s._early] == []
         assert client.list_offsets([tp], LATEST)[tp].log_end == 400
         assert client.fetch(tp, 20, max_bytes=64).batches[0].base_offset == 20
 

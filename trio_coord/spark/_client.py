@@ -622,7 +622,11 @@ class BlockingClient:
         if ahead is None or self._sockets.get(ahead.sock.address) is not ahead.sock:
             return None
         if (ahead.tp, ahead.offset, ahead.max_bytes, ahead.wait) != (tp, offset, max_bytes, wait):
-            ahead.sock.drop(ahead.corr_id)
+            # Read out and thrown away before anything else is sent: a large request sent
+            # while the broker is still sending this answer could block both until the
+            # timeout (each waiting for the other to read).
+            self._ahead = ahead
+            self.drop_ahead()
             return None
         try:
             (answer,) = ahead.sock.receive([ahead.corr_id])
