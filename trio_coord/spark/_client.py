@@ -539,11 +539,12 @@ class BlockingClient:
         they start below ``ahead_until``) is sent as soon as this answer is
         read, on the same connection: the broker reads them while the caller
         decodes these, and the next call asking for them takes that answer
-        instead of a round trip. The pipeline is one request deep, needs no
-        thread, and costs nothing when the next call asks for something else
-        (the early answer is thrown away when it comes; any error it carries
-        is asked for again the usual way, with its retries). The early answer
-        is waited for ``timeout`` at most, as the fetch itself would be.
+        instead of a round trip. The pipeline is one request deep and needs no
+        thread. When the next call asks for something else, the early answer
+        is read out and thrown away first (nothing is sent while the broker
+        may still be sending it); one that carries an error is acted on and
+        asked for again the usual way, with its retries. The early answer is
+        waited for ``timeout`` at most, as the fetch itself would be.
         """
         part = self._take_ahead(tp, offset, max_bytes, max_wait_ms)
         if part is None:
