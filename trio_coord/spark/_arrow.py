@@ -208,6 +208,17 @@ def decode_records(
     (raises InvalidRecordError if it is malformed, or decompresses to more than
     ``max_bytes``, exactly as ``decode_batch`` does)."""
     columnar, body = batch_body(payload, max_bytes)
+    return _piece(payload, columnar, body, max_bytes, include_headers)
+
+
+def _piece(
+    payload: bytes | memoryview,
+    columnar: bool,
+    body: bytes | memoryview,
+    max_bytes: int,
+    include_headers: bool,
+) -> Piece:
+    """:func:`decode_records` of ``payload``, whose ``batch_body`` was read already."""
     if not columnar or not _LITTLE:  # (Arrow's buffers are native, the layout little-endian)
         records = read_rows(body) if not columnar else decode_untracked(payload, max_bytes)
         return Piece(
@@ -279,7 +290,7 @@ def decode_lazily(
             and sections.values.presence in _BULK
         ):
             return RawPiece(body, sections)
-    return decode_records(payload, max_bytes, include_headers)
+    return _piece(payload, columnar, body, max_bytes, include_headers)  # (not decompressed again)
 
 
 def _headers(headers: list[tuple[tuple[str, bytes], ...]]) -> pa.Array | None:
