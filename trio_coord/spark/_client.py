@@ -111,7 +111,6 @@ class _Socket:
         self.broken = False
         self._waiting: set[int] = set()  # sent, answer not read yet
         self._early: dict[int, ResponseBody | CoordError] = {}  # read, not asked for yet
-        self._unwanted: set[int] = set()  # sent, answer to be thrown away when it comes
 
     def call(self, body: RequestBody) -> ResponseBody:
         """Send one request and return its answer's body, raising the error it carries."""
@@ -150,10 +149,7 @@ class _Socket:
         answers = {i: self._early.pop(i) for i in ids if i in self._early}
         self.broken = True
         while len(answers) < len(ids):
-            read = self._read_answer()
-            if read is None:
-                continue
-            corr_id, value = read
+            corr_id, value = self._read_answer()
             if corr_id in ids:
                 answers[corr_id] = value
             else:
@@ -162,26 +158,14 @@ class _Socket:
         return [answers[i] for i in ids]
 
     def drop(self, corr_id: int) -> None:
-        """Forget the answer to request ``corr_id``: read already, it is let go; still to
-        come, it is thrown away when it comes (this does not wait for it: see
-        :meth:`settle`)."""
-        self._early.pop(corr_id, None)
-        if corr_id in self._waiting:
-            self._unwanted.add(corr_id)
+        """Throw away the answer to request ``corr_id``, reading it first if it has not come
+        (any other that comes meanwhile is kept): it is then no longer in flight."""
+        if self._early.pop(corr_id, None) is None and corr_id in self._waiting:
+            self.receive([corr_id])
 
-    def settle(self) -> None:
-        """Read the answers :meth:`drop`-ped before they came, and throw them away (any
-        other that comes meanwhile is kept): nothing unwanted is then in flight."""
-        self.broken = True
-        while self._unwanted:
-            read = self._read_answer()
-            if read is not None:
-                self._early[read[0]] = read[1]
-        self.broken = False
-
-    def _read_answer(self) -> tuple[int, ResponseBody | CoordError] | None:
-        """Read one answer: its correlation id and its body or the error it carries, or
-        None for one that is not wanted; raises if the connection is unusable."""
+    def _read_answer(self) -> tuple[int, ResponseBody | CoordError]:
+        """Read one answer: its correlation id and its body or the error it carries; raises
+        if the connection is unusable."""
         answer = self.codec.decode(self._read_frame())
         if isinstance(answer, Goodbye):
             raise error_for(answer.error, f"the broker closed the connection: {answer.message}")
@@ -190,9 +174,6 @@ class _Socket:
                 f"expected the answer to one of requests {sorted(self._waiting)}, got {answer!r}"
             )
         self._waiting.discard(answer.corr_id)
-        if answer.corr_id in self._unwanted:
-            self._unwanted.discard(answer.corr_id)
-            return None
         if answer.error:
             return answer.corr_id, error_for(answer.error, answer.message)
         if answer.body is None:
@@ -596,13 +577,16 @@ class BlockingClient:
         as the worker idles. A connection that fails meanwhile is closed.
         """
         ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return
-        ahead.sock.drop(ahead.corr_id)
+        if ahead is not None:
+            self._let_go(ahead)
+
+    def _let_go(self, ahead: _Ahead) -> None:
+        """Read the answer to the fetch ``ahead`` out and throw it away (closing its
+        connection if that fails): nothing of it is then in flight."""
         if self._sockets.get(ahead.sock.address) is not ahead.sock:
             return  # (closed already)
         try:
-            ahead.sock.settle()
+            ahead.sock.drop(ahead.corr_id)
         except (OSError, CoordError) as exc:
             log.debug("closing the connection to %s:%d: %s", *ahead.sock.address, exc)
             self._discard(ahead.sock)
@@ -626,8 +610,7 @@ class BlockingClient:
             # Read out and thrown away before anything else is sent: a large request sent
             # while the broker is still sending this answer could block both until the
             # timeout (each waiting for the other to read).
-            self._ahead = ahead
-            self.drop_ahead()
+            self._let_go(ahead)
             return None
         try:
             (answer,) = ahead.sock.receive([ahead.corr_id])
