@@ -11,10 +11,12 @@ reset; fixed-partition consumers commit as standalone committers.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import types
 from collections import defaultdict
 
 import pytest
@@ -140,6 +142,47 @@ async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
     async with open_admin(broker.bootstrap) as admin:
         (ends,) = (await admin.list_offsets([TopicPartition("t", 0)])).values()
     assert ends.log_end == 2
+
+
+def reachable_from(root: object) -> list[object]:
+    """Every object ``root`` keeps alive (through gc's view of references)."""
+    seen: dict[int, object] = {id(root): root}
+    frontier = [root]
+    while frontier:
+        for child in gc.get_referents(frontier.pop()):
+            if id(child) not in seen and not isinstance(child, type | types.ModuleType):
+                seen[id(child)] = child
+                frontier.append(child)
+    return list(seen.values())
+
+
+async def test_the_records_of_one_batch_each_get_their_own_outcome(broker):
+    # One batch, one event: its deliveries share the batch's outcome, yet each
+    # gives its own offset and timestamp, to every task that awaits it, and none
+    # keeps the batch's records (a million values) alive once they are sent.
+    await make_topic(broker.bootstrap, "t", 1)
+    value = b"v" * 10_000
+    async with open_producer(broker.bootstrap, linger=3600) as producer:
+        deliveries = [
+            await producer.enqueue("t", value if i == 0 else b"x", timestamp=1_700_000_000 + i)
+            for i in range(5)
+        ]
+        assert not any(d.done for d in deliveries)
+        await producer.flush()
+        assert all(d.done for d in deliveries)
+        got: dict[int, list] = defaultdict(list)
+
+        async def wait(index: int) -> None:
+            got[index].append(await deliveries[index])
+
+        async with trio.open_nursery() as nursery:
+            for index in [*range(5), 0, 4]:  # two tasks await the first and the last
+                nursery.start_soon(wait, index)
+    offsets = {i: [(m.offset, m.timestamp) for m in metas] for i, metas in got.items()}
+    assert offsets == {i: [(i, 1_700_000_000 + i)] * (2 if i in (0, 4) else 1) for i in range(5)}
+    assert producer.batches_sent == 1
+    for d in deliveries:
+        assert not any(obj is value for obj in reachable_from(d))
 
 
 def test_key_partitioning_is_stable_across_processes():

@@ -83,6 +83,30 @@ class RecordMetadata:
         return TopicPartition(self.topic, self.partition)
 
 
+class _Outcome:
+    """A batch's outcome, shared by its records' deliveries: one event per batch, not per record.
+
+    Apart from the batch, so that a delivery kept by its caller does not keep
+    the batch's records alive.
+    """
+
+    __slots__ = ("base", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.base = -1
+        self.error: BaseException | None = None
+
+    def resolve(self, base: int) -> None:
+        self.base = base
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+
 class Delivery:
     """The outcome of one enqueued record; ``await delivery`` gives its :class:`RecordMetadata`.
 
@@ -90,48 +114,41 @@ class Delivery:
     Several tasks may await the same delivery.
     """
 
-    __slots__ = ("_done", "_error", "_result", "timestamp_ms", "tp")
+    __slots__ = ("_index", "_outcome", "timestamp_ms", "tp")
 
-    def __init__(self, tp: TopicPartition, timestamp_ms: int) -> None:
+    def __init__(
+        self, tp: TopicPartition, timestamp_ms: int, outcome: _Outcome, index: int
+    ) -> None:
         self.tp = tp
         self.timestamp_ms = timestamp_ms
-        self._done = trio.Event()
-        self._result: RecordMetadata | None = None
-        self._error: BaseException | None = None
+        self._outcome = outcome
+        self._index = index
 
     @property
     def done(self) -> bool:
         """True once the record was stored or failed."""
-        return self._done.is_set()
-
-    def _resolve(self, offset: int) -> None:
-        self._result = RecordMetadata(
-            self.tp.topic, self.tp.partition, offset, self.timestamp_ms / 1000
-        )
-        self._done.set()
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
-        self._done.set()
+        return self._outcome.done.is_set()
 
     async def wait(self) -> RecordMetadata:
         """Wait for the outcome: the record's metadata, or its error raised."""
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
+        outcome = self._outcome
+        await outcome.done.wait()
+        if outcome.error is not None:
+            raise outcome.error
+        return RecordMetadata(
+            self.tp.topic, self.tp.partition, outcome.base + self._index, self.timestamp_ms / 1000
+        )
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
         return self.wait().__await__()
 
 
 class _Batch:
-    __slots__ = ("created", "deliveries", "records", "size")
+    __slots__ = ("created", "outcome", "records", "size")
 
     def __init__(self, now: float) -> None:
         self.records: list[WireRecord] = []
-        self.deliveries: list[Delivery] = []
+        self.outcome = _Outcome()
         self.size = 0
         self.created = now
 
@@ -349,18 +366,8 @@ class Producer(EnterOnce):
         ts_ms = round((time.time() if timestamp is None else timestamp) * 1000)
         if ts_ms < 0:
             raise ValueError(f"timestamp {timestamp} is before the epoch")
-        with trio.move_on_after(self.max_block) as waiting:
-            while self._buffered + size > self.buffer_bytes and self._buffered > 0:
-                self._space = trio.Event() if self._space.is_set() else self._space
-                await self._space.wait()
-        if waiting.cancelled_caught:
-            raise RequestTimedOutError(
-                f"the producer's buffer (buffer_bytes={self.buffer_bytes}) stayed full for "
-                f"max_block ({self.max_block:g}s): records are enqueued faster than the "
-                "brokers store them; await deliveries (or flush) before enqueuing more, or "
-                "raise buffer_bytes or max_block"
-            )
-        delivery = Delivery(tp, ts_ms)
+        if self._buffered + size > self.buffer_bytes and self._buffered > 0:
+            await self._wait_for_space(size)
         queue = self._queues.get(tp)
         if queue is None:
             queue = self._queues[tp] = _PartitionQueue()
@@ -370,8 +377,8 @@ class Producer(EnterOnce):
             batch = None
         if batch is None:
             batch = queue.open = _Batch(trio.current_time())
+        delivery = Delivery(tp, ts_ms, batch.outcome, len(batch.records))
         batch.records.append(WireRecord(ts_ms, key_b, value_b, hdrs))
-        batch.deliveries.append(delivery)
         batch.size += size
         self._buffered += size
         self._pending += 1
@@ -387,6 +394,25 @@ class Producer(EnterOnce):
         # what it enqueued then counted one record too few).
         await trio.lowlevel.cancel_shielded_checkpoint()
         return delivery
+
+    async def _wait_for_space(self, size: int) -> None:
+        """Wait (at most ``max_block``) until the buffer has room for ``size`` more bytes.
+
+        Apart from enqueue's fast path: a cancel scope with a deadline per
+        record cost a third of a tight enqueue loop's time, when the buffer
+        is almost never full.
+        """
+        with trio.move_on_after(self.max_block) as waiting:
+            while self._buffered + size > self.buffer_bytes and self._buffered > 0:
+                self._space = trio.Event() if self._space.is_set() else self._space
+                await self._space.wait()
+        if waiting.cancelled_caught:
+            raise RequestTimedOutError(
+                f"the producer's buffer (buffer_bytes={self.buffer_bytes}) stayed full for "
+                f"max_block ({self.max_block:g}s): records are enqueued faster than the "
+                "brokers store them; await deliveries (or flush) before enqueuing more, or "
+                "raise buffer_bytes or max_block"
+            )
 
     async def _choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
         assert self._cluster is not None
@@ -480,14 +506,13 @@ class Producer(EnterOnce):
                     log.info("producer: retrying a batch for %s: %s", tp, exc)
                     await backoff.sleep()
                     continue
-                for index, delivery in enumerate(batch.deliveries):
-                    delivery._resolve(base + index)
+                batch.outcome.resolve(base)
                 error = None
                 self.batches_sent += 1
                 break
         if deadline.cancelled_caught:  # (a retriable error is only the last of many)
             error = self._bootstrap.deadline_error(
-                f"{len(batch.deliveries)} record(s) for {tp} were not stored",
+                f"{len(batch.records)} record(s) for {tp} were not stored",
                 self.delivery_timeout,
                 "delivery_timeout",
                 error,
@@ -498,9 +523,7 @@ class Producer(EnterOnce):
             self._settle(batch)
 
     def _resolve_failed(self, batch: _Batch, error: BaseException) -> None:
-        for delivery in batch.deliveries:
-            if not delivery.done:
-                delivery._fail(error)
+        batch.outcome.fail(error)
         self._settle(batch)
 
     async def _send_once(self, tp: TopicPartition, request: ProduceRequest) -> int:
@@ -529,7 +552,7 @@ class Producer(EnterOnce):
 
     def _settle(self, batch: _Batch) -> None:
         self._buffered -= batch.size
-        self._pending -= len(batch.deliveries)
+        self._pending -= len(batch.records)
         self._space.set()
         if self._pending == 0:
             self._idle.set()
