@@ -38,6 +38,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a script: this checkout's `bench` and `trio_coord`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    chosen_params,
+    cpu_count,
+    format_table,
+    load_average,
+    ratio,
+    run_and_report,
+)
 from trio_coord.core.assignment import topic_partitions
 from trio_coord.core.assignors import (
     Assignment,
@@ -48,18 +59,6 @@ from trio_coord.core.assignors import (
     UniformAssignor,
     collector_paused,
     validate_assignment,
-)
-
-if __package__ in (None, ""):  # run as a script: make the `bench` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._common import (
-    chosen_params,
-    cpu_count,
-    format_table,
-    load_average,
-    ratio,
-    run_and_report,
 )
 
 __all__ = ["Params", "main", "run_benchmark"]

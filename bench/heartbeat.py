@@ -57,6 +57,28 @@ from typing import Any
 
 import trio
 
+if __package__ in (None, ""):  # run as a script: this checkout's `bench` and `trio_coord`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import (
+    BenchError,
+    add_bench_user,
+    broker_security,
+    chosen_params,
+    client_security,
+    cpu_count,
+    format_table,
+    latency_summary,
+    make_certificates,
+    process_cpu_seconds,
+    process_rss_bytes,
+    python_module,
+    ratio,
+    read_stdin_line,
+    run_and_report,
+    say,
+    spawn,
+)
 from trio_coord.broker._gc import CollectorKeeper
 from trio_coord.broker.server import open_broker
 from trio_coord.client.admin import open_admin
@@ -82,29 +104,6 @@ from trio_coord.protocol.messages import (
     StopFetchersResponse,
 )
 from trio_coord.security.client import ClientSecurity, secure_stream
-
-if __package__ in (None, ""):  # run as a script: make the `bench` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._common import (
-    BenchError,
-    add_bench_user,
-    broker_security,
-    chosen_params,
-    client_security,
-    cpu_count,
-    format_table,
-    latency_summary,
-    make_certificates,
-    process_cpu_seconds,
-    process_rss_bytes,
-    python_module,
-    ratio,
-    read_stdin_line,
-    run_and_report,
-    say,
-    spawn,
-)
 
 __all__ = ["Params", "main", "run_benchmark"]
 

@@ -45,12 +45,7 @@ from typing import Any
 
 import trio
 
-from trio_coord.broker.persistence import RecordWriter, load_records, offset_path
-from trio_coord.core.records import OffsetRecord, Record, encode_record
-from trio_coord.protocol.messages import TopicPartition
-from trio_coord.store import Check, Create, MetadataStore, SetData, open_zookeeper_store
-
-if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+if __package__ in (None, ""):  # run as a script: this checkout's `bench` and `trio_coord`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
@@ -64,6 +59,10 @@ from bench._common import (
     run_and_report,
     tests_module,
 )
+from trio_coord.broker.persistence import RecordWriter, load_records, offset_path
+from trio_coord.core.records import OffsetRecord, Record, encode_record
+from trio_coord.protocol.messages import TopicPartition
+from trio_coord.store import Check, Create, MetadataStore, SetData, open_zookeeper_store
 
 __all__ = ["Params", "main", "run_benchmark"]
 

@@ -55,12 +55,7 @@ from typing import Any
 import msgspec
 import trio
 
-from trio_coord.broker.events import GroupEvent
-from trio_coord.broker.server import Broker, open_broker
-from trio_coord.client.admin import open_admin
-from trio_coord.core.group import Member
-
-if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+if __package__ in (None, ""):  # run as a script: this checkout's `bench` and `trio_coord`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
@@ -76,6 +71,10 @@ from bench._common import (
     run_and_report,
     start_logged,
 )
+from trio_coord.broker.events import GroupEvent
+from trio_coord.broker.server import Broker, open_broker
+from trio_coord.client.admin import open_admin
+from trio_coord.core.group import Member
 
 __all__ = ["MEASURES", "QUICK", "Params", "main", "render", "run_benchmark"]
 

@@ -61,13 +61,7 @@ from typing import Any
 
 import trio
 
-from trio_coord.broker.server import BrokerConfig, open_broker
-from trio_coord.client.admin import open_admin
-from trio_coord.client.consumer import open_consumer
-from trio_coord.client.producer import _RECORD_OVERHEAD, open_producer
-from trio_coord.log import LogConfig
-
-if __package__ in (None, ""):  # run as a script: make the `bench` package importable
+if __package__ in (None, ""):  # run as a script: this checkout's `bench` and `trio_coord`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import (
@@ -91,6 +85,11 @@ from bench._common import (
     say,
     spawn,
 )
+from trio_coord.broker.server import BrokerConfig, open_broker
+from trio_coord.client.admin import open_admin
+from trio_coord.client.consumer import open_consumer
+from trio_coord.client.producer import _RECORD_OVERHEAD, open_producer
+from trio_coord.log import LogConfig
 
 __all__ = ["MODES", "QUICK", "Params", "main", "render", "run_benchmark"]
 
