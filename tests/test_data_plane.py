@@ -185,6 +185,33 @@ async def test_the_records_of_one_batch_each_get_their_own_outcome(broker):
         assert not any(obj is value for obj in reachable_from(d))
 
 
+async def test_a_caught_up_partition_does_not_hold_up_the_others(broker):
+    # p0 is read to its end first, so the next fetch of it is a long poll (a minute
+    # here) while p1 still has records on the broker, a few at a time: those are
+    # fetched as p1 drains, not once the long poll ends (which they used to wait for).
+    await make_topic(broker.bootstrap, "t", 2)
+    async with open_producer(broker.bootstrap, linger=0) as producer:
+        await producer.send("t", b"first", partition=0)
+        for i in range(40):
+            await producer.send("t", b"x" * 200 + str(i).encode(), partition=1)
+    async with open_consumer(
+        broker.bootstrap,
+        partitions=[("t", 0), ("t", 1)],
+        offset_reset="earliest",
+        fetch_max_wait=60,
+        max_partition_fetch_bytes=1000,  # a few stored batches per fetch
+    ) as consumer:
+        with trio.fail_after(20):  # a hang guard: a stall lasts the minute
+            got = []
+            while len(got) < 41:
+                got += await consumer.getmany(1)  # p0 drains before p1 does
+            assert [r.partition for r in got].count(1) == 40
+            # A seek of the partition in the long poll is fetched at once, too.
+            consumer.seek(TopicPartition("t", 0), 0)
+            (again,) = await consumer.getmany(1)
+    assert (again.partition, again.offset, again.value) == (0, 0, b"first")
+
+
 def test_key_partitioning_is_stable_across_processes():
     keys = [f"user-{i}".encode() for i in range(50)]
     here = [partition_for_key(k, 12) for k in keys]

@@ -9,12 +9,15 @@ the consumed offset, so a record the application was still processing when
 its consumer crashed or gave the partition up is delivered again (at least
 once), never skipped.
 
-One fetch loop per broker long-polls the partitions that broker holds and
-whose buffer the application has drained, so memory per partition is bounded
-by one fetch. Records are handed out round-robin over partitions, in offset
-order within each. Every change of a partition (assigned, sought, revoked)
-bumps its epoch, and a fetch answer for an older epoch is dropped: no record
-of a revoked partition, or from before a seek, is ever handed out.
+One fetch loop per broker fetches each partition that broker holds as soon as
+the application has drained its buffer, a partition in one fetch at a time,
+so memory per partition is bounded by one fetch: partitions with records left
+on the broker at once (a few fetches may be in flight), those caught up in one
+long poll at a time, which never holds up the others. Records are handed out
+round-robin over partitions, in offset order within each. Every change of a
+partition (assigned, sought, revoked) bumps its epoch, and a fetch answer for
+an older epoch is dropped: no record of a revoked partition, or from before a
+seek, is ever handed out.
 """
 
 from __future__ import annotations
@@ -85,6 +88,22 @@ class _Partition:
     @property
     def resolved(self) -> bool:
         return self.fetch_offset != NO_OFFSET
+
+
+@dataclass(slots=True)
+class _LoopState:
+    """A fetch loop's fetches in flight: how many, the epoch each busy partition is fetched
+    at, and whether one of them is a long poll (of caught-up partitions only)."""
+
+    busy: dict[TopicPartition, int] = field(default_factory=dict)
+    polling: bool = False
+    fetches: int = 0
+
+
+_MAX_FETCHES = 4
+"""Fetches in flight per broker at most (a partition is in one at a time, so this bounds
+requests, not memory): well within what a broker serves per connection (64) before it
+stops reading the connection, heartbeats and commits included."""
 
 
 def _always() -> bool:
@@ -347,40 +366,110 @@ class Fetcher:
         self._records_arrived()
 
     async def _fetch_loop(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
+        """Fetch ``tps`` from ``broker``: each drained partition as soon as it is drained.
+
+        A partition is in at most one fetch at a time (per epoch: one sought
+        while in a fetch is fetched again at once, the old answer dropped).
+        Partitions with records left on the broker are fetched at once, in a
+        fetch of their own if need be, since the broker answers it at once;
+        those caught up wait in one long poll at a time. With one fetch per
+        broker, as before, a long poll of caught-up partitions held up for
+        ``max_wait`` the partitions that drained meanwhile, records waiting
+        on the broker: a consumer of a backlog stalled half a second each
+        time one of its partitions caught up.
+        """
+        state = _LoopState()
         backoff = Backoff(initial=0.05, maximum=1.0)
-        while True:
-            wake = self._wanted  # taken before looking, so no wake-up is missed
-            try:
-                await self._resolve(broker, tps)
-                wanted = [
-                    (tp, part)
-                    for tp in tps
-                    if (part := self._parts.get(tp)) is not None
-                    and part.resolved
-                    and not part.paused
-                    and not part.failed
-                    and not part.buffer
-                ]
+        async with trio.open_nursery() as nursery:
+            while True:
+                wake = self._wanted  # taken before looking, so no wake-up is missed
+                try:
+                    await self._resolve(broker, tps)
+                except CoordError as exc:
+                    await self._fetch_failed(broker, tps, exc, backoff)
+                    continue
+                wanted = self._wanted_from(tps, state)
                 if not wanted:
                     await wake.wait()
                     continue
-                response = await self._request(broker, self._fetch_request(wanted))
-                assert isinstance(response, FetchResponse)
-            except CoordError as exc:
-                # A moved leader (or a topic gone or re-created) is looked up again; the rest
-                # is retried here (classify: RECONNECT, RETRY) or told to the application.
-                if classify(exc) is Action.MOVED or isinstance(exc, UnknownTopicError):
-                    await self._refresh(tps)
-                elif exc.retriable:
-                    log.info("fetching from %s: %s; retrying", broker.address, exc)
-                else:
-                    # The broker refused the whole fetch: tell the application, keep trying.
-                    log.warning("fetching from %s failed: %s", broker.address, exc)
-                    self._fail(exc)
-                await backoff.sleep()
+                if state.fetches >= _MAX_FETCHES:
+                    await wake.wait()  # (a fetch in flight ends, and wakes this loop)
+                    continue
+                polls = all(self._caught_up(part) for _, part in wanted)
+                state.polling = state.polling or polls
+                state.fetches += 1
+                for tp, part in wanted:
+                    state.busy[tp] = part.epoch
+                nursery.start_soon(self._fetch_some, broker, wanted, polls, state, backoff)
+
+    def _wanted_from(
+        self, tps: list[TopicPartition], state: _LoopState
+    ) -> list[tuple[TopicPartition, _Partition]]:
+        """The partitions of ``tps`` to fetch now: drained, not in a fetch, and unless no long
+        poll is in flight, not caught up."""
+        wanted = []
+        for tp in tps:
+            part = self._parts.get(tp)
+            if (
+                part is None
+                or not part.resolved
+                or part.paused
+                or part.failed
+                or part.buffer
+                or state.busy.get(tp) == part.epoch
+                or (state.polling and self._caught_up(part))
+            ):
                 continue
+            wanted.append((tp, part))
+        return wanted
+
+    @staticmethod
+    def _caught_up(part: _Partition) -> bool:
+        """Whether the broker had no record past the fetch offset when last heard of."""
+        return part.log_end is not None and part.fetch_offset >= part.log_end
+
+    async def _fetch_some(
+        self,
+        broker: BrokerInfo,
+        wanted: list[tuple[TopicPartition, _Partition]],
+        polls: bool,
+        state: _LoopState,
+        backoff: Backoff,
+    ) -> None:
+        """One fetch of ``wanted`` (a long poll if ``polls``); its records buffered, or its
+        error handled as the loop handles one, then the loop woken to send the next."""
+        epochs = {tp: part.epoch for tp, part in wanted}
+        try:
+            response = await self._request(broker, self._fetch_request(wanted))
+            assert isinstance(response, FetchResponse)
             backoff.reset()
-            self._absorb(response, {tp: part.epoch for tp, part in wanted})
+            self._absorb(response, epochs)
+        except CoordError as exc:
+            await self._fetch_failed(broker, list(epochs), exc, backoff)
+        finally:
+            for tp, epoch in epochs.items():
+                if state.busy.get(tp) == epoch:
+                    del state.busy[tp]
+            if polls:
+                state.polling = False
+            state.fetches -= 1
+            self._fetch_wanted()
+
+    async def _fetch_failed(
+        self, broker: BrokerInfo, tps: list[TopicPartition], exc: CoordError, backoff: Backoff
+    ) -> None:
+        """A fetch (or the offsets lookup before one) failed: act on it, then back off."""
+        # A moved leader (or a topic gone or re-created) is looked up again; the rest
+        # is retried (classify: RECONNECT, RETRY) or told to the application.
+        if classify(exc) is Action.MOVED or isinstance(exc, UnknownTopicError):
+            await self._refresh(tps)
+        elif exc.retriable:
+            log.info("fetching from %s: %s; retrying", broker.address, exc)
+        else:
+            # The broker refused the whole fetch: tell the application, keep trying.
+            log.warning("fetching from %s failed: %s", broker.address, exc)
+            self._fail(exc)
+        await backoff.sleep()
 
     def _fetch_request(self, wanted: list[tuple[TopicPartition, _Partition]]) -> FetchRequest:
         s = self._settings
