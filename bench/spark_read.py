@@ -5,7 +5,8 @@
 broker in a background thread (an ephemeral one: its logs in a temporary
 directory), produces N records with values of S bytes to a topic of P
 partitions (with the producer's default linger of 5 ms, which stores them
-in batches of about 50 records here; ``--linger`` changes it, and the
+in batches of about 85 records here, the producer sharing this process and
+its interpreter lock with the broker; ``--linger`` changes it, and the
 header line says how many records a stored batch holds), and
 writes the same records (topic, partition, offset, timestamp, key, value) as
 JSON lines to P files in the same temporary directory, one per partition. In
