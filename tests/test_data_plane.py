@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 import types
 from collections import defaultdict
 
@@ -125,6 +126,25 @@ async def test_a_cancelled_block_closes_the_producer_at_once_failing_what_was_un
     assert stored.offset == 0
     with pytest.raises(RequestTimedOutError, match="closed before the record was stored"):
         await lingering
+
+
+async def test_each_failed_delivery_raises_with_a_traceback_of_its_own_await(broker):
+    # The records of a batch share one error. Raising the same exception object
+    # again extends its traceback: the 200th delivery awaited raised with the frames
+    # of all 199 awaits before it, a traceback growing with every await.
+    await make_topic(broker.bootstrap, "t", 1)
+    with trio.CancelScope() as outer:
+        async with open_producer(broker.bootstrap, linger=3600) as p:
+            lingering = [await p.enqueue("t", b"x") for _ in range(200)]
+            outer.cancel()
+    depths = []
+    for delivery in lingering:
+        try:
+            await delivery
+        except RequestTimedOutError as exc:
+            depths.append(len(traceback.extract_tb(exc.__traceback__)))
+    assert len(depths) == 200
+    assert set(depths) == {depths[0]}
 
 
 async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
