@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 import types
 from collections import defaultdict
 
@@ -127,6 +128,25 @@ async def test_a_cancelled_block_closes_the_producer_at_once_failing_what_was_un
         await lingering
 
 
+async def test_each_failed_delivery_raises_with_a_traceback_of_its_own_await(broker):
+    # The records of a batch share one error. Raising the same exception object
+    # again extends its traceback: the 200th delivery awaited raised with the frames
+    # of all 199 awaits before it, a traceback growing with every await.
+    await make_topic(broker.bootstrap, "t", 1)
+    with trio.CancelScope() as outer:
+        async with open_producer(broker.bootstrap, linger=3600) as p:
+            lingering = [await p.enqueue("t", b"x") for _ in range(200)]
+            outer.cancel()
+    depths = []
+    for delivery in lingering:
+        try:
+            await delivery
+        except RequestTimedOutError as exc:
+            depths.append(len(traceback.extract_tb(exc.__traceback__)))
+    assert len(depths) == 200
+    assert set(depths) == {depths[0]}
+
+
 async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
     # Trio's rule: Cancelled means the operation did not happen. An enqueue cancelled
     # at its last checkpoint had queued its record, which was then sent all the same.
@@ -210,6 +230,53 @@ async def test_a_caught_up_partition_does_not_hold_up_the_others(broker):
             consumer.seek(TopicPartition("t", 0), 0)
             (again,) = await consumer.getmany(1)
     assert (again.partition, again.offset, again.value) == (0, 0, b"first")
+
+
+class _OnFetchSpawned(trio.abc.Instrument):
+    """Runs ``action`` once, when the next fetch task is spawned (before it first runs)."""
+
+    def __init__(self) -> None:
+        self.action = None
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        if self.action is not None and task.name.endswith("._fetch_some"):
+            action, self.action = self.action, None
+            action()
+
+
+async def test_a_seek_to_beginning_just_as_a_fetch_starts_is_not_lost(broker):
+    # The application drains the partition and seeks it to its beginning at the
+    # moment the fetch loop hands the next fetch to a task, before that task has
+    # run: the fetch must be of the partition as the loop saw it, not of its
+    # unresolved position (-1: out of range, and the reset policy, latest here,
+    # then overrode the seek, so records 0-2 were never handed out again).
+    await make_topic(broker.bootstrap, "t", 1)
+    tp = TopicPartition("t", 0)
+    async with open_producer(broker.bootstrap, linger=0) as producer:
+        for i in range(3):
+            await producer.send("t", f"r{i}", partition=0)
+        async with open_consumer(
+            broker.bootstrap, partitions=[tp], offset_reset="latest"
+        ) as consumer:
+            consumer.seek(tp, 0)
+            hook = _OnFetchSpawned()
+            trio.lowlevel.add_instrument(hook)
+            try:
+                with trio.fail_after(10):  # a hang guard (the lost seek left nothing to read)
+                    got = []
+                    while len(got) < 3:
+                        got += await consumer.getmany()
+                    hook.action = lambda: consumer.seek_to_beginning(tp)
+                    again = []
+                    while hook.action is not None or not again:
+                        again += await consumer.getmany()
+                    await producer.send("t", "r3", partition=0)
+                    while again[-1].offset < 3:
+                        again += await consumer.getmany()
+            finally:
+                trio.lowlevel.remove_instrument(hook)
+    assert [r.offset for r in got] == [0, 1, 2]
+    assert [(r.offset, r.value) for r in again] == [(i, f"r{i}".encode()) for i in range(4)]
 
 
 def test_key_partitioning_is_stable_across_processes():

@@ -398,9 +398,14 @@ class Fetcher:
                 polls = all(self._caught_up(part) for _, part in wanted)
                 state.polling = state.polling or polls
                 state.fetches += 1
-                for tp, part in wanted:
-                    state.busy[tp] = part.epoch
-                nursery.start_soon(self._fetch_some, broker, wanted, polls, state, backoff)
+                # The request and its epochs are taken now, not when the task first
+                # runs: the application may seek (or reset) a partition in between,
+                # and the task would then fetch it as nobody decided to (a reset one
+                # at offset -1, out of range: its reset policy overrode the seek).
+                epochs = {tp: part.epoch for tp, part in wanted}
+                state.busy.update(epochs)
+                request = self._fetch_request(wanted)
+                nursery.start_soon(self._fetch_some, broker, request, epochs, polls, state, backoff)
 
     def _wanted_from(
         self, tps: list[TopicPartition], state: _LoopState
@@ -431,16 +436,17 @@ class Fetcher:
     async def _fetch_some(
         self,
         broker: BrokerInfo,
-        wanted: list[tuple[TopicPartition, _Partition]],
+        request: FetchRequest,
+        epochs: dict[TopicPartition, int],
         polls: bool,
         state: _LoopState,
         backoff: Backoff,
     ) -> None:
-        """One fetch of ``wanted`` (a long poll if ``polls``); its records buffered, or its
-        error handled as the loop handles one, then the loop woken to send the next."""
-        epochs = {tp: part.epoch for tp, part in wanted}
+        """One fetch (a long poll if ``polls``) of partitions at ``epochs``; its records
+        buffered, or its error handled as the loop handles one, then the loop woken to send
+        the next."""
         try:
-            response = await self._request(broker, self._fetch_request(wanted))
+            response = await self._request(broker, request)
             assert isinstance(response, FetchResponse)
             backoff.reset()
             self._absorb(response, epochs)

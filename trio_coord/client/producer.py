@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Literal
 
 import trio
@@ -90,12 +91,13 @@ class _Outcome:
     the batch's records alive.
     """
 
-    __slots__ = ("base", "done", "error")
+    __slots__ = ("base", "done", "error", "traceback")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.base = -1
         self.error: BaseException | None = None
+        self.traceback: TracebackType | None = None  # the error's, as it failed the batch
 
     def resolve(self, base: int) -> None:
         self.base = base
@@ -104,6 +106,7 @@ class _Outcome:
     def fail(self, error: BaseException) -> None:
         if not self.done.is_set():
             self.error = error
+            self.traceback = error.__traceback__
             self.done.set()
 
 
@@ -134,7 +137,10 @@ class Delivery:
         outcome = self._outcome
         await outcome.done.wait()
         if outcome.error is not None:
-            raise outcome.error
+            # One exception object for the whole batch, and raising it again extends
+            # its traceback: each await raises it from the traceback it failed with,
+            # not from that plus the frames of every await before (asyncio does so too).
+            raise outcome.error.with_traceback(outcome.traceback)
         return RecordMetadata(
             self.tp.topic, self.tp.partition, outcome.base + self._index, self.timestamp_ms / 1000
         )
