@@ -33,6 +33,7 @@ from trio_coord import (
     TopicPartition,
     UnknownTopicError,
     open_admin,
+    open_broker,
     open_consumer,
     open_producer,
 )
@@ -162,6 +163,36 @@ async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
     async with open_admin(broker.bootstrap) as admin:
         (ends,) = (await admin.list_offsets([TopicPartition("t", 0)])).values()
     assert ends.log_end == 2
+
+
+@pytest.mark.parametrize(("partitions", "frame"), [(5000, None), (600, 64 * 1024)])
+async def test_a_consumer_of_more_partitions_than_one_fetch_holds_reads_them_all(
+    tmp_path, partitions, frame
+):
+    # A broker refuses a fetch whose partitions would take over a quarter of its frame:
+    # 5,000 of a broker's default 1 MiB frame, or 600 of a 64 KiB one (a size the
+    # consumer cannot know, and learns from the refusal). Every fetch was refused, forever.
+    settings = {} if frame is None else {"max_frame_size": frame}
+    async with open_broker(tmp_path, max_partitions=partitions, **settings) as broker:
+        await make_topic(broker.bootstrap, "t", partitions)
+        ends = [0, partitions // 2, partitions - 1]
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+            for p in ends:
+                await producer.send("t", str(p).encode(), partition=p)
+        async with open_consumer(
+            broker.bootstrap,
+            partitions=[("t", p) for p in range(partitions)],
+            offset_reset="earliest",
+        ) as consumer:
+            with trio.fail_after(30):
+                got = [await consumer.getone() for _ in ends]
+            # And one produced now to a partition that had caught up comes too.
+            async with open_producer(broker.bootstrap) as producer:
+                await producer.send("t", b"later", partition=1)
+            with trio.fail_after(30):
+                later = await consumer.getone()
+    assert sorted((r.partition, r.value) for r in got) == [(p, str(p).encode()) for p in ends]
+    assert (later.partition, later.value) == (1, b"later")
 
 
 def reachable_from(root: object) -> list[object]:

@@ -13,11 +13,12 @@ One fetch loop per broker fetches each partition that broker holds as soon as
 the application has drained its buffer, a partition in one fetch at a time,
 so memory per partition is bounded by one fetch: partitions with records left
 on the broker at once (a few fetches may be in flight), those caught up in one
-long poll at a time, which never holds up the others. Records are handed out
-round-robin over partitions, in offset order within each. Every change of a
-partition (assigned, sought, revoked) bumps its epoch, and a fetch answer for
-an older epoch is dropped: no record of a revoked partition, or from before a
-seek, is ever handed out.
+long poll at a time, which never holds up the others; more partitions than one
+request holds in further fetches, the longest waiting first. Records are
+handed out round-robin over partitions, in offset order within each. Every
+change of a partition (assigned, sought, revoked) bumps its epoch, and a fetch
+answer for an older epoch is dropped: no record of a revoked partition, or
+from before a seek, is ever handed out.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ import trio
 from .._routing import Action, classify
 from ..protocol.errors import (
     CoordError,
+    InvalidRequestError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
     UnknownTopicError,
     error_for,
 )
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
     EARLIEST,
     LATEST,
@@ -90,14 +93,28 @@ class _Partition:
         return self.fetch_offset != NO_OFFSET
 
 
+_PARTITION_BYTES = 64
+"""What a partition adds to a fetch request, besides its topic's name (the broker's own
+estimate: it refuses a fetch whose partitions would take over a quarter of its frame)."""
+
+_MAX_REQUEST_PARTITION_BYTES = DEFAULT_MAX_FRAME_SIZE // 4 - 64
+"""What a fetch's partitions may take at first: what a broker of the default frame takes
+(a quarter of it, less the answer's envelope). A broker of a smaller frame refuses more,
+and the loop halves it until one is taken."""
+
+
 @dataclass(slots=True)
 class _LoopState:
     """A fetch loop's fetches in flight: how many, the epoch each busy partition is fetched
-    at, and whether one of them is a long poll (of caught-up partitions only)."""
+    at, how many are long polls (of caught-up partitions only); and how large a fetch may
+    be, and when each partition was last in one (the longest waiting go first)."""
 
     busy: dict[TopicPartition, int] = field(default_factory=dict)
-    polling: bool = False
+    polls: int = 0  # long polls in flight
     fetches: int = 0
+    budget: int = _MAX_REQUEST_PARTITION_BYTES  # the most a fetch's partitions may take
+    turns: dict[TopicPartition, int] = field(default_factory=dict)  # when last in a fetch
+    turn: int = 0
 
 
 _MAX_FETCHES = 4
@@ -395,9 +412,13 @@ class Fetcher:
                 if state.fetches >= _MAX_FETCHES:
                     await wake.wait()  # (a fetch in flight ends, and wakes this loop)
                     continue
+                wanted = self._fitting(wanted, state)
                 polls = all(self._caught_up(part) for _, part in wanted)
-                state.polling = state.polling or polls
+                state.polls += polls
                 state.fetches += 1
+                state.turn += 1
+                for tp, _ in wanted:
+                    state.turns[tp] = state.turn
                 # The request and its epochs are taken now, not when the task first
                 # runs: the application may seek (or reset) a partition in between,
                 # and the task would then fetch it as nobody decided to (a reset one
@@ -422,7 +443,7 @@ class Fetcher:
                 or part.failed
                 or part.buffer
                 or state.busy.get(tp) == part.epoch
-                or (state.polling and self._caught_up(part))
+                or (state.polls and self._caught_up(part))
             ):
                 continue
             wanted.append((tp, part))
@@ -432,6 +453,25 @@ class Fetcher:
     def _caught_up(part: _Partition) -> bool:
         """Whether the broker had no record past the fetch offset when last heard of."""
         return part.log_end is not None and part.fetch_offset >= part.log_end
+
+    @staticmethod
+    def _fitting(
+        wanted: list[tuple[TopicPartition, _Partition]], state: _LoopState
+    ) -> list[tuple[TopicPartition, _Partition]]:
+        """As many of ``wanted`` as one fetch request holds (``state.budget``), those whose
+        last fetch was longest ago first: the rest go in the next fetch."""
+        sizes = [_PARTITION_BYTES + len(tp.topic.encode()) for tp, _ in wanted]
+        if sum(sizes) <= state.budget:
+            return wanted
+        order = sorted(range(len(wanted)), key=lambda i: state.turns.get(wanted[i][0], 0))
+        fitting: list[tuple[TopicPartition, _Partition]] = []
+        used = 0
+        for i in order:
+            if fitting and used + sizes[i] > state.budget:
+                break
+            fitting.append(wanted[i])
+            used += sizes[i]
+        return fitting
 
     async def _fetch_some(
         self,
@@ -450,14 +490,22 @@ class Fetcher:
             assert isinstance(response, FetchResponse)
             backoff.reset()
             self._absorb(response, epochs)
+        except InvalidRequestError as exc:
+            if len(epochs) > 1:
+                # Most likely a broker of a smaller frame: "fetch fewer partitions per
+                # request". Halved until it takes them, or one is refused on its own.
+                size = sum(_PARTITION_BYTES + len(tp.topic.encode()) for tp in epochs)
+                state.budget = min(state.budget, size // 2)
+                log.info("fetching from %s: %s; fetching fewer at a time", broker.address, exc)
+            else:
+                await self._fetch_failed(broker, list(epochs), exc, backoff)
         except CoordError as exc:
             await self._fetch_failed(broker, list(epochs), exc, backoff)
         finally:
             for tp, epoch in epochs.items():
                 if state.busy.get(tp) == epoch:
                     del state.busy[tp]
-            if polls:
-                state.polling = False
+            state.polls -= polls
             state.fetches -= 1
             self._fetch_wanted()
 
@@ -563,8 +611,10 @@ class Fetcher:
                     continue
                 where = EARLIEST if policy == "earliest" else LATEST
             todo.setdefault(where, []).append(tp)
+        # Each partition's epoch as asked, all taken before the first request: one removed
+        # while an earlier lookup is in flight is then dropped from the answer, not a KeyError.
+        epochs = {tp: self._parts[tp].epoch for asked in todo.values() for tp in asked}
         for where, asked in todo.items():
-            epochs = {tp: self._parts[tp].epoch for tp in asked}
             response = await self._request(broker, ListOffsetsRequest(asked, where))
             assert isinstance(response, ListOffsetsResponse)
             for listed in response.offsets:
