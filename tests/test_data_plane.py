@@ -208,6 +208,33 @@ async def test_a_consumer_of_more_partitions_than_one_fetch_holds_reads_them_all
     assert (later.partition, later.value) == (1, b"later")
 
 
+async def test_caught_up_partitions_of_several_fetches_each_wait_at_most_fetch_max_wait(
+    tmp_path,
+):
+    # 10,000 partitions of a 120-character topic name take 8 fetches. Caught up, they were
+    # long-polled 8 in turn, one at a time, each for fetch_max_wait (3 s here): a record
+    # produced to a partition just polled waited for the 7 other polls (18-21 s). Polls
+    # of a turn now share fetch_max_wait, so every partition is asked within it.
+    topic, partitions = "t" * 120, 10_000
+    async with open_broker(tmp_path, max_partitions=partitions) as broker:
+        await make_topic(broker.bootstrap, topic, partitions)
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+            await producer.send(topic, b"first", partition=0)
+            async with open_consumer(
+                broker.bootstrap,
+                partitions=[(topic, p) for p in range(partitions)],
+                offset_reset="earliest",
+                fetch_max_wait=3,
+            ) as consumer:
+                with trio.fail_after(10):  # (fetched at once: partition 0 had a record)
+                    first = await consumer.getone()
+                # Partition 0 was in the fetch just answered: its turn comes last.
+                await producer.send(topic, b"second", partition=0)
+                with trio.fail_after(10):  # a hang guard: the turn of 8 polls took 18-21 s
+                    second = await consumer.getone()
+    assert [(r.partition, r.value) for r in (first, second)] == [(0, b"first"), (0, b"second")]
+
+
 async def test_a_fetch_larger_than_the_brokers_frame_is_sent_smaller(tmp_path):
     # Partitions placed by seek need no offsets lookup, so the first request is the fetch
     # of all 1,000: a frame larger than the broker's 64 KiB, which it refuses by closing

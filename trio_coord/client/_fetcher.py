@@ -134,6 +134,10 @@ class _LoopState:
     turn: int = 0
 
 
+_MIN_POLL_WAIT = 0.05
+"""The shortest wait of a long poll that shares ``max_wait`` with the others of its turn
+(seconds): polls of one partition each, against a broker of a tiny frame, do not spin."""
+
 _MAX_FETCHES = 4
 """Fetches in flight per broker at most (a partition is in one at a time, so this bounds
 requests, not memory): well within what a broker serves per connection (64) before it
@@ -432,8 +436,17 @@ class Fetcher:
                 if state.fetches >= _MAX_FETCHES:
                     await wake.wait()  # (a fetch in flight ends, and wakes this loop)
                     continue
-                wanted = self._fitting(wanted, state)
-                polls = all(self._caught_up(part) for _, part in wanted)
+                fitting = self._fitting(wanted, state)
+                polls = all(self._caught_up(part) for _, part in fitting)
+                wait = self._settings.max_wait
+                if polls and len(fitting) < len(wanted):
+                    # More caught-up partitions than one poll holds are polled in turn, one
+                    # poll at a time, and the polls of a turn share max_wait: a partition is
+                    # asked again within it (each poll took all of it, and a record waited
+                    # for the turn: 7 polls for 10,000 partitions of a long topic name).
+                    waiting = sum(1 for _, part in wanted if self._caught_up(part))
+                    wait = max(wait * len(fitting) / waiting, min(wait, _MIN_POLL_WAIT))
+                wanted = fitting
                 state.polls += polls
                 state.fetches += 1
                 state.turn += 1
@@ -445,7 +458,7 @@ class Fetcher:
                 # at offset -1, out of range: its reset policy overrode the seek).
                 epochs = {tp: part.epoch for tp, part in wanted}
                 state.busy.update(epochs)
-                request = self._fetch_request(wanted)
+                request = self._fetch_request(wanted, wait)
                 nursery.start_soon(self._fetch_some, broker, request, epochs, polls, state, backoff)
 
     def _wanted_from(
@@ -568,14 +581,16 @@ class Fetcher:
             self._fail(exc)
         await backoff.sleep()
 
-    def _fetch_request(self, wanted: list[tuple[TopicPartition, _Partition]]) -> FetchRequest:
+    def _fetch_request(
+        self, wanted: list[tuple[TopicPartition, _Partition]], wait: float
+    ) -> FetchRequest:
         s = self._settings
         return FetchRequest(
             [
                 FetchPartition(tp.topic, tp.partition, p.fetch_offset, s.max_partition_bytes)
                 for tp, p in wanted
             ],
-            max_wait_ms=round(s.max_wait * 1000),
+            max_wait_ms=round(wait * 1000),
             min_bytes=s.min_bytes,
         )
 
