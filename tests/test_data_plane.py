@@ -176,8 +176,16 @@ async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
         # too): refused, and retried, forever.
         (10_000, None, "t" * 120),
         (1000, 64 * 1024, "t" * 100),
+        # (A request larger than the broker's frame and smaller than half the budget.)
+        (300, 64 * 1024, "t" * 249),
     ],
-    ids=["5000", "600-of-64KiB", "10000-long-names", "1000-long-names-of-64KiB"],
+    ids=[
+        "5000",
+        "600-of-64KiB",
+        "10000-long-names",
+        "1000-long-names-of-64KiB",
+        "300-longest-names-of-64KiB",
+    ],
 )
 async def test_a_consumer_of_more_partitions_than_one_fetch_holds_reads_them_all(
     tmp_path, partitions, frame, topic

@@ -130,6 +130,8 @@ class _LoopState:
     polls: int = 0  # long polls in flight
     fetches: int = 0
     budget: int = _MAX_REQUEST_PARTITION_BYTES  # the most a fetch's partitions may take
+    flying: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per request in flight (fetch or ListOffsets, by id): its size, and the budget then."""
     turns: dict[TopicPartition, int] = field(default_factory=dict)  # when last in a fetch
     turn: int = 0
 
@@ -459,6 +461,7 @@ class Fetcher:
                 epochs = {tp: part.epoch for tp, part in wanted}
                 state.busy.update(epochs)
                 request = self._fetch_request(wanted, wait)
+                state.flying[id(request)] = (_request_bytes(epochs), state.budget)
                 nursery.start_soon(self._fetch_some, broker, request, epochs, polls, state, backoff)
 
     def _wanted_from(
@@ -524,9 +527,10 @@ class Fetcher:
             backoff.reset()
             self._absorb(response, epochs)
         except CoordError as exc:
-            if not self._fewer(broker, epochs, exc, state):
+            if not self._fewer(broker, request, len(epochs), exc, state):
                 await self._fetch_failed(broker, list(epochs), exc, backoff)
         finally:
+            state.flying.pop(id(request), None)
             for tp, epoch in epochs.items():
                 if state.busy.get(tp) == epoch:
                     del state.busy[tp]
@@ -537,32 +541,38 @@ class Fetcher:
     def _fewer(
         self,
         broker: BrokerInfo,
-        tps: Iterable[TopicPartition],
+        request: FetchRequest | ListOffsetsRequest,
+        count: int,
         exc: CoordError,
         state: _LoopState,
     ) -> bool:
-        """Whether ``exc`` refused a request of several partitions (``tps``) for its size:
-        then they are asked for again at once, fewer at a time.
+        """Whether ``exc`` refused ``request`` (of ``count`` partitions, in
+        ``state.flying``) for its size: then the budget is smaller, and its partitions
+        are asked for again at once, fewer at a time.
 
         A broker of a smaller frame than the default refuses a fetch of more
-        than a quarter of it ("fetch fewer partitions per request"), answers
-        a ListOffsets larger than its frame with FRAME_TOO_LARGE, and closes
-        the connection on a request larger than its frame, saying why; a
-        request larger than the consumer's own frame is refused before it is
-        sent. The budget is halved until one is taken (or one partition is
-        refused on its own: that is the application's to hear). A goodbye
-        fails every request on the connection: one less than half the budget
-        was not the cause, and is sent again as it is.
+        than a quarter of it ("fetch fewer partitions per request"): the
+        budget becomes half that fetch. It answers a ListOffsets larger than
+        its frame with FRAME_TOO_LARGE, and closes the connection on a request
+        larger than its frame, saying so; that fails every request on the
+        connection, so the budget is halved once per failure, from the largest
+        request then in flight: a request sent before the budget was lowered
+        is only sent again. Until one is taken, or a partition is refused on
+        its own: that is the application's to hear, after a backoff.
         """
-        tps = list(tps)
-        if len(tps) < 2 or not isinstance(exc, (InvalidRequestError, FrameTooLargeError)):
+        if count < 2 or not isinstance(exc, (InvalidRequestError, FrameTooLargeError)):
             return False
-        size = _request_bytes(tps)
-        if isinstance(exc, InvalidRequestError) or 2 * size > state.budget:
-            state.budget = self._budgets[broker.address] = min(state.budget, size // 2)
-            log.info(
-                "requesting from %s: %s; asking for fewer partitions at a time", broker.address, exc
-            )
+        size, sent = state.flying[id(request)]
+        if isinstance(exc, InvalidRequestError):
+            budget = size // 2
+        elif state.budget < sent:
+            return True  # (lowered since it was sent: by this failure, or a later one)
+        else:
+            budget = max(flying for flying, _ in state.flying.values()) // 2
+        state.budget = self._budgets[broker.address] = min(state.budget, budget)
+        log.info(
+            "requesting from %s: %s; asking for fewer partitions at a time", broker.address, exc
+        )
         return True
 
     async def _fetch_failed(
@@ -681,12 +691,16 @@ class Fetcher:
         for where, asked in todo.items():
             while asked:
                 some = asked[: _holding(asked, state.budget)]
+                request = ListOffsetsRequest(some, where)
+                state.flying[id(request)] = (_request_bytes(some), state.budget)
                 try:
-                    response = await self._request(broker, ListOffsetsRequest(some, where))
+                    response = await self._request(broker, request)
                 except CoordError as exc:
-                    if self._fewer(broker, some, exc, state):
+                    if self._fewer(broker, request, len(some), exc, state):
                         continue  # (the same partitions, fewer at a time)
                     raise
+                finally:
+                    state.flying.pop(id(request), None)
                 asked = asked[len(some) :]
                 self._positioned(response, epochs)
 
