@@ -165,34 +165,104 @@ async def test_an_enqueue_that_raises_cancelled_did_not_enqueue(broker):
     assert ends.log_end == 2
 
 
-@pytest.mark.parametrize(("partitions", "frame"), [(5000, None), (600, 64 * 1024)])
+@pytest.mark.parametrize(
+    ("partitions", "frame", "topic"),
+    [
+        (5000, None, "t"),
+        (600, 64 * 1024, "t"),
+        # Long topic names: their offsets lookup (ListOffsets) was one request of every
+        # partition, larger than the consumer's frame (10,000 of a 120-character name)
+        # or the broker's (1,000 of a 100-character name at 64 KiB, where the fetch is,
+        # too): refused, and retried, forever.
+        (10_000, None, "t" * 120),
+        (1000, 64 * 1024, "t" * 100),
+        # (A request larger than the broker's frame and smaller than half the budget.)
+        (300, 64 * 1024, "t" * 249),
+    ],
+    ids=[
+        "5000",
+        "600-of-64KiB",
+        "10000-long-names",
+        "1000-long-names-of-64KiB",
+        "300-longest-names-of-64KiB",
+    ],
+)
 async def test_a_consumer_of_more_partitions_than_one_fetch_holds_reads_them_all(
-    tmp_path, partitions, frame
+    tmp_path, partitions, frame, topic
 ):
     # A broker refuses a fetch whose partitions would take over a quarter of its frame:
     # 5,000 of a broker's default 1 MiB frame, or 600 of a 64 KiB one (a size the
     # consumer cannot know, and learns from the refusal). Every fetch was refused, forever.
     settings = {} if frame is None else {"max_frame_size": frame}
     async with open_broker(tmp_path, max_partitions=partitions, **settings) as broker:
-        await make_topic(broker.bootstrap, "t", partitions)
+        await make_topic(broker.bootstrap, topic, partitions)
         ends = [0, partitions // 2, partitions - 1]
         async with open_producer(broker.bootstrap, linger=0) as producer:
             for p in ends:
-                await producer.send("t", str(p).encode(), partition=p)
+                await producer.send(topic, str(p).encode(), partition=p)
         async with open_consumer(
             broker.bootstrap,
-            partitions=[("t", p) for p in range(partitions)],
+            partitions=[(topic, p) for p in range(partitions)],
             offset_reset="earliest",
         ) as consumer:
             with trio.fail_after(30):
                 got = [await consumer.getone() for _ in ends]
             # And one produced now to a partition that had caught up comes too.
             async with open_producer(broker.bootstrap) as producer:
-                await producer.send("t", b"later", partition=1)
+                await producer.send(topic, b"later", partition=1)
             with trio.fail_after(30):
                 later = await consumer.getone()
     assert sorted((r.partition, r.value) for r in got) == [(p, str(p).encode()) for p in ends]
     assert (later.partition, later.value) == (1, b"later")
+
+
+async def test_caught_up_partitions_of_several_fetches_each_wait_at_most_fetch_max_wait(
+    tmp_path,
+):
+    # 10,000 partitions of a 120-character topic name take 8 fetches. Caught up, they were
+    # long-polled 8 in turn, one at a time, each for fetch_max_wait (3 s here): a record
+    # produced to a partition just polled waited for the 7 other polls (18-21 s). Polls
+    # of a turn now share fetch_max_wait, so every partition is asked within it.
+    topic, partitions = "t" * 120, 10_000
+    async with open_broker(tmp_path, max_partitions=partitions) as broker:
+        await make_topic(broker.bootstrap, topic, partitions)
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+            await producer.send(topic, b"first", partition=0)
+            async with open_consumer(
+                broker.bootstrap,
+                partitions=[(topic, p) for p in range(partitions)],
+                offset_reset="earliest",
+                fetch_max_wait=3,
+            ) as consumer:
+                with trio.fail_after(10):  # (fetched at once: partition 0 had a record)
+                    first = await consumer.getone()
+                # Partition 0 was in the fetch just answered: its turn comes last.
+                await producer.send(topic, b"second", partition=0)
+                with trio.fail_after(10):  # a hang guard: the turn of 8 polls took 18-21 s
+                    second = await consumer.getone()
+    assert [(r.partition, r.value) for r in (first, second)] == [(0, b"first"), (0, b"second")]
+
+
+async def test_a_fetch_larger_than_the_brokers_frame_is_sent_smaller(tmp_path):
+    # Partitions placed by seek need no offsets lookup, so the first request is the fetch
+    # of all 1,000: a frame larger than the broker's 64 KiB, which it refuses by closing
+    # the connection (not with the error a fetch of too many partitions gets). The
+    # consumer took that for an error of the application's, and sent it again, forever.
+    topic = "t" * 100
+    async with open_broker(tmp_path, max_frame_size=64 * 1024) as broker:
+        await make_topic(broker.bootstrap, topic, 1000)
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+            await producer.send(topic, b"last", partition=999)
+        async with open_consumer(
+            broker.bootstrap,
+            partitions=[(topic, p) for p in range(1000)],
+            offset_reset="none",  # (a partition not sought would raise: none is looked up)
+        ) as consumer:
+            for p in range(1000):
+                consumer.seek(TopicPartition(topic, p), 0)
+            with trio.fail_after(30):
+                record = await consumer.getone()
+    assert (record.partition, record.value) == (999, b"last")
 
 
 def reachable_from(root: object) -> list[object]:

@@ -33,6 +33,7 @@ import trio
 from .._routing import Action, classify
 from ..protocol.errors import (
     CoordError,
+    FrameTooLargeError,
     InvalidRequestError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
@@ -100,7 +101,23 @@ estimate: it refuses a fetch whose partitions would take over a quarter of its f
 _MAX_REQUEST_PARTITION_BYTES = DEFAULT_MAX_FRAME_SIZE // 4 - 64
 """What a fetch's partitions may take at first: what a broker of the default frame takes
 (a quarter of it, less the answer's envelope). A broker of a smaller frame refuses more,
-and the loop halves it until one is taken."""
+and the loop halves it until one is taken. An offsets lookup (ListOffsets) is cut by the
+same estimate, which is more than a partition takes in its request or its answer."""
+
+
+def _request_bytes(tps: Iterable[TopicPartition]) -> int:
+    """What ``tps`` take of a request, as a broker estimates it (see _PARTITION_BYTES)."""
+    return sum(_PARTITION_BYTES + len(tp.topic.encode()) for tp in tps)
+
+
+def _holding(tps: list[TopicPartition], budget: int) -> int:
+    """How many of ``tps``, from the first, one request of ``budget`` holds (at least one)."""
+    used = 0
+    for count, tp in enumerate(tps):
+        used += _PARTITION_BYTES + len(tp.topic.encode())
+        if count and used > budget:
+            return count
+    return len(tps)
 
 
 @dataclass(slots=True)
@@ -113,9 +130,15 @@ class _LoopState:
     polls: int = 0  # long polls in flight
     fetches: int = 0
     budget: int = _MAX_REQUEST_PARTITION_BYTES  # the most a fetch's partitions may take
+    flying: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per request in flight (fetch or ListOffsets, by id): its size, and the budget then."""
     turns: dict[TopicPartition, int] = field(default_factory=dict)  # when last in a fetch
     turn: int = 0
 
+
+_MIN_POLL_WAIT = 0.05
+"""The shortest wait of a long poll that shares ``max_wait`` with the others of its turn
+(seconds): polls of one partition each, against a broker of a tiny frame, do not spin."""
 
 _MAX_FETCHES = 4
 """Fetches in flight per broker at most (a partition is in one at a time, so this bounds
@@ -143,6 +166,7 @@ class Fetcher:
         self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
+        self._budgets: dict[str, int] = {}  # per broker address: a budget it made smaller
         self.may_hand_out: Callable[[], bool] = _always
         """Whether records may be handed out now: a group member's lease must hold (its
         watchdog drops the partitions a moment after it ends; nothing is handed out
@@ -395,13 +419,15 @@ class Fetcher:
         on the broker: a consumer of a backlog stalled half a second each
         time one of its partitions caught up.
         """
-        state = _LoopState()
+        # (A budget a broker made smaller is kept across restarts of the loop: learning it
+        # again costs refused requests, and a request larger than its frame, the connection.)
+        state = _LoopState(budget=self._budgets.get(broker.address, _MAX_REQUEST_PARTITION_BYTES))
         backoff = Backoff(initial=0.05, maximum=1.0)
         async with trio.open_nursery() as nursery:
             while True:
                 wake = self._wanted  # taken before looking, so no wake-up is missed
                 try:
-                    await self._resolve(broker, tps)
+                    await self._resolve(broker, tps, state)
                 except CoordError as exc:
                     await self._fetch_failed(broker, tps, exc, backoff)
                     continue
@@ -412,8 +438,17 @@ class Fetcher:
                 if state.fetches >= _MAX_FETCHES:
                     await wake.wait()  # (a fetch in flight ends, and wakes this loop)
                     continue
-                wanted = self._fitting(wanted, state)
-                polls = all(self._caught_up(part) for _, part in wanted)
+                fitting = self._fitting(wanted, state)
+                polls = all(self._caught_up(part) for _, part in fitting)
+                wait = self._settings.max_wait
+                if polls and len(fitting) < len(wanted):
+                    # More caught-up partitions than one poll holds are polled in turn, one
+                    # poll at a time, and the polls of a turn share max_wait: a partition is
+                    # asked again within it (each poll took all of it, and a record waited
+                    # for the turn: 7 polls for 10,000 partitions of a long topic name).
+                    waiting = sum(1 for _, part in wanted if self._caught_up(part))
+                    wait = max(wait * len(fitting) / waiting, min(wait, _MIN_POLL_WAIT))
+                wanted = fitting
                 state.polls += polls
                 state.fetches += 1
                 state.turn += 1
@@ -425,7 +460,8 @@ class Fetcher:
                 # at offset -1, out of range: its reset policy overrode the seek).
                 epochs = {tp: part.epoch for tp, part in wanted}
                 state.busy.update(epochs)
-                request = self._fetch_request(wanted)
+                request = self._fetch_request(wanted, wait)
+                state.flying[id(request)] = (_request_bytes(epochs), state.budget)
                 nursery.start_soon(self._fetch_some, broker, request, epochs, polls, state, backoff)
 
     def _wanted_from(
@@ -490,24 +526,54 @@ class Fetcher:
             assert isinstance(response, FetchResponse)
             backoff.reset()
             self._absorb(response, epochs)
-        except InvalidRequestError as exc:
-            if len(epochs) > 1:
-                # Most likely a broker of a smaller frame: "fetch fewer partitions per
-                # request". Halved until it takes them, or one is refused on its own.
-                size = sum(_PARTITION_BYTES + len(tp.topic.encode()) for tp in epochs)
-                state.budget = min(state.budget, size // 2)
-                log.info("fetching from %s: %s; fetching fewer at a time", broker.address, exc)
-            else:
-                await self._fetch_failed(broker, list(epochs), exc, backoff)
         except CoordError as exc:
-            await self._fetch_failed(broker, list(epochs), exc, backoff)
+            if not self._fewer(broker, request, len(epochs), exc, state):
+                await self._fetch_failed(broker, list(epochs), exc, backoff)
         finally:
+            state.flying.pop(id(request), None)
             for tp, epoch in epochs.items():
                 if state.busy.get(tp) == epoch:
                     del state.busy[tp]
             state.polls -= polls
             state.fetches -= 1
             self._fetch_wanted()
+
+    def _fewer(
+        self,
+        broker: BrokerInfo,
+        request: FetchRequest | ListOffsetsRequest,
+        count: int,
+        exc: CoordError,
+        state: _LoopState,
+    ) -> bool:
+        """Whether ``exc`` refused ``request`` (of ``count`` partitions, in
+        ``state.flying``) for its size: then the budget is smaller, and its partitions
+        are asked for again at once, fewer at a time.
+
+        A broker of a smaller frame than the default refuses a fetch of more
+        than a quarter of it ("fetch fewer partitions per request"): the
+        budget becomes half that fetch. It answers a ListOffsets larger than
+        its frame with FRAME_TOO_LARGE, and closes the connection on a request
+        larger than its frame, saying so; that fails every request on the
+        connection, so the budget is halved once per failure, from the largest
+        request then in flight: a request sent before the budget was lowered
+        is only sent again. Until one is taken, or a partition is refused on
+        its own: that is the application's to hear, after a backoff.
+        """
+        if count < 2 or not isinstance(exc, (InvalidRequestError, FrameTooLargeError)):
+            return False
+        size, sent = state.flying[id(request)]
+        if isinstance(exc, InvalidRequestError):
+            budget = size // 2
+        elif state.budget < sent:
+            return True  # (lowered since it was sent: by this failure, or a later one)
+        else:
+            budget = max(flying for flying, _ in state.flying.values()) // 2
+        state.budget = self._budgets[broker.address] = min(state.budget, budget)
+        log.info(
+            "requesting from %s: %s; asking for fewer partitions at a time", broker.address, exc
+        )
+        return True
 
     async def _fetch_failed(
         self, broker: BrokerInfo, tps: list[TopicPartition], exc: CoordError, backoff: Backoff
@@ -525,14 +591,16 @@ class Fetcher:
             self._fail(exc)
         await backoff.sleep()
 
-    def _fetch_request(self, wanted: list[tuple[TopicPartition, _Partition]]) -> FetchRequest:
+    def _fetch_request(
+        self, wanted: list[tuple[TopicPartition, _Partition]], wait: float
+    ) -> FetchRequest:
         s = self._settings
         return FetchRequest(
             [
                 FetchPartition(tp.topic, tp.partition, p.fetch_offset, s.max_partition_bytes)
                 for tp, p in wanted
             ],
-            max_wait_ms=round(s.max_wait * 1000),
+            max_wait_ms=round(wait * 1000),
             min_bytes=s.min_bytes,
         )
 
@@ -590,8 +658,14 @@ class Fetcher:
             self.cluster.forget(topic)
         self._layout_changed.set()
 
-    async def _resolve(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
-        """Find a position for partitions that have none, by their reset (or the policy)."""
+    async def _resolve(
+        self, broker: BrokerInfo, tps: list[TopicPartition], state: _LoopState
+    ) -> None:
+        """Find a position for partitions that have none, by their reset (or the policy).
+
+        The lookups hold at most ``state.budget`` of partitions each, as a fetch does:
+        one of 10,000 partitions of a long topic name is larger than a frame.
+        """
         todo: dict[int, list[TopicPartition]] = {}
         for tp in tps:
             part = self._parts.get(tp)
@@ -615,13 +689,29 @@ class Fetcher:
         # while an earlier lookup is in flight is then dropped from the answer, not a KeyError.
         epochs = {tp: self._parts[tp].epoch for asked in todo.values() for tp in asked}
         for where, asked in todo.items():
-            response = await self._request(broker, ListOffsetsRequest(asked, where))
-            assert isinstance(response, ListOffsetsResponse)
-            for listed in response.offsets:
-                part = self._parts.get(listed.tp)
-                if part is None or part.epoch != epochs.get(listed.tp):
-                    continue
-                part.fetch_offset = part.position = part.consumed = listed.offset
-                part.log_end = listed.log_end
-                self._pending_reset.pop(listed.tp, None)
-                self._dirty.add(listed.tp)
+            while asked:
+                some = asked[: _holding(asked, state.budget)]
+                request = ListOffsetsRequest(some, where)
+                state.flying[id(request)] = (_request_bytes(some), state.budget)
+                try:
+                    response = await self._request(broker, request)
+                except CoordError as exc:
+                    if self._fewer(broker, request, len(some), exc, state):
+                        continue  # (the same partitions, fewer at a time)
+                    raise
+                finally:
+                    state.flying.pop(id(request), None)
+                asked = asked[len(some) :]
+                self._positioned(response, epochs)
+
+    def _positioned(self, response: ResponseBody | None, epochs: dict[TopicPartition, int]) -> None:
+        """Place the partitions a ListOffsets answer gives offsets for (unless changed since)."""
+        assert isinstance(response, ListOffsetsResponse)
+        for listed in response.offsets:
+            part = self._parts.get(listed.tp)
+            if part is None or part.epoch != epochs.get(listed.tp):
+                continue
+            part.fetch_offset = part.position = part.consumed = listed.offset
+            part.log_end = listed.log_end
+            self._pending_reset.pop(listed.tp, None)
+            self._dirty.add(listed.tp)
