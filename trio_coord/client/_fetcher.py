@@ -140,10 +140,12 @@ _MIN_POLL_WAIT = 0.05
 """The shortest wait of a long poll that shares ``max_wait`` with the others of its turn
 (seconds): polls of one partition each, against a broker of a tiny frame, do not spin."""
 
-_MAX_FETCHES = 4
+_MAX_FETCHES = 3
 """Fetches in flight per broker at most (a partition is in one at a time, so this bounds
-requests, not memory): well within what a broker serves per connection (64) before it
-stops reading the connection, heartbeats and commits included."""
+requests, not memory). A broker charges a fetch what its answer may hold (a frame, 1 MiB
+by default) against a budget per connection (``max_connection_bytes``, 4 MiB) until it is
+answered, and stops reading the connection while that is spent: with four in flight it
+would, heartbeats and commits on it included; with three, a frame is left for them."""
 
 
 def _always() -> bool:
