@@ -265,6 +265,31 @@ async def test_a_fetch_larger_than_the_brokers_frame_is_sent_smaller(tmp_path):
     assert (record.partition, record.value) == (999, b"last")
 
 
+async def test_a_consumer_reads_from_a_broker_of_a_larger_frame(tmp_path):
+    # A broker of an 8 MiB frame answered a fetch with up to 8 MiB, more than the
+    # consumer's connection reads (1 MiB): FRAME_TOO_LARGE, on every fetch, forever.
+    # The consumer now bounds the whole answer by its frame (max_bytes).
+    async with open_broker(
+        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20
+    ) as broker:
+        await make_topic(broker.bootstrap, "t", 1)
+        async with open_producer(broker.bootstrap, linger=0.05) as producer:
+            for i in range(600):
+                await producer.enqueue("t", b"%06d" % i + b"x" * 10_000)
+            await producer.flush()
+        async with open_consumer(
+            broker.bootstrap,
+            partitions=[("t", 0)],
+            offset_reset="earliest",
+            max_partition_fetch_bytes=8 << 20,
+        ) as consumer:
+            got: list = []
+            with trio.fail_after(30):
+                while len(got) < 600:
+                    got += await consumer.getmany(1000)
+    assert [r.value[:6] for r in got] == [b"%06d" % i for i in range(600)]
+
+
 def reachable_from(root: object) -> list[object]:
     """Every object ``root`` keeps alive (through gc's view of references)."""
     seen: dict[int, object] = {id(root): root}

@@ -210,8 +210,8 @@ class PartitionService:
             )
         room = max_frame_size - headers
         limit = self._max_fetch_bytes
-        if request.max_bytes > 0:
-            limit = min(limit, request.max_bytes)
+        if request.max_bytes > 0:  # (the whole answer, so a client's frame bounds it)
+            limit = min(limit, max(1, request.max_bytes - headers))
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
             answer, size, failed = self._read(request.partitions, limit, room)
@@ -237,8 +237,9 @@ class PartitionService:
     ) -> tuple[FetchResponse, int, bool]:
         """Read every partition once: (answer, payload bytes, whether any partition failed).
 
-        ``limit`` bounds the records' bytes, ``room`` what batches and error
-        messages may add to the partitions' headers without outgrowing the frame.
+        ``limit`` bounds what batches and error messages add to the partitions'
+        headers as the request asked (encoded, as ``room`` does), ``room`` what they
+        may add without outgrowing the frame.
         """
         answers: list[FetchedPartition] = []
         total = 0  # payload bytes
@@ -248,7 +249,7 @@ class PartitionService:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
-                budget = min(limit - total, room - used)
+                budget = min(limit, room) - used
                 batches = self._read_one(log, part, budget, first=used == 0, room=room - used)
             except CoordError as exc:
                 failed = True

@@ -73,6 +73,11 @@ class ClusterView:
         with self._bootstrap.fail_after(self._timeout, "no broker answered", self._timeout_setting):
             self._routing.learn(*await self._bootstrap.metadata(request))
 
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame this client's connections read (answers included)."""
+        return self._max_frame_size
+
     def learn(self, brokers: list[BrokerInfo], leaders: dict[TopicPartition, int]) -> None:
         """Leaders (and their brokers' addresses) a StartFetchers named: fetching them needs
         no Metadata call. A NotLeaderForPartition or a refresh replaces them."""

@@ -604,6 +604,9 @@ class Fetcher:
             ],
             max_wait_ms=round(wait * 1000),
             min_bytes=s.min_bytes,
+            # The whole answer within this client's frame: a broker of a larger frame
+            # would otherwise answer with more than the connection reads (FRAME_TOO_LARGE).
+            max_bytes=self.cluster.max_frame_size,
         )
 
     async def _request(
