@@ -245,15 +245,22 @@ class PartitionService:
         total = 0  # payload bytes
         used = 0  # encoded bytes of batches and messages
         failed = False
+        bound = min(limit, room)
+        # Kafka batches are cut to fit what was asked for, not the broker's frame alone:
+        # a piece of a quarter of an 8 MiB frame, first in an answer and so sent whole,
+        # was more than a consumer's 1 MiB frame reads, at that offset on every fetch.
+        piece = max(bound // 4, 1)
         for part in partitions:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
-                budget = min(limit, room) - used
-                batches = self._read_one(log, part, budget, first=used == 0, room=room - used)
+                batches = self._read_one(
+                    log, part, bound - used, first=used == 0, room=room - used, piece=piece
+                )
             except CoordError as exc:
                 failed = True
-                message = _cut(str(exc), min(_MAX_MESSAGE_BYTES, room - used))
+                # (within what was asked for too: max_bytes may be the client's frame)
+                message = _cut(str(exc), min(_MAX_MESSAGE_BYTES, bound - used))
                 used += len(message.encode())
                 answers.append(
                     FetchedPartition(part.topic, part.partition, exc.code, message, -1, -1)
@@ -272,13 +279,21 @@ class PartitionService:
         return FetchResponse(answers), total, failed
 
     def _read_one(
-        self, log: PartitionLog | None, part: FetchPartition, budget: int, *, first: bool, room: int
+        self,
+        log: PartitionLog | None,
+        part: FetchPartition,
+        budget: int,
+        *,
+        first: bool,
+        room: int,
+        piece: int,
     ) -> list[FetchedBatch]:
         """The batches of one partition within ``budget`` encoded bytes.
 
         When nothing is in the answer yet (``first``), its first batch is taken
         whole whatever the budgets, if it fits the frame's ``room`` (a batch
-        is at most half a frame, and headers at most a quarter: it does).
+        is at most half a frame, and headers at most a quarter: it does). A
+        Kafka batch is returned as native batches of at most ``piece`` bytes.
         """
         if log is None:
             if part.offset != 0:
@@ -314,24 +329,25 @@ class PartitionService:
             ) from None
         batches: list[FetchedBatch] = []
         used = 0
-        for piece in self._native(stored, part, room):
-            size = len(piece.records) + _BATCH_BYTES
+        for batch in self._native(stored, part, piece):
+            size = len(batch.records) + _BATCH_BYTES
             fits = used + size <= budget or (first and not batches and size <= room)
             if not fits:
                 break
             used += size
-            batches.append(piece)
+            batches.append(batch)
         return batches
 
     def _native(
-        self, stored: list[StoredBatch], part: FetchPartition, room: int
+        self, stored: list[StoredBatch], part: FetchPartition, piece: int
     ) -> Iterator[FetchedBatch]:
         """The stored batches as native batches: Kafka batches converted at this boundary.
 
         A Kafka batch (RecordBatch v2, maybe compressed) is decoded and
-        re-encoded as native batches of at most a quarter of ``room`` each
-        (a compressed batch may hold far more than a frame), skipping the
-        pieces wholly below the offset asked for.
+        re-encoded as native batches of at most ``piece`` bytes each (a
+        quarter of what the answer may hold: a compressed batch may hold far
+        more than a frame), skipping the pieces wholly below the offset asked
+        for.
         """
         for batch in stored:
             if batch.format != KAFKA_FORMAT:
@@ -344,10 +360,10 @@ class PartitionService:
                     f"{part.topic}-{part.partition}: the Kafka batch at offset "
                     f"{batch.base_offset} cannot be read: {exc}"
                 ) from None
-            for base, piece in split_records(batch.base_offset, records, max(room // 4, 1)):
-                if base + len(piece) > part.offset:
+            for base, cut in split_records(batch.base_offset, records, piece):
+                if base + len(cut) > part.offset:
                     # (the row layout: msgspec encodes it in C, and this is the broker)
-                    yield FetchedBatch(base, len(piece), encode_batch(piece, columnar=False))
+                    yield FetchedBatch(base, len(cut), encode_batch(cut, columnar=False))
 
     # -- list offsets ----------------------------------------------------------------------------
 
