@@ -125,12 +125,22 @@ async def test_a_batch_larger_than_the_fetch_limit_is_returned_alone(tmp_path) -
                 for _ in range(50):
                     await producer.enqueue("t", "y" * 1000, partition=p)
         both = [FetchPartition("t", 0, 0, max_bytes=10), FetchPartition("t", 1, 0)]
+        # (a partition's max_bytes is exceeded by a first batch; a request's is the most
+        # the client reads: one batch of ~50 KB, not two)
         answer = await broker.partitions.fetch(
-            FetchRequest(both, max_wait_ms=0, max_bytes=100), broker.config.max_frame_size
+            FetchRequest(both, max_wait_ms=0, max_bytes=60_000), broker.config.max_frame_size
         )
-    first, second = answer.partitions
-    assert len(first.batches) == 1 and len(first.batches[0].records) > 100
-    assert second.error == ErrorCode.NONE and second.batches == [], "the limit was reached"
+        first, second = answer.partitions
+        assert len(first.batches) == 1 and len(first.batches[0].records) > 40_000
+        assert second.error == ErrorCode.NONE and second.batches == [], "the limit was reached"
+        # A first batch larger than the request's max_bytes allows is refused, not sent:
+        # the client could not read the answer (its frame), so it is told what to do.
+        answer = await broker.partitions.fetch(
+            FetchRequest(both, max_wait_ms=0, max_bytes=10_000), broker.config.max_frame_size
+        )
+    first, _ = answer.partitions
+    assert first.error == ErrorCode.RECORD_TOO_LARGE and first.batches == []
+    assert "offset 0 of t-0" in first.message and "seek past it" in first.message
 
 
 async def test_an_answer_fits_the_max_bytes_asked_for_errors_included(tmp_path) -> None:
@@ -145,7 +155,7 @@ async def test_an_answer_fits_the_max_bytes_asked_for_errors_included(tmp_path) 
         async with open_connection(*broker.address) as conn:
 
             async def produce(first: int) -> None:
-                for i in range(first, 600, 20):  # 20 pipelined, one record per batch
+                for _ in range(first, 600, 20):  # 20 pipelined, one record per batch
                     payload = encode_batch([WireRecord(1, None, b"x" * 230)])
                     await conn.request(ProduceRequest(topic, 0, payload, 1, 1))
 

@@ -194,11 +194,13 @@ class PartitionService:
     async def fetch(self, request: FetchRequest, max_frame_size: int) -> FetchResponse:
         """Answer once ``min_bytes`` are there, or at ``max_wait`` with what there is.
 
-        The answer always fits a frame of ``max_frame_size``: every batch and
-        partition is counted with its encoding. Records up to ``max_bytes``
-        (of the request, of each partition, of the broker) are returned, but
-        the first batch of an answer is returned whole even when it is larger,
-        as Kafka does, so that a consumer always makes progress.
+        The answer always fits a frame of ``max_frame_size`` and the request's
+        ``max_bytes`` (the client's frame): every batch and partition is counted
+        with its encoding. Records up to ``max_bytes`` (of the request, of each
+        partition, of the broker) are returned, but the first batch of an answer
+        is returned whole even when it is larger than a partition's or the
+        broker's, as Kafka does, so that a consumer always makes progress; one
+        larger than the request's is refused (RECORD_TOO_LARGE), not sent.
         """
         headers = _ENVELOPE_BYTES + sum(
             _PARTITION_BYTES + len(p.topic.encode()) for p in request.partitions
@@ -210,11 +212,15 @@ class PartitionService:
             )
         room = max_frame_size - headers
         limit = self._max_fetch_bytes
+        ceiling = max_frame_size  # the most the whole answer may take, first batch included
         if request.max_bytes > 0:  # (the whole answer, so a client's frame bounds it)
             limit = min(limit, max(1, request.max_bytes - headers))
+            ceiling = min(ceiling, request.max_bytes)
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
-            answer, size, failed = self._read(request.partitions, limit, room)
+            answer, size, failed = self._read(
+                request.partitions, limit, room, ceiling - headers, ceiling
+            )
             if size >= request.min_bytes or failed or trio.current_time() >= deadline:
                 return answer
             woken = trio.Event()
@@ -233,13 +239,15 @@ class PartitionService:
                             del self._waiters[tp]
 
     def _read(
-        self, partitions: list[FetchPartition], limit: int, room: int
+        self, partitions: list[FetchPartition], limit: int, room: int, most: int, ceiling: int
     ) -> tuple[FetchResponse, int, bool]:
         """Read every partition once: (answer, payload bytes, whether any partition failed).
 
         ``limit`` bounds what batches and error messages add to the partitions'
         headers as the request asked (encoded, as ``room`` does), ``room`` what they
-        may add without outgrowing the frame.
+        may add without outgrowing the frame, and ``most`` what a first batch taken
+        whole may add without outgrowing either the frame or the request's max_bytes
+        (``ceiling``, less the headers).
         """
         answers: list[FetchedPartition] = []
         total = 0  # payload bytes
@@ -254,8 +262,9 @@ class PartitionService:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
+                alone = ceiling - _ENVELOPE_BYTES - _PARTITION_BYTES - len(part.topic.encode())
                 batches = self._read_one(
-                    log, part, bound - used, first=used == 0, room=room - used, piece=piece
+                    log, part, bound - used, first=used == 0, most=most, alone=alone, piece=piece
                 )
             except CoordError as exc:
                 failed = True
@@ -285,14 +294,18 @@ class PartitionService:
         budget: int,
         *,
         first: bool,
-        room: int,
+        most: int,
+        alone: int,
         piece: int,
     ) -> list[FetchedBatch]:
         """The batches of one partition within ``budget`` encoded bytes.
 
         When nothing is in the answer yet (``first``), its first batch is taken
-        whole whatever the budgets, if it fits the frame's ``room`` (a batch
-        is at most half a frame, and headers at most a quarter: it does). A
+        whole whatever the budgets, if the answer then fits both the frame and
+        the request's max_bytes (``most``, what the batches may add to the
+        headers). One that would not fit even alone in an answer (``alone``) is refused
+        with RecordTooLargeError: the client could never read it (sent anyway,
+        it broke the client's connection at that offset on every fetch). A
         Kafka batch is returned as native batches of at most ``piece`` bytes.
         """
         if log is None:
@@ -331,12 +344,34 @@ class PartitionService:
         used = 0
         for batch in self._native(stored, part, piece):
             size = len(batch.records) + _BATCH_BYTES
-            fits = used + size <= budget or (first and not batches and size <= room)
+            fits = used + size <= budget or (first and not batches and size <= most)
             if not fits:
+                if first and not batches:
+                    self._too_large(part, batch, size, alone)
                 break
             used += size
             batches.append(batch)
         return batches
+
+    @staticmethod
+    def _too_large(part: FetchPartition, batch: FetchedBatch, size: int, alone: int) -> None:
+        """Refuse the first batch of an answer that it does not fit, if it fits no answer.
+
+        ``alone`` is what the batches may take of an answer of this partition
+        only; within it, the batch is left for a later fetch of fewer partitions
+        (smaller headers), as any batch past the budget is.
+        """
+        if size <= alone:
+            return
+        following = batch.base_offset + batch.count
+        raise RecordTooLargeError(
+            f"the batch at offset {batch.base_offset} of {part.topic}-{part.partition} is "
+            f"{len(batch.records)} bytes, more than an answer to this client can hold "
+            f"({alone} bytes of records: its frame, sent as the fetch's max_bytes, or the "
+            f"broker's max_frame_size): seek past it, to offset {following}, to read on; a "
+            "client of a larger frame reads it, and smaller batches (the producer's "
+            "batch_size, Spark's batchSize) avoid it"
+        )
 
     def _native(
         self, stored: list[StoredBatch], part: FetchPartition, piece: int
