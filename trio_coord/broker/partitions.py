@@ -218,10 +218,19 @@ class PartitionService:
             ceiling = min(ceiling, request.max_bytes)
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
-            answer, size, failed = self._read(
+            answer, size, failed, full = self._read(
                 request.partitions, limit, room, ceiling - headers, ceiling
             )
-            if size >= request.min_bytes or failed or trio.current_time() >= deadline:
+            # (an answer that holds records and no more of them than it has: waiting
+            # would not add any, so min_bytes larger than max_bytes allows is not waited for)
+            ready = size >= request.min_bytes or failed or (full and size > 0)
+            if ready or trio.current_time() >= deadline:
+                for part in answer.partitions:  # (what is sent: a read waited over is not)
+                    if part.batches:
+                        nbytes = sum(len(batch.records) for batch in part.batches)
+                        self.count_fetched(
+                            part.topic, nbytes, sum(batch.count for batch in part.batches)
+                        )
                 return answer
             woken = trio.Event()
             parked = [TopicPartition(p.topic, p.partition) for p in request.partitions]
@@ -240,8 +249,9 @@ class PartitionService:
 
     def _read(
         self, partitions: list[FetchPartition], limit: int, room: int, most: int, ceiling: int
-    ) -> tuple[FetchResponse, int, bool]:
-        """Read every partition once: (answer, payload bytes, whether any partition failed).
+    ) -> tuple[FetchResponse, int, bool, bool]:
+        """Read every partition once: (answer, payload bytes, whether any partition failed,
+        whether the answer is full: a partition has records left that its room did not take).
 
         ``limit`` bounds what batches and error messages add to the partitions'
         headers as the request asked (encoded, as ``room`` does), ``room`` what they
@@ -252,7 +262,7 @@ class PartitionService:
         answers: list[FetchedPartition] = []
         total = 0  # payload bytes
         used = 0  # encoded bytes of batches and messages
-        failed = False
+        failed = full = False
         bound = min(limit, room)
         # Kafka batches are cut to fit what was asked for, not the broker's frame alone:
         # a piece of a quarter of an 8 MiB frame, first in an answer and so sent whole,
@@ -263,6 +273,7 @@ class PartitionService:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
                 alone = ceiling - _ENVELOPE_BYTES - _PARTITION_BYTES - len(part.topic.encode())
+                left = bound - used  # (binds unless the partition's own max_bytes does)
                 batches = self._read_one(
                     log, part, bound - used, first=used == 0, most=most, alone=alone, piece=piece
                 )
@@ -279,13 +290,15 @@ class PartitionService:
             nbytes = sum(len(batch.records) for batch in batches)
             total += nbytes
             used += nbytes + _BATCH_BYTES * len(batches)
-            self.count_fetched(part.topic, nbytes, sum(batch.count for batch in batches))
+            following = batches[-1].base_offset + batches[-1].count if batches else part.offset
+            if following < end and left < max(1, part.max_bytes) + _BATCH_BYTES:
+                full = True
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches
                 )
             )
-        return FetchResponse(answers), total, failed
+        return FetchResponse(answers), total, failed, full
 
     def _read_one(
         self,
