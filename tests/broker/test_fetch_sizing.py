@@ -11,6 +11,7 @@ batch larger than the fetch limit is still returned, alone.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer, open_producer
@@ -18,7 +19,7 @@ from trio_coord.broker import partitions as sizing
 from trio_coord.kafka.records import encode_records
 from trio_coord.log import KAFKA_FORMAT
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.errors import ErrorCode
+from trio_coord.protocol.errors import ErrorCode, InvalidRequestError
 from trio_coord.protocol.framing import HEADER_SIZE, FrameCodec
 from trio_coord.protocol.messages import (
     FetchedBatch,
@@ -195,3 +196,14 @@ async def test_a_kafka_batch_is_converted_within_the_max_bytes_asked_for(tmp_pat
                 while len(got) < 3000:
                     got += await consumer.getmany(1000)
     assert [r.value[:6] for r in got] == [b"%06d" % i for i in range(3000)]
+
+
+async def test_a_fetch_whose_headers_alone_exceed_its_max_bytes_is_refused(tmp_path) -> None:
+    # An answer of these partitions, even empty, is larger than the client said it reads.
+    async with open_broker(tmp_path / "data") as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t" * 100, 8)
+        fetch = [FetchPartition("t" * 100, p, 0) for p in range(8)]
+        request = FetchRequest(fetch, max_wait_ms=0, max_bytes=1000)
+        with pytest.raises(InvalidRequestError, match="fetch fewer partitions"):
+            await broker.partitions.fetch(request, broker.config.max_frame_size)

@@ -210,6 +210,12 @@ class PartitionService:
                 f"a fetch of {len(request.partitions)} partitions cannot fit in one answer "
                 f"with room for records; fetch fewer partitions per request"
             )
+        if 0 < request.max_bytes < headers:
+            raise InvalidRequestError(
+                f"an answer to a fetch of {len(request.partitions)} partitions takes more than "
+                f"its max_bytes ({request.max_bytes}) before any record; fetch fewer partitions "
+                "per request, or ask for a larger max_bytes"
+            )
         room = max_frame_size - headers
         limit = self._max_fetch_bytes
         ceiling = max_frame_size  # the most the whole answer may take, first batch included
