@@ -281,7 +281,7 @@ class PartitionService:
                 alone = ceiling - _ENVELOPE_BYTES - _PARTITION_BYTES - len(part.topic.encode())
                 left = bound - used  # (binds unless the partition's own max_bytes does)
                 batches = self._read_one(
-                    log, part, bound - used, first=used == 0, most=most, alone=alone, piece=piece
+                    log, part, left, first=used == 0, most=most, alone=alone, piece=piece
                 )
             except CoordError as exc:
                 failed = True
