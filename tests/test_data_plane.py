@@ -38,6 +38,9 @@ from trio_coord import (
     open_producer,
 )
 from trio_coord.client import partition_for_key
+from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.messages import ProduceRequest
+from trio_coord.protocol.records import WireRecord, encode_batch
 
 S = 0.6  # session timeout (seconds of real time)
 
@@ -288,6 +291,38 @@ async def test_a_consumer_reads_from_a_broker_of_a_larger_frame(tmp_path):
                 while len(got) < 600:
                     got += await consumer.getmany(1000)
     assert [r.value[:6] for r in got] == [b"%06d" % i for i in range(600)]
+
+
+async def test_a_batch_larger_than_the_consumers_frame_is_reported_with_its_offset(tmp_path):
+    # A broker of an 8 MiB frame holds a 2 MiB batch (a Spark job's batchSize): it came
+    # whole, first in the answer, to a consumer that reads 1 MiB. The consumer heard
+    # "frame of 2097218 bytes exceeds the maximum frame size" on every fetch, for good,
+    # naming no partition or offset, and lost its connection each time.
+    async with open_broker(
+        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20, max_batch_bytes=4 << 20
+    ) as broker:
+        await make_topic(broker.bootstrap, "t", 2)
+        async with open_connection(*broker.address, max_frame_size=8 << 20) as conn:
+            for value in (b"y" * (2 << 20), b"after"):
+                batch = encode_batch([WireRecord(1, None, value)])
+                await conn.request(ProduceRequest("t", 0, batch, 1, 1))
+        async with open_producer(broker.bootstrap) as producer:
+            for i in range(100):
+                await producer.enqueue("t", b"%d" % i, partition=1)
+        async with open_consumer(
+            broker.bootstrap, partitions=[("t", 0), ("t", 1)], offset_reset="earliest"
+        ) as consumer:
+            got: list = []
+            with trio.fail_after(30):
+                with pytest.raises(RecordTooLargeError, match="offset 0 of t-0") as caught:
+                    while True:
+                        got += await consumer.getmany(1000)
+                assert "seek" in str(caught.value)
+                consumer.seek(("t", 0), 1)
+                while len(got) < 101:
+                    got += await consumer.getmany(1000)
+    assert sorted(r.value for r in got if r.partition == 0) == [b"after"]
+    assert sorted(int(r.value) for r in got if r.partition == 1) == list(range(100))
 
 
 def reachable_from(root: object) -> list[object]:

@@ -184,6 +184,42 @@ async def test_min_bytes_reached_by_the_second_batch_answers_then(autojump_clock
         assert fetch.values() == [b"x" * 100, b"y" * 100]
 
 
+async def test_a_fetch_woken_short_of_min_bytes_counts_what_it_sends_once(autojump_clock):
+    # Every read of a long poll was counted as fetched traffic, the ones it waited over
+    # too: a fetch woken twice short of min_bytes counted the first batch three times.
+    async with broker_and_client() as (broker, conn):
+        first, second = batch(b"a" * 50), batch(b"b" * 50)
+        request = FetchRequest([FetchPartition("t", 0, 0)], max_wait_ms=10_000, min_bytes=10_000)
+        fetch = TimedFetch()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch.run, conn, request)
+            await trio.sleep(2)
+            await produce(conn, first)
+            await trio.sleep(3)
+            await produce(conn, second)
+        assert fetch.values() == [b"a" * 50, b"b" * 50]
+        sent = len(first.records) + len(second.records)
+        assert broker.partitions.traffic["t"] == [sent, 2]
+
+
+async def test_a_full_answer_is_sent_at_once_though_short_of_min_bytes(autojump_clock):
+    # min_bytes counts records; an answer holds fewer than max_bytes of them (headers and
+    # framing come out of it). A consumer of fetch_min_bytes=1 MiB, Kafka's tuning for
+    # throughput, asked for more than its 1 MiB frame ever holds, and every fetch of a
+    # backlog waited fetch_max_wait, full as it was.
+    async with broker_and_client() as (_, conn):
+        for i in range(3):
+            await produce(conn, batch(b"%d" % i * 400))
+        t0 = trio.current_time()
+        fetch = TimedFetch()
+        request = FetchRequest(
+            [FetchPartition("t", 0, 0)], max_wait_ms=10_000, min_bytes=1100, max_bytes=1100
+        )
+        await fetch.run(conn, request)
+        assert fetch.at == t0  # the next batch does not fit: nothing to wait for
+        assert fetch.values() == [b"0" * 400, b"1" * 400]
+
+
 async def test_a_fetch_that_finds_nothing_answers_empty_at_max_wait(autojump_clock):
     async with broker_and_client() as (_, conn):
         t0 = trio.current_time()

@@ -194,11 +194,13 @@ class PartitionService:
     async def fetch(self, request: FetchRequest, max_frame_size: int) -> FetchResponse:
         """Answer once ``min_bytes`` are there, or at ``max_wait`` with what there is.
 
-        The answer always fits a frame of ``max_frame_size``: every batch and
-        partition is counted with its encoding. Records up to ``max_bytes``
-        (of the request, of each partition, of the broker) are returned, but
-        the first batch of an answer is returned whole even when it is larger,
-        as Kafka does, so that a consumer always makes progress.
+        The answer always fits a frame of ``max_frame_size`` and the request's
+        ``max_bytes`` (the client's frame): every batch and partition is counted
+        with its encoding. Records up to ``max_bytes`` (of the request, of each
+        partition, of the broker) are returned, but the first batch of an answer
+        is returned whole even when it is larger than a partition's or the
+        broker's, as Kafka does, so that a consumer always makes progress; one
+        larger than the request's is refused (RECORD_TOO_LARGE), not sent.
         """
         headers = _ENVELOPE_BYTES + sum(
             _PARTITION_BYTES + len(p.topic.encode()) for p in request.partitions
@@ -208,14 +210,33 @@ class PartitionService:
                 f"a fetch of {len(request.partitions)} partitions cannot fit in one answer "
                 f"with room for records; fetch fewer partitions per request"
             )
+        if 0 < request.max_bytes < headers:
+            raise InvalidRequestError(
+                f"an answer to a fetch of {len(request.partitions)} partitions takes more than "
+                f"its max_bytes ({request.max_bytes}) before any record; fetch fewer partitions "
+                "per request, or ask for a larger max_bytes"
+            )
         room = max_frame_size - headers
         limit = self._max_fetch_bytes
+        ceiling = max_frame_size  # the most the whole answer may take, first batch included
         if request.max_bytes > 0:  # (the whole answer, so a client's frame bounds it)
             limit = min(limit, max(1, request.max_bytes - headers))
+            ceiling = min(ceiling, request.max_bytes)
         deadline = trio.current_time() + max(0, request.max_wait_ms) / 1000
         while True:
-            answer, size, failed = self._read(request.partitions, limit, room)
-            if size >= request.min_bytes or failed or trio.current_time() >= deadline:
+            answer, size, failed, full = self._read(
+                request.partitions, limit, room, ceiling - headers, ceiling
+            )
+            # (an answer that holds records and no more of them than it has: waiting
+            # would not add any, so min_bytes larger than max_bytes allows is not waited for)
+            ready = size >= request.min_bytes or failed or (full and size > 0)
+            if ready or trio.current_time() >= deadline:
+                for part in answer.partitions:  # (what is sent: a read waited over is not)
+                    if part.batches:
+                        nbytes = sum(len(batch.records) for batch in part.batches)
+                        self.count_fetched(
+                            part.topic, nbytes, sum(batch.count for batch in part.batches)
+                        )
                 return answer
             woken = trio.Event()
             parked = [TopicPartition(p.topic, p.partition) for p in request.partitions]
@@ -233,27 +254,39 @@ class PartitionService:
                             del self._waiters[tp]
 
     def _read(
-        self, partitions: list[FetchPartition], limit: int, room: int
-    ) -> tuple[FetchResponse, int, bool]:
-        """Read every partition once: (answer, payload bytes, whether any partition failed).
+        self, partitions: list[FetchPartition], limit: int, room: int, most: int, ceiling: int
+    ) -> tuple[FetchResponse, int, bool, bool]:
+        """Read every partition once: (answer, payload bytes, whether any partition failed,
+        whether the answer is full: a partition has records left that its room did not take).
 
         ``limit`` bounds what batches and error messages add to the partitions'
         headers as the request asked (encoded, as ``room`` does), ``room`` what they
-        may add without outgrowing the frame.
+        may add without outgrowing the frame, and ``most`` what a first batch taken
+        whole may add without outgrowing either the frame or the request's max_bytes
+        (``ceiling``, less the headers).
         """
         answers: list[FetchedPartition] = []
         total = 0  # payload bytes
         used = 0  # encoded bytes of batches and messages
-        failed = False
+        failed = full = False
+        bound = min(limit, room)
+        # Kafka batches are cut to fit what was asked for, not the broker's frame alone:
+        # a piece of a quarter of an 8 MiB frame, first in an answer and so sent whole,
+        # was more than a consumer's 1 MiB frame reads, at that offset on every fetch.
+        piece = max(bound // 4, 1)
         for part in partitions:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
-                budget = min(limit, room) - used
-                batches = self._read_one(log, part, budget, first=used == 0, room=room - used)
+                alone = ceiling - _ENVELOPE_BYTES - _PARTITION_BYTES - len(part.topic.encode())
+                left = bound - used  # (binds unless the partition's own max_bytes does)
+                batches = self._read_one(
+                    log, part, left, first=used == 0, most=most, alone=alone, piece=piece
+                )
             except CoordError as exc:
                 failed = True
-                message = _cut(str(exc), min(_MAX_MESSAGE_BYTES, room - used))
+                # (within what was asked for too: max_bytes may be the client's frame)
+                message = _cut(str(exc), min(_MAX_MESSAGE_BYTES, bound - used))
                 used += len(message.encode())
                 answers.append(
                     FetchedPartition(part.topic, part.partition, exc.code, message, -1, -1)
@@ -263,22 +296,36 @@ class PartitionService:
             nbytes = sum(len(batch.records) for batch in batches)
             total += nbytes
             used += nbytes + _BATCH_BYTES * len(batches)
-            self.count_fetched(part.topic, nbytes, sum(batch.count for batch in batches))
+            following = batches[-1].base_offset + batches[-1].count if batches else part.offset
+            if following < end and left < max(1, part.max_bytes) + _BATCH_BYTES:
+                full = True
             answers.append(
                 FetchedPartition(
                     part.topic, part.partition, ErrorCode.NONE, "", start, end, batches
                 )
             )
-        return FetchResponse(answers), total, failed
+        return FetchResponse(answers), total, failed, full
 
     def _read_one(
-        self, log: PartitionLog | None, part: FetchPartition, budget: int, *, first: bool, room: int
+        self,
+        log: PartitionLog | None,
+        part: FetchPartition,
+        budget: int,
+        *,
+        first: bool,
+        most: int,
+        alone: int,
+        piece: int,
     ) -> list[FetchedBatch]:
         """The batches of one partition within ``budget`` encoded bytes.
 
         When nothing is in the answer yet (``first``), its first batch is taken
-        whole whatever the budgets, if it fits the frame's ``room`` (a batch
-        is at most half a frame, and headers at most a quarter: it does).
+        whole whatever the budgets, if the answer then fits both the frame and
+        the request's max_bytes (``most``, what the batches may add to the
+        headers). One that would not fit even alone in an answer (``alone``) is refused
+        with RecordTooLargeError: the client could never read it (sent anyway,
+        it broke the client's connection at that offset on every fetch). A
+        Kafka batch is returned as native batches of at most ``piece`` bytes.
         """
         if log is None:
             if part.offset != 0:
@@ -314,24 +361,47 @@ class PartitionService:
             ) from None
         batches: list[FetchedBatch] = []
         used = 0
-        for piece in self._native(stored, part, room):
-            size = len(piece.records) + _BATCH_BYTES
-            fits = used + size <= budget or (first and not batches and size <= room)
+        for batch in self._native(stored, part, piece):
+            size = len(batch.records) + _BATCH_BYTES
+            fits = used + size <= budget or (first and not batches and size <= most)
             if not fits:
+                if first and not batches:
+                    self._too_large(part, batch, size, alone)
                 break
             used += size
-            batches.append(piece)
+            batches.append(batch)
         return batches
 
+    @staticmethod
+    def _too_large(part: FetchPartition, batch: FetchedBatch, size: int, alone: int) -> None:
+        """Refuse the first batch of an answer that it does not fit, if it fits no answer.
+
+        ``alone`` is what the batches may take of an answer of this partition
+        only; within it, the batch is left for a later fetch of fewer partitions
+        (smaller headers), as any batch past the budget is.
+        """
+        if size <= alone:
+            return
+        following = batch.base_offset + batch.count
+        raise RecordTooLargeError(
+            f"the batch at offset {batch.base_offset} of {part.topic}-{part.partition} is "
+            f"{len(batch.records)} bytes, more than an answer to this client can hold "
+            f"({alone} bytes of records: its frame, sent as the fetch's max_bytes, or the "
+            f"broker's max_frame_size): seek past it, to offset {following}, to read on; a "
+            "client of a larger frame reads it, and smaller batches (the producer's "
+            "batch_size, Spark's batchSize) avoid it"
+        )
+
     def _native(
-        self, stored: list[StoredBatch], part: FetchPartition, room: int
+        self, stored: list[StoredBatch], part: FetchPartition, piece: int
     ) -> Iterator[FetchedBatch]:
         """The stored batches as native batches: Kafka batches converted at this boundary.
 
         A Kafka batch (RecordBatch v2, maybe compressed) is decoded and
-        re-encoded as native batches of at most a quarter of ``room`` each
-        (a compressed batch may hold far more than a frame), skipping the
-        pieces wholly below the offset asked for.
+        re-encoded as native batches of at most ``piece`` bytes each (a
+        quarter of what the answer may hold: a compressed batch may hold far
+        more than a frame), skipping the pieces wholly below the offset asked
+        for.
         """
         for batch in stored:
             if batch.format != KAFKA_FORMAT:
@@ -344,10 +414,10 @@ class PartitionService:
                     f"{part.topic}-{part.partition}: the Kafka batch at offset "
                     f"{batch.base_offset} cannot be read: {exc}"
                 ) from None
-            for base, piece in split_records(batch.base_offset, records, max(room // 4, 1)):
-                if base + len(piece) > part.offset:
+            for base, cut in split_records(batch.base_offset, records, piece):
+                if base + len(cut) > part.offset:
                     # (the row layout: msgspec encodes it in C, and this is the broker)
-                    yield FetchedBatch(base, len(piece), encode_batch(piece, columnar=False))
+                    yield FetchedBatch(base, len(cut), encode_batch(cut, columnar=False))
 
     # -- list offsets ----------------------------------------------------------------------------
 

@@ -142,10 +142,12 @@ _MIN_POLL_WAIT = 0.05
 
 _MAX_FETCHES = 3
 """Fetches in flight per broker at most (a partition is in one at a time, so this bounds
-requests, not memory). A broker charges a fetch what its answer may hold (a frame, 1 MiB
-by default) against a budget per connection (``max_connection_bytes``, 4 MiB) until it is
-answered, and stops reading the connection while that is spent: with four in flight it
-would, heartbeats and commits on it included; with three, a frame is left for them."""
+requests, not memory). A broker charges a fetch what its answer may hold (the consumer's
+frame, 1 MiB) against a budget per connection (``max_connection_bytes``, 4 MiB) until it
+is answered, and stops reading the connection while that is spent: with four in flight
+it would, and the offsets lookups and a standalone committer's commits on the connection
+would wait behind them; with three, a frame is left for them. (A group member's
+heartbeats and commits go over its session's own connection, not this one.)"""
 
 
 def _always() -> bool:

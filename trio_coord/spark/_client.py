@@ -532,7 +532,7 @@ class BlockingClient:
             request = FetchRequest(
                 [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
                 max_wait_ms=max_wait_ms,
-                max_bytes=max_bytes,
+                max_bytes=RECEIVE_LIMIT,  # (what this client reads; see _send_ahead)
             )
             response = self._call(request, FetchResponse, tp=tp)
             (part,) = response.partitions
@@ -554,10 +554,13 @@ class BlockingClient:
         sock = self._sockets.get((found.host, found.port))
         if sock is None:
             return
+        # ``max_bytes`` bounds the partition, which a first batch larger than it exceeds
+        # (the read goes on); the request's bounds the whole answer, which a broker does
+        # not exceed: a batch larger than a client's frame is refused, not sent.
         request = FetchRequest(
             [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
             max_wait_ms=wait,
-            max_bytes=max_bytes,
+            max_bytes=RECEIVE_LIMIT,
         )
         try:
             (corr_id,) = sock.send([request])
