@@ -203,6 +203,9 @@ async def test_bad_arguments_are_refused_before_any_connection():
         open_consumer("127.0.0.1:1", "g", ["t"], offset_reset="oldest")
     with pytest.raises(ValueError, match="at least one topic"):
         open_consumer("127.0.0.1:1", "g", [])
+    for size in (1024, 1 << 30):
+        with pytest.raises(ValueError, match="fetch_max_bytes must be 65536 to 536870912"):
+            open_consumer("127.0.0.1:1", "g", ["t"], fetch_max_bytes=size)
 
 
 async def test_a_slow_on_revoked_is_called_once_per_revocation(broker):

@@ -323,6 +323,32 @@ async def test_a_batch_larger_than_the_consumers_frame_is_reported_with_its_offs
                     got += await consumer.getmany(1000)
     assert sorted(r.value for r in got if r.partition == 0) == [b"after"]
     assert sorted(int(r.value) for r in got if r.partition == 1) == list(range(100))
+    assert "fetch_max_bytes" in str(caught.value)
+
+
+async def test_a_consumer_of_a_larger_fetch_max_bytes_reads_a_batch_past_the_default(tmp_path):
+    # What the error above tells a user to do: a consumer whose frame (fetch_max_bytes,
+    # Kafka's fetch.max.bytes) holds the 2 MiB batch reads it, and what follows.
+    async with open_broker(
+        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20, max_batch_bytes=4 << 20
+    ) as broker:
+        await make_topic(broker.bootstrap, "t", 1)
+        async with open_connection(*broker.address, max_frame_size=8 << 20) as conn:
+            for value in (b"y" * (2 << 20), b"after"):
+                batch = encode_batch([WireRecord(1, None, value)])
+                await conn.request(ProduceRequest("t", 0, batch, 1, 1))
+        async with open_consumer(
+            broker.bootstrap,
+            partitions=[("t", 0)],
+            offset_reset="earliest",
+            fetch_max_bytes=4 << 20,
+            max_partition_fetch_bytes=4 << 20,
+        ) as consumer:
+            got: list = []
+            with trio.fail_after(30):
+                while len(got) < 2:
+                    got += await consumer.getmany(10)
+    assert [len(r.value) for r in got] == [2 << 20, 5]
 
 
 def reachable_from(root: object) -> list[object]:

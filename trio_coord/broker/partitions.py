@@ -388,8 +388,8 @@ class PartitionService:
             f"{len(batch.records)} bytes, more than an answer to this client can hold "
             f"({alone} bytes of records: its frame, sent as the fetch's max_bytes, or the "
             f"broker's max_frame_size): seek past it, to offset {following}, to read on; a "
-            "client of a larger frame reads it, and smaller batches (the producer's "
-            "batch_size, Spark's batchSize) avoid it"
+            "client of a larger frame reads it (a consumer's fetch_max_bytes), and smaller "
+            "batches (the producer's batch_size, Spark's batchSize) avoid it"
         )
 
     def _native(

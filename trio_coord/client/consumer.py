@@ -66,6 +66,7 @@ from ..protocol.errors import (
     OffsetRegressionError,
     UnknownMemberError,
 )
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
     EARLIEST,
     LATEST,
@@ -115,6 +116,13 @@ _DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
 cooperative group pays for every move with a stop, so it prefers the sticky ones."""
 
 
+_MIN_FETCH_MAX_BYTES = 64 * 1024
+_MAX_FETCH_MAX_BYTES = 512 * 1024 * 1024
+"""The range of ``fetch_max_bytes``: it is also the largest frame the consumer's
+connections read (metadata and group answers included), and what one answer may hold
+in memory."""
+
+
 class Consumer(EnterOnce):
     """A member of a consumer group; create it with :func:`open_consumer`.
 
@@ -145,6 +153,7 @@ class Consumer(EnterOnce):
         fetch_max_wait: float = 0.5,
         fetch_min_bytes: int = 1,
         max_partition_fetch_bytes: int = 1024 * 1024,
+        fetch_max_bytes: int = DEFAULT_MAX_FRAME_SIZE,
         max_poll_interval: float = 300.0,
         request_timeout: float = 30.0,
         api_timeout: float = 60.0,
@@ -168,6 +177,12 @@ class Consumer(EnterOnce):
             raise ValueError(
                 "fetch_max_wait must not be negative; fetch_min_bytes and "
                 "max_partition_fetch_bytes must be at least 1"
+            )
+        if not _MIN_FETCH_MAX_BYTES <= fetch_max_bytes <= _MAX_FETCH_MAX_BYTES:
+            raise ValueError(
+                f"fetch_max_bytes must be {_MIN_FETCH_MAX_BYTES} to {_MAX_FETCH_MAX_BYTES} "
+                f"(the most one fetch answer, and so one stored batch, may take), not "
+                f"{fetch_max_bytes}"
             )
         if session_timeout <= 0 or rebalance_timeout <= 0:
             raise ValueError("session_timeout and rebalance_timeout must be positive (seconds)")
@@ -211,6 +226,7 @@ class Consumer(EnterOnce):
         self.max_poll_interval = max_poll_interval
         self.request_timeout = request_timeout
         self.api_timeout = api_timeout
+        self.fetch_max_bytes = fetch_max_bytes
         self._bootstrap = Bootstrap(
             bootstrap,
             request_timeout=request_timeout,
@@ -267,6 +283,7 @@ class Consumer(EnterOnce):
                 cluster = ClusterView(
                     self._bootstrap,
                     nursery,
+                    max_frame_size=self.fetch_max_bytes,
                     name=self.client_id,
                     timeout=self.api_timeout,
                     timeout_setting="api_timeout",
@@ -616,6 +633,7 @@ def open_consumer(
     fetch_max_wait: float = 0.5,
     fetch_min_bytes: int = 1,
     max_partition_fetch_bytes: int = 1024 * 1024,
+    fetch_max_bytes: int = DEFAULT_MAX_FRAME_SIZE,
     max_poll_interval: float = 300.0,
     request_timeout: float = 30.0,
     api_timeout: float = 60.0,
@@ -657,8 +675,11 @@ def open_consumer(
     ``instance_id`` (a static member: see docs/assignment.md), ``client_id``,
     and the callbacks ``on_assigned``, ``on_revoked`` and ``on_lost`` (each
     called with a sorted list of partitions; plain or async functions);
-    ``fetch_max_wait=0.5`` seconds a fetch waits for data, ``fetch_min_bytes=1`` and
-    ``max_partition_fetch_bytes=1048576``; ``ssl_context`` (a broker speaking TLS:
+    ``fetch_max_wait=0.5`` seconds a fetch waits for data, ``fetch_min_bytes=1``,
+    ``max_partition_fetch_bytes=1048576`` and ``fetch_max_bytes=1048576`` (Kafka's
+    ``fetch.max.bytes``: the most one fetch answer may take, and so the largest
+    stored batch this consumer reads; raise it for a broker whose batches are
+    larger, within the broker's ``max_frame_size``); ``ssl_context`` (a broker speaking TLS:
     :func:`~trio_coord.client_ssl_context`) and ``sasl`` (a :class:`~trio_coord.Sasl`
     login; docs/security.md).
 
@@ -693,6 +714,7 @@ def open_consumer(
         fetch_max_wait=fetch_max_wait,
         fetch_min_bytes=fetch_min_bytes,
         max_partition_fetch_bytes=max_partition_fetch_bytes,
+        fetch_max_bytes=fetch_max_bytes,
         max_poll_interval=max_poll_interval,
         request_timeout=request_timeout,
         api_timeout=api_timeout,
