@@ -22,6 +22,8 @@ from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import ErrorCode, InvalidRequestError
 from trio_coord.protocol.framing import HEADER_SIZE, FrameCodec
 from trio_coord.protocol.messages import (
+    FETCH_ENVELOPE_BYTES,
+    FETCH_PARTITION_BYTES,
     FetchedBatch,
     FetchedPartition,
     FetchPartition,
@@ -42,7 +44,7 @@ def encoded(frame: object) -> int:
 
 def test_the_size_bounds_hold_at_the_largest_value_of_every_field() -> None:
     envelope = encoded(Response(2**64 - 1, ErrorCode.NONE, "", FetchResponse([])))
-    assert envelope + 4 <= sizing._ENVELOPE_BYTES  # (+ a list header of up to 2**32)
+    assert envelope + 4 <= FETCH_ENVELOPE_BYTES  # (+ a list header of up to 2**32)
     empty = encoded(Response(1, 0, "", FetchResponse([FetchedPartition("t", 0, 0, "", 0, 0)])))
     for payload in (b"", b"x" * 255, b"x" * 65_535, b"x" * 70_000):
         batch = FetchedBatch(BIG, 2**31 - 1, payload)
@@ -56,7 +58,7 @@ def test_the_size_bounds_hold_at_the_largest_value_of_every_field() -> None:
             one = encoded(Response(1, 0, "", FetchResponse([part])))
             bare = len(topic.encode()) + len(message.encode())
             assert one - encoded(Response(1, 0, "", FetchResponse([]))) <= (
-                bare + sizing._PARTITION_BYTES
+                bare + FETCH_PARTITION_BYTES
             )
 
 

@@ -56,6 +56,7 @@ from ..protocol.errors import (
 )
 from ..protocol.messages import (
     EARLIEST,
+    FETCH_ENVELOPE_BYTES,
     LATEST,
     NO_OFFSET,
     FetchedBatch,
@@ -69,6 +70,7 @@ from ..protocol.messages import (
     ProduceRequest,
     ProduceResponse,
     TopicPartition,
+    fetch_partition_bytes,
 )
 from ..protocol.records import check_batch, decode_batch, encode_batch
 from .topics import TopicManager
@@ -82,10 +84,8 @@ logger = logging.getLogger(__name__)
 # (many small batches once made an answer outgrow the frame, and the consumer stalled
 # for good at that offset). These are upper bounds (a test checks them against the real
 # encoder at the largest value of every field), so an answer built within them fits.
-_ENVELOPE_BYTES = 64
-"""Response and FetchResponse around the partitions (at most 28 bytes)."""
-_PARTITION_BYTES = 64
-"""A FetchedPartition but its topic name, message and batches (at most 52 bytes)."""
+# The headers' bounds (FETCH_ENVELOPE_BYTES, fetch_partition_bytes) are the protocol's,
+# since a client cuts its fetches by them too.
 _BATCH_BYTES = 24
 """A FetchedBatch but its payload (at most 24 bytes)."""
 _MAX_MESSAGE_BYTES = 1024
@@ -202,8 +202,8 @@ class PartitionService:
         broker's, as Kafka does, so that a consumer always makes progress; one
         larger than the request's is refused (RECORD_TOO_LARGE), not sent.
         """
-        headers = _ENVELOPE_BYTES + sum(
-            _PARTITION_BYTES + len(p.topic.encode()) for p in request.partitions
+        headers = FETCH_ENVELOPE_BYTES + sum(
+            fetch_partition_bytes(p.topic) for p in request.partitions
         )
         if headers > max_frame_size // 4:
             raise InvalidRequestError(
@@ -278,7 +278,7 @@ class PartitionService:
             try:
                 self._require(part.topic, part.partition)
                 log = self._logs.get(part.topic, part.partition)
-                alone = ceiling - _ENVELOPE_BYTES - _PARTITION_BYTES - len(part.topic.encode())
+                alone = ceiling - FETCH_ENVELOPE_BYTES - fetch_partition_bytes(part.topic)
                 left = bound - used  # (binds unless the partition's own max_bytes does)
                 batches = self._read_one(
                     log, part, left, first=used == 0, most=most, alone=alone, piece=piece

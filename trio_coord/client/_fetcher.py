@@ -44,6 +44,7 @@ from ..protocol.errors import (
 from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
     EARLIEST,
+    FETCH_ENVELOPE_BYTES,
     LATEST,
     NO_OFFSET,
     BrokerInfo,
@@ -55,6 +56,7 @@ from ..protocol.messages import (
     PartitionOffset,
     ResponseBody,
     TopicPartition,
+    fetch_partition_bytes,
 )
 from ..protocol.records import ConsumerRecord, records_from
 from ._bootstrap import Backoff
@@ -94,11 +96,7 @@ class _Partition:
         return self.fetch_offset != NO_OFFSET
 
 
-_PARTITION_BYTES = 64
-"""What a partition adds to a fetch request, besides its topic's name (the broker's own
-estimate: it refuses a fetch whose partitions would take over a quarter of its frame)."""
-
-_MAX_REQUEST_PARTITION_BYTES = DEFAULT_MAX_FRAME_SIZE // 4 - 64
+_MAX_REQUEST_PARTITION_BYTES = DEFAULT_MAX_FRAME_SIZE // 4 - FETCH_ENVELOPE_BYTES
 """What a fetch's partitions may take at first: what a broker of the default frame takes
 (a quarter of it, less the answer's envelope). A broker of a smaller frame refuses more,
 and the loop halves it until one is taken. An offsets lookup (ListOffsets) is cut by the
@@ -106,15 +104,15 @@ same estimate, which is more than a partition takes in its request or its answer
 
 
 def _request_bytes(tps: Iterable[TopicPartition]) -> int:
-    """What ``tps`` take of a request, as a broker estimates it (see _PARTITION_BYTES)."""
-    return sum(_PARTITION_BYTES + len(tp.topic.encode()) for tp in tps)
+    """What ``tps`` take of a request, as a broker estimates it (``fetch_partition_bytes``)."""
+    return sum(fetch_partition_bytes(tp.topic) for tp in tps)
 
 
 def _holding(tps: list[TopicPartition], budget: int) -> int:
     """How many of ``tps``, from the first, one request of ``budget`` holds (at least one)."""
     used = 0
     for count, tp in enumerate(tps):
-        used += _PARTITION_BYTES + len(tp.topic.encode())
+        used += fetch_partition_bytes(tp.topic)
         if count and used > budget:
             return count
     return len(tps)
@@ -500,18 +498,10 @@ class Fetcher:
     ) -> list[tuple[TopicPartition, _Partition]]:
         """As many of ``wanted`` as one fetch request holds (``state.budget``), those whose
         last fetch was longest ago first: the rest go in the next fetch."""
-        sizes = [_PARTITION_BYTES + len(tp.topic.encode()) for tp, _ in wanted]
-        if sum(sizes) <= state.budget:
+        if _request_bytes(tp for tp, _ in wanted) <= state.budget:
             return wanted
-        order = sorted(range(len(wanted)), key=lambda i: state.turns.get(wanted[i][0], 0))
-        fitting: list[tuple[TopicPartition, _Partition]] = []
-        used = 0
-        for i in order:
-            if fitting and used + sizes[i] > state.budget:
-                break
-            fitting.append(wanted[i])
-            used += sizes[i]
-        return fitting
+        ordered = sorted(wanted, key=lambda w: state.turns.get(w[0], 0))
+        return ordered[: _holding([tp for tp, _ in ordered], state.budget)]
 
     async def _fetch_some(
         self,

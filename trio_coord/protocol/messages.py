@@ -28,6 +28,8 @@ import msgspec
 
 __all__ = [
     "EARLIEST",
+    "FETCH_ENVELOPE_BYTES",
+    "FETCH_PARTITION_BYTES",
     "LATEST",
     "MAX_DESCRIBED_OWNED",
     "NO_OFFSET",
@@ -99,6 +101,7 @@ __all__ = [
     "StopFetchersResponse",
     "TopicInfo",
     "TopicPartition",
+    "fetch_partition_bytes",
 ]
 
 NO_OFFSET = -1
@@ -418,6 +421,21 @@ class ProduceRequest(_Wire, tag=13):
     records: bytes
     count: int
     max_timestamp_ms: int
+
+
+FETCH_ENVELOPE_BYTES = 64
+"""At most what Response and FetchResponse take around a fetch answer's partitions (28
+bytes). With :func:`fetch_partition_bytes`, the estimate a broker sizes a fetch answer's
+headers by (it refuses a fetch whose partitions would take over a quarter of its frame),
+and a client cuts its fetches by (a test checks both against the real encoder)."""
+
+FETCH_PARTITION_BYTES = 64
+"""At most what a FetchedPartition takes but its topic name, message and batches (52 bytes)."""
+
+
+def fetch_partition_bytes(topic: str) -> int:
+    """What a partition of ``topic`` adds to a fetch answer's headers, at most."""
+    return FETCH_PARTITION_BYTES + len(topic.encode())
 
 
 class FetchPartition(_Wire):
