@@ -19,6 +19,8 @@ import textwrap
 import traceback
 import types
 from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -293,19 +295,27 @@ async def test_a_consumer_reads_from_a_broker_of_a_larger_frame(tmp_path):
     assert [r.value[:6] for r in got] == [b"%06d" % i for i in range(600)]
 
 
+@asynccontextmanager
+async def broker_holding_a_2_mib_batch(tmp_path, partitions: int) -> AsyncIterator:
+    """A broker of an 8 MiB frame whose topic ``t`` holds, in partition 0, a batch of one
+    2 MiB record (offset 0) and then one of ``b"after"`` (offset 1)."""
+    async with open_broker(
+        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20, max_batch_bytes=4 << 20
+    ) as broker:
+        await make_topic(broker.bootstrap, "t", partitions)
+        async with open_connection(*broker.address, max_frame_size=8 << 20) as conn:
+            for value in (b"y" * (2 << 20), b"after"):
+                batch = encode_batch([WireRecord(1, None, value)])
+                await conn.request(ProduceRequest("t", 0, batch, 1, 1))
+        yield broker
+
+
 async def test_a_batch_larger_than_the_consumers_frame_is_reported_with_its_offset(tmp_path):
     # A broker of an 8 MiB frame holds a 2 MiB batch (a Spark job's batchSize): it came
     # whole, first in the answer, to a consumer that reads 1 MiB. The consumer heard
     # "frame of 2097218 bytes exceeds the maximum frame size" on every fetch, for good,
     # naming no partition or offset, and lost its connection each time.
-    async with open_broker(
-        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20, max_batch_bytes=4 << 20
-    ) as broker:
-        await make_topic(broker.bootstrap, "t", 2)
-        async with open_connection(*broker.address, max_frame_size=8 << 20) as conn:
-            for value in (b"y" * (2 << 20), b"after"):
-                batch = encode_batch([WireRecord(1, None, value)])
-                await conn.request(ProduceRequest("t", 0, batch, 1, 1))
+    async with broker_holding_a_2_mib_batch(tmp_path, partitions=2) as broker:
         async with open_producer(broker.bootstrap) as producer:
             for i in range(100):
                 await producer.enqueue("t", b"%d" % i, partition=1)
@@ -329,14 +339,7 @@ async def test_a_batch_larger_than_the_consumers_frame_is_reported_with_its_offs
 async def test_a_consumer_of_a_larger_fetch_max_bytes_reads_a_batch_past_the_default(tmp_path):
     # What the error above tells a user to do: a consumer whose frame (fetch_max_bytes,
     # Kafka's fetch.max.bytes) holds the 2 MiB batch reads it, and what follows.
-    async with open_broker(
-        tmp_path, max_frame_size=8 << 20, max_connection_bytes=32 << 20, max_batch_bytes=4 << 20
-    ) as broker:
-        await make_topic(broker.bootstrap, "t", 1)
-        async with open_connection(*broker.address, max_frame_size=8 << 20) as conn:
-            for value in (b"y" * (2 << 20), b"after"):
-                batch = encode_batch([WireRecord(1, None, value)])
-                await conn.request(ProduceRequest("t", 0, batch, 1, 1))
+    async with broker_holding_a_2_mib_batch(tmp_path, partitions=1) as broker:
         async with open_consumer(
             broker.bootstrap,
             partitions=[("t", 0)],
