@@ -221,6 +221,21 @@ def _login(sock: _Socket, security: SparkSecurity) -> None:
         raise SaslAuthenticationError(str(exc)) from None
 
 
+def _fetch_request(tp: TopicPartition, offset: int, max_bytes: int, wait: int) -> FetchRequest:
+    """The fetch of ``tp`` from ``offset``, sent now or ahead.
+
+    ``max_bytes`` bounds the partition, which a first batch larger than it
+    exceeds (the read goes on); the request's own bound is the whole answer,
+    what this client reads (:data:`RECEIVE_LIMIT`), which a broker does not
+    exceed: a batch larger than that is refused, not sent.
+    """
+    return FetchRequest(
+        [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
+        max_wait_ms=wait,
+        max_bytes=RECEIVE_LIMIT,
+    )
+
+
 class _Ahead(NamedTuple):
     """A fetch sent ahead of its caller (see :meth:`BlockingClient.fetch`)."""
 
@@ -529,11 +544,7 @@ class BlockingClient:
         """
         part = self._take_ahead(tp, offset, max_bytes, max_wait_ms)
         if part is None:
-            request = FetchRequest(
-                [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
-                max_wait_ms=max_wait_ms,
-                max_bytes=RECEIVE_LIMIT,  # (what this client reads; see _send_ahead)
-            )
+            request = _fetch_request(tp, offset, max_bytes, max_wait_ms)
             response = self._call(request, FetchResponse, tp=tp)
             (part,) = response.partitions
             if part.error:
@@ -554,14 +565,7 @@ class BlockingClient:
         sock = self._sockets.get((found.host, found.port))
         if sock is None:
             return
-        # ``max_bytes`` bounds the partition, which a first batch larger than it exceeds
-        # (the read goes on); the request's bounds the whole answer, which a broker does
-        # not exceed: a batch larger than a client's frame is refused, not sent.
-        request = FetchRequest(
-            [FetchPartition(tp.topic, tp.partition, offset, max_bytes)],
-            max_wait_ms=wait,
-            max_bytes=RECEIVE_LIMIT,
-        )
+        request = _fetch_request(tp, offset, max_bytes, wait)
         try:
             (corr_id,) = sock.send([request])
         except OSError:
