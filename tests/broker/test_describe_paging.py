@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer
-from trio_coord.broker.paging import encoded_size, in_parts, page_members
+from trio_coord.broker.paging import page_members
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import InvalidTopicError
 from trio_coord.protocol.framing import FrameCodec
@@ -32,6 +32,7 @@ from trio_coord.protocol.messages import (
     PartitionOffset,
     Response,
 )
+from trio_coord.protocol.sizing import encoded_size, in_parts
 
 from .harness import FakeMember, connected
 

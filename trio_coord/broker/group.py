@@ -73,12 +73,12 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..protocol.sizing import in_parts
 from ..security.acl import ANONYMOUS
 from ..store.base import StoreError
 from . import events as ev
 from .events import EventCallback
 from .liveness import Liveness
-from .paging import in_parts
 
 if TYPE_CHECKING:
     from .persistence import RecordWriter

@@ -70,11 +70,12 @@ from ..protocol.messages import (
     SecurityAdminResponse,
     TopicPartition,
 )
+from ..protocol.sizing import encoded_size, page
 from ..security.acl import CLUSTER, Authorizer
 from ..security.quota import Quotas
 from ..security.store import security_admin
 from .coordinator import Coordinators
-from .paging import encoded_size, page, page_members
+from .paging import page_members
 from .partitions import PartitionService
 from .topics import TopicManager
 

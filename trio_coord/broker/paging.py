@@ -1,77 +1,27 @@
-"""Cut a listing into pages that fit a frame: how no answer's size is bound by the frame.
+"""Cut a group's members into pages that fit a frame, cutting inside a member if need be.
 
 A listing (all topics, all groups, a group's members or committed offsets)
 grows with what users create, and one answer holding it all would one day
-outgrow the frame, failing that request for everyone, for good. :func:`page`
-takes the items after a cursor, in order, while their encoded size stays
-within a budget, and says where the next page starts; the client asks again
-until there is no next page. :func:`page_members` does the same for a
-group's members, cutting inside a member whose partitions alone outgrow a
-page.
+outgrow the frame, failing that request for everyone, for good. Most
+listings are cut by :func:`~trio_coord.protocol.sizing.page`, shared with the
+clients; :func:`page_members` does the same for a group's members, cutting
+inside a member whose partitions alone outgrow a page, and says where the
+next page starts; the client asks again until there is no next page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from ..protocol.messages import MemberCursor, MemberDescription, TopicPartition
+from ..protocol.sizing import encoded_size
 
-__all__ = ["encoded_size", "in_parts", "page", "page_members"]
+__all__ = ["page_members"]
 
-T = TypeVar("T")
-K = TypeVar("K")
-
-_encode = msgspec.msgpack.Encoder().encode
 _ARRAY_HEADER = 5
 """The most bytes msgpack spends on an array's length (a page is one array)."""
-
-
-def encoded_size(item: object) -> int:
-    """Bytes ``item`` takes as one element of an encoded list (its header included)."""
-    return len(_encode(item)) + 1
-
-
-def page(items: Iterable[T], key: Callable[[T], K], budget: int) -> tuple[list[T], K | None]:
-    """The leading items whose encodings fit in ``budget`` bytes, and the next cursor.
-
-    ``items`` are in cursor order; ``key`` gives an item's cursor. At least
-    one item is returned (a page must make progress); the cursor is None
-    when every item fit.
-    """
-    out: list[T] = []
-    used = 0
-    for item in items:
-        size = encoded_size(item)
-        if out and used + size > budget:
-            return out, key(out[-1])
-        out.append(item)
-        used += size
-    return out, None
-
-
-def in_parts(items: Sequence[T], budget: int) -> Iterator[list[T]]:
-    """``items`` cut, in order, into runs whose encodings fit ``budget`` bytes (at least one).
-
-    For a push that must carry a whole list, like a large assignment: each
-    run goes in a frame of its own. An empty list is one empty run.
-    """
-    if len(_encode(items)) + len(items) <= budget:  # (the sum of encoded_size: all fit)
-        yield list(items)
-        return
-    rest = items
-    while True:
-        run, _ = page(rest, _no_key, budget)
-        yield run
-        rest = rest[len(run) :]
-        if not rest:
-            return
-
-
-def _no_key(item: object) -> None:
-    return None
 
 
 def page_members(

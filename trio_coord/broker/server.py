@@ -59,6 +59,7 @@ from ..protocol.messages import (
     TopicInfo,
     TopicPartition,
 )
+from ..protocol.sizing import page
 from ..security.acl import ANONYMOUS
 from ..security.quota import Quotas
 from ..security.server import ServerSecurity
@@ -71,7 +72,6 @@ from .cluster import ClusterMember, placement
 from .coordinator import CoordinatorConfig, Coordinators, CoordinatorService
 from .events import EventCallback, GroupEvent, RebalanceRestarted, Stable
 from .handler import BrokerHandler
-from .paging import page
 from .partitions import PartitionService
 from .persistence import TOPICS, RecordWriter, load_records
 from .topics import TopicManager
