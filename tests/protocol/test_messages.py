@@ -111,6 +111,7 @@ REQUEST_SAMPLES: list[messages.RequestBody] = [
         client_assignors=["my-assignor"],
         rack="eu-west-1b",
         owned=[TopicPartition("orders", 3)],
+        max_frame_size=4 << 20,
     ),
     HeartbeatRequest("billing", "m-1", 4, positions=[OFFSET]),
     LeaveGroupRequest("billing", "m-1", positions=[OFFSET], reason="shutting down", stay=True),
@@ -168,7 +169,7 @@ RESPONSE_SAMPLES: list[messages.ResponseBody] = [
     AddPartitionsResponse(
         TopicInfo("orders", 24, leaders=[7] * 24, topic_id="9f" * 16, configs={"a": "b"})
     ),
-    JoinGroupResponse("m-1", 5, 15_000, rejoin=True),
+    JoinGroupResponse("m-1", 5, 15_000, rejoin=True, max_frame_size=8 << 20),
     HeartbeatResponse(),
     LeaveGroupResponse(),
     OffsetCommitResponse(),

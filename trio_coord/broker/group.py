@@ -53,6 +53,7 @@ from ..protocol.errors import (
     UnknownTopicError,
 )
 from ..protocol.messages import (
+    DEFAULT_FRAME,
     BrokerInfo,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
@@ -94,6 +95,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MIN_MEMBER_FRAME = 64 * 1024
+"""The smallest frame a member's join may say it reads (a consumer's least
+``fetch_max_bytes``): a smaller one would cut its assignment into a push per partition."""
 PENDING_JOIN_TIMEOUT = 30.0
 """The longest a member id handed out by a first-step join waits for its second step."""
 
@@ -350,6 +354,8 @@ class GroupRunner:
         self._cause = ""  # why the rebalance in flight (or the next one) runs: CAUSES
         self._bind = bind_connection
         self._conns: dict[str, MemberLink] = {}
+        self._frames: dict[str, int] = {}
+        """Member id → the largest frame it reads (its join says), for cutting pushes."""
         self._owners: dict[str, str] = {}
         """Member id → the principal that joined with it (only it may act as that member)."""
         self._liveness = Liveness(self._session_expired)
@@ -414,6 +420,7 @@ class GroupRunner:
         """
         group = self.group
         member_id = request.member_id
+        frame = conn.max_frame_size
         if self.deleting:
             raise CoordinatorNotAvailableError(
                 f"group {self.group_id} is being deleted; join again in a moment"
@@ -460,7 +467,7 @@ class GroupRunner:
             prefix = request.instance_id or request.client_id or "member"
             member_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
             if not request.instance_id:
-                return self._member_id_required(member_id, request)
+                return self._member_id_required(member_id, request, frame)
         if static is not None and request.member_id != static.member_id:
             # A new process (it does not know the member id): the old one may be cut off
             # rather than dead, and its partitions stay fenced until its lease ends.
@@ -474,7 +481,9 @@ class GroupRunner:
         if old_conn is not None and old_conn is not conn:
             self._bind(old_conn, member_id, None)
         if static is not None and self._resume_static(static, request, conn):
-            return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
+            return JoinGroupResponse(
+                member_id, group.generation, request.session_timeout_ms, max_frame_size=frame
+            )
         group.add_member(
             trio.current_time(),
             member_id=member_id,
@@ -494,6 +503,7 @@ class GroupRunner:
             owned=request.owned,
         )
         self._conns[member_id] = conn
+        self._frames[member_id] = max(request.max_frame_size, MIN_MEMBER_FRAME)
         self._bind(conn, member_id, self.group_id)
         self._liveness.watch(member_id, session_timeout)
         self._emit(ev.Joined, member_id=member_id)
@@ -507,9 +517,13 @@ class GroupRunner:
             self._kick.set()
         else:
             self.request_rebalance(f"member {member_id} joined")
-        return JoinGroupResponse(member_id, group.generation, request.session_timeout_ms)
+        return JoinGroupResponse(
+            member_id, group.generation, request.session_timeout_ms, max_frame_size=frame
+        )
 
-    def _member_id_required(self, member_id: str, request: JoinGroupRequest) -> JoinGroupResponse:
+    def _member_id_required(
+        self, member_id: str, request: JoinGroupRequest, frame: int
+    ) -> JoinGroupResponse:
         """Hand out a member id to join again with, remembered for a short while.
 
         A client joins again with it at once, so it is kept no longer than
@@ -535,7 +549,11 @@ class GroupRunner:
         )
         self._pending_ids[member_id] = now + keep
         return JoinGroupResponse(
-            member_id, self.group.generation, request.session_timeout_ms, rejoin=True
+            member_id,
+            self.group.generation,
+            request.session_timeout_ms,
+            rejoin=True,
+            max_frame_size=frame,
         )
 
     def _resume_static(self, member: Member, request: JoinGroupRequest, conn: MemberLink) -> bool:
@@ -568,6 +586,7 @@ class GroupRunner:
         member.last_heartbeat = now
         member.user_data = request.user_data
         self._conns[member.member_id] = conn
+        self._frames[member.member_id] = max(request.max_frame_size, MIN_MEMBER_FRAME)
         self._bind(conn, member.member_id, self.group_id)
         self._liveness.watch(member.member_id, member.session_timeout)
         plan = group.planning.resume_plan(now, member.member_id, self._log_offsets)
@@ -629,6 +648,7 @@ class GroupRunner:
         member = self.group.remove_member(now, member_id, stopped=stopped)
         self._liveness.forget(member_id)
         self._owners.pop(member_id, None)
+        self._frames.pop(member_id, None)
         conn = self._conns.pop(member_id, None)
         if conn is not None:
             self._bind(conn, member_id, None)
@@ -1397,7 +1417,7 @@ class GroupRunner:
         if conn is None:
             return False
         plan = stages[0]
-        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        parts = list(in_parts(plan.partitions, self._push_bytes(member, conn)))
         if len(parts) != 1:
             return False
         tps = [p.tp for p in plan.partitions]
@@ -1405,6 +1425,12 @@ class GroupRunner:
         (request,) = self._start_requests(member, plan, generation, parts, tps)
         self._push(answers, nursery, member, conn, request, plan)
         return True
+
+    def _push_bytes(self, member: Member, conn: MemberLink) -> int:
+        """What one push's partitions may take: half the smaller frame of the link and of
+        the member (the rest is its brokers and leaders)."""
+        frame = self._frames.get(member.member_id, DEFAULT_FRAME)
+        return min(conn.max_frame_size, frame) // 2
 
     def _start_requests(
         self,
@@ -1439,7 +1465,7 @@ class GroupRunner:
         conn = self._conn_of(member)
         tps = [p.tp for p in plan.partitions]
         self.group.member_starting(member.member_id, tps)
-        parts = list(in_parts(plan.partitions, conn.max_frame_size // 2))
+        parts = list(in_parts(plan.partitions, self._push_bytes(member, conn)))
         response = None
         for request in self._start_requests(member, plan, generation, parts, tps):
             response = await conn.request(request)

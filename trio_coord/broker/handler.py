@@ -355,7 +355,9 @@ class BrokerHandler(RequestHandler):
     def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
         offsets = self._coordinator.fetch_offsets(body.group, body.partitions)
         if body.partitions is not None:
-            return OffsetFetchResponse(offsets)
+            # Paged too: an answer carries each offset's metadata, so the answer to a
+            # lookup that fits a frame may not.
+            offsets.sort(key=_tp)
         after = body.after
         wanted = (o for o in offsets if after is None or o.tp > after)
         listed, following = page(wanted, _tp, self._broker.page_bytes)

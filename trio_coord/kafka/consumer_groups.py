@@ -617,6 +617,7 @@ def _request(
         rebalance_protocol="cooperative",
         instance_id=link.instance_id,
         rack=link.rack_id,
+        max_frame_size=LinkBase.max_frame_size,  # (pushes are answers of its own size)
     )
 
 

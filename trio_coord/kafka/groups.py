@@ -621,6 +621,7 @@ async def _join_group(ctx: RequestContext, body: Any) -> Any:
         instance_id=instance_id,
         user_data=msgspec.msgpack.encode(metadata),
         client_assignors=assignors,
+        max_frame_size=LinkBase.max_frame_size,  # (pushes are answers of its own size)
     )
     try:
         if not member_id and not instance_id:

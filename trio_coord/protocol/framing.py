@@ -24,7 +24,7 @@ import trio
 
 from .budget import ByteBudget
 from .errors import CorruptMessageError, FrameTooLargeError, UnsupportedMessageError
-from .messages import Frame
+from .messages import DEFAULT_FRAME, Frame
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
@@ -36,7 +36,8 @@ __all__ = [
 ]
 
 HEADER_SIZE = 4
-DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
+DEFAULT_MAX_FRAME_SIZE = DEFAULT_FRAME
+"""The largest frame a connection reads unless it is told otherwise (1 MiB)."""
 SMALL_FRAME = 4096
 """Frames up to this size do not wait for a shared byte budget (heartbeats stay live)."""
 _RECEIVE_CHUNK = 64 * 1024

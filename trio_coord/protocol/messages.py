@@ -27,6 +27,7 @@ from typing import NamedTuple
 import msgspec
 
 __all__ = [
+    "DEFAULT_FRAME",
     "EARLIEST",
     "FETCH_ENVELOPE_BYTES",
     "FETCH_PARTITION_BYTES",
@@ -122,6 +123,11 @@ class TopicPartition(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+
+DEFAULT_FRAME = 1024 * 1024
+"""What a peer's frame is taken to be when it does not say (``framing.DEFAULT_MAX_FRAME_SIZE``,
+which framing re-exports: framing imports this module, not the other way round)."""
 
 
 class _Wire(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False, gc=False):
@@ -300,6 +306,9 @@ class JoinGroupRequest(_Wire, tag=4):
     that still fetches exactly its assignment may be spared a rebalance (or, cooperative,
     told just the new generation); one that dropped partitions (its lease ran out) is
     started with its partitions again."""
+    max_frame_size: int = DEFAULT_FRAME
+    """The largest frame the member reads: the coordinator cuts what it pushes to the
+    member (a long assignment) to fit it as well as its own."""
 
 
 class HeartbeatRequest(_Wire, tag=5):
@@ -339,8 +348,9 @@ class OffsetCommitRequest(_Wire, tag=7):
 
 
 class OffsetFetchRequest(_Wire, tag=8):
-    """Read a group's committed offsets (``partitions=None``: all of them, a page at a time:
-    those after ``after``, in (topic, partition) order; the answer's ``next`` continues)."""
+    """Read a group's committed offsets (``partitions=None``: all of them), a page at a time:
+    those after ``after``, in (topic, partition) order; the answer's ``next`` continues (a
+    client asks again with the same ``partitions``)."""
 
     group: str
     partitions: list[TopicPartition] | None = None
@@ -643,6 +653,9 @@ class JoinGroupResponse(_Wire, tag=4):
     session_timeout_ms: int
     rejoin: bool = False
     """The member id was just assigned and the member is not admitted yet: join again with it."""
+    max_frame_size: int = DEFAULT_FRAME
+    """The largest frame the coordinator reads: the member cuts the lists it sends (its
+    positions, its commits) to fit it as well as its own."""
 
 
 class HeartbeatResponse(_Wire, tag=5):
