@@ -221,6 +221,7 @@ class AcceptingCoordinator:
     """A coordinator connection that accepts every JoinGroup of member "m"."""
 
     name = "coordinator"
+    max_frame_size = 1024 * 1024
 
     def __init__(self) -> None:
         self.joins: list[JoinGroupRequest] = []

@@ -47,6 +47,7 @@ from ..protocol.errors import (
     UnknownServerError,
 )
 from ..protocol.messages import (
+    DEFAULT_FRAME,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
     HeartbeatRequest,
@@ -54,6 +55,7 @@ from ..protocol.messages import (
     JoinGroupResponse,
     LeaveGroupRequest,
     MemberAssignment,
+    OffsetCommitRequest,
     PartitionOffset,
     RequestBody,
     ResponseBody,
@@ -63,6 +65,7 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
+from ..protocol.sizing import encoded_size, in_parts, list_budget
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
 
@@ -266,6 +269,7 @@ class GroupMembership:
         self._lease_moved = trio.Event()
         self._member_ready = trio.Event()
         self._conn: Connection | None = None
+        self._coordinator_frame = DEFAULT_FRAME  # (what its last JoinGroup answer said)
         self._session_scope: trio.CancelScope | None = None
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
@@ -402,6 +406,14 @@ class GroupMembership:
             )
         return conn
 
+    def list_budget(self) -> int:
+        """What one message's list (positions, a commit's offsets) may take: a quarter of the
+        smaller frame of this member's connection and of its coordinator's."""
+        conn = self._conn
+        return list_budget(
+            DEFAULT_FRAME if conn is None else conn.max_frame_size, self._coordinator_frame
+        )
+
     def close(self) -> None:
         """After :meth:`leave`: the member is gone for good; its session tasks end."""
         self._left = True
@@ -429,8 +441,10 @@ class GroupMembership:
             if isinstance(body, StopFetchersRequest):
                 self._start_parts.clear()  # (a restarted rebalance voids them)
                 if body.partitions is not None:
-                    return StopFetchersResponse(await self._revoke_some(body.partitions))
-                return StopFetchersResponse(await self._stop_fetchers())
+                    revoked = await self._revoke_some(body.partitions)
+                else:
+                    revoked = await self._stop_fetchers()
+                return StopFetchersResponse(await self._hand_back(revoked))
             whole = self._collect_part(body)
             if whole is None:  # more parts of this assignment follow
                 return StartFetchersResponse()
@@ -461,6 +475,44 @@ class GroupMembership:
         self._drop()
         self._handed_back = positions
         return positions
+
+    async def _hand_back(self, positions: list[PartitionOffset]) -> list[PartitionOffset]:
+        """The positions a stop answer or a leave carries: all of them if they fit one
+        message, else the first part, the others committed ahead of it, a part at a time.
+
+        A consumer of 10,000 partitions of a long topic name hands back more than
+        a default frame holds: the coordinator refused the answer and closed the
+        connection, every time. Each commit is durable before the answer goes,
+        as the positions it carries are made durable before any partition
+        starts elsewhere. A part refused (an offset behind the committed one,
+        which the answer's positions would have skipped, or a rebalance that
+        moved on) is logged, not raised: its partitions' next owner starts from
+        the offsets committed before, so records are read again, not lost.
+        """
+        conn = self._conn
+        parts = list(in_parts(positions, self.list_budget()))
+        if len(parts) == 1 or conn is None:
+            return positions
+        for part in parts[1:]:
+            commit = OffsetCommitRequest(
+                self._settings.group_id, self.member_id, self.generation, part
+            )
+            try:
+                answered = await request_in_time(conn, commit, self._settings.request_timeout)
+            except CoordError as exc:
+                answered, why = None, f"{type(exc).__name__}: {exc}"
+            else:
+                why = "no answer within request_timeout"
+            if answered is None:
+                log.warning(
+                    "consumer %s: %d of the positions it hands back could not be committed "
+                    "(%s); their partitions' next owner starts from the offsets committed "
+                    "before",
+                    self.member_id,
+                    len(part),
+                    why,
+                )
+        return parts[0]
 
     async def _give_up(self, partitions: list[TopicPartition]) -> None:
         """Tell the application it no longer owns ``partitions``: ``on_revoked`` while
@@ -745,6 +797,9 @@ class GroupMembership:
                 await self._lose("the lease ran out before the consumer rejoined")
             sent_at = trio.current_time()
             topics = self._topics
+            owned = sorted(self._assignment) if self.member_id else None
+            if owned and encoded_size(owned) > self.list_budget():
+                owned = None  # (not said: a rebalance follows, as for a member that cannot say)
             try:
                 response = await request_in_time(
                     conn,
@@ -763,7 +818,8 @@ class GroupMembership:
                         self._settings.user_data,
                         sorted(self._settings.local_assignors),
                         self._settings.rack,
-                        sorted(self._assignment) if self.member_id else None,
+                        owned,
+                        max_frame_size=conn.max_frame_size,
                     ),
                     self._settings.request_timeout,
                 )
@@ -776,6 +832,7 @@ class GroupMembership:
             # changed the topics while this join was on its way: join again with them.
             self.member_id = response.member_id
         self.member_id = response.member_id
+        self._coordinator_frame = response.max_frame_size
         self._fenced_since = None
         self.generation = response.generation
         self._granted_session = response.session_timeout_ms / 1000
@@ -793,22 +850,25 @@ class GroupMembership:
             sent_at = trio.current_time()
             generation = self.generation
             positions = self._fetcher.take_dirty() if self._settings.auto_commit else []
+            # More positions than one heartbeat holds go in more heartbeats, back to back.
+            parts = list(in_parts(positions, self.list_budget()))
             with trio.move_on_after(interval):
                 try:
-                    await conn.request(
-                        HeartbeatRequest(
-                            self._settings.group_id, self.member_id, generation, positions
+                    while parts:
+                        await conn.request(
+                            HeartbeatRequest(
+                                self._settings.group_id, self.member_id, generation, parts[0]
+                            )
                         )
-                    )
+                        self._renew_lease(sent_at)
+                        del parts[0]
                 except IllegalGenerationError as exc:
                     if generation >= self.generation:  # not an answer overtaken by a new start
                         raise _Reconnect(str(exc)) from None
                 except (UnknownMemberError, GroupNotFoundError) as exc:
                     raise _Reconnect(str(exc), forget_member=True) from None
-                else:
-                    self._renew_lease(sent_at)
-                    positions = []
-            self._fetcher.return_dirty(positions)  # not delivered: send them again
+            # Not delivered: send them again.
+            self._fetcher.return_dirty(p for part in parts for p in part)
             with trio.move_on_at(sent_at + interval):
                 await conn.wait_closed()
                 raise _Reconnect("the connection to the coordinator closed")
@@ -882,7 +942,7 @@ class GroupMembership:
             if self._settings.instance_id and not reason:
                 await self._step_out(conn)
                 return
-            positions = await self._revoke()
+            positions = await self._hand_back(await self._revoke())
             self._left = True  # (after on_revoked, which may still commit)
             try:
                 await conn.request(
@@ -906,7 +966,7 @@ class GroupMembership:
         joins before then gets them back at once, without a rebalance of the
         others.
         """
-        positions = await self._revoke()
+        positions = await self._hand_back(await self._revoke())
         self._left = True
         self._state.value = ConsumerState.UNJOINED
         try:

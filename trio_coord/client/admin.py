@@ -62,6 +62,7 @@ from ..security.scram import ScramCredential
 from ..security.store import check_user_name, encode_credentials
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
+from ._parts import FrameGuess, send_in_parts
 
 __all__ = ["Admin", "PartitionLag", "PlannedOffset", "open_admin"]
 
@@ -128,6 +129,7 @@ class Admin:
         self._conn = conn
         self._cluster = cluster
         self._api_timeout = api_timeout
+        self._frame_guess = FrameGuess(conn.max_frame_size)  # (its coordinators')
 
     async def _ask(
         self, request: RequestBody, expected: type[_R], conn: Connection | None = None
@@ -286,15 +288,29 @@ class Admin:
     async def committed_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, int]:
-        """A group's committed offsets (all, or for ``partitions``)."""
-        wanted = None if partitions is None else [TopicPartition(*tp) for tp in partitions]
-        request = OffsetFetchRequest(group_id, wanted)
-        response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
-        offsets = {o.tp: o.offset for o in response.offsets}
-        while response.next is not None:  # all of them, a page at a time
-            request = OffsetFetchRequest(group_id, None, response.next)
-            response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
-            offsets.update((o.tp, o.offset) for o in response.offsets)
+        """A group's committed offsets (all, or for ``partitions``).
+
+        Thousands of ``partitions`` are asked for in parts, each within what the
+        broker reads (a refusal teaches a smaller frame); each answer comes a page
+        at a time.
+        """
+        offsets: dict[TopicPartition, int] = {}
+
+        async def look_up(part: list[TopicPartition] | None) -> None:
+            request = OffsetFetchRequest(group_id, part)
+            while True:
+                response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
+                offsets.update((o.tp, o.offset) for o in response.offsets)
+                if response.next is None:
+                    return
+                request = OffsetFetchRequest(group_id, part, response.next)
+
+        if partitions is None:
+            await look_up(None)
+        else:
+            wanted = sorted(TopicPartition(*tp) for tp in partitions)
+            guess = self._frame_guess
+            await send_in_parts(wanted, look_up, guess.budget, guess.halve)
         return offsets
 
     async def group_lag(self, group_id: str) -> list[PartitionLag]:

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import trio
 from trio_util import AsyncValue
@@ -95,6 +96,7 @@ from ._membership import (
     RebalanceProtocol,
     request_in_time,
 )
+from ._parts import FrameGuess, send_in_parts
 
 __all__ = [
     "Consumer",
@@ -106,6 +108,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 _DEFAULT_ASSIGNORS: dict[str, tuple[str, ...]] = {
@@ -241,6 +245,7 @@ class Consumer(EnterOnce):
         )
         self._fetcher = Fetcher(self._fetch_settings)
         self._membership: GroupMembership | None = None
+        self._frame_guess = FrameGuess(fetch_max_bytes)  # (a standalone committer's)
         if self.static_partitions is None:
             self._membership = GroupMembership(
                 MembershipSettings(
@@ -559,7 +564,10 @@ class Consumer(EnterOnce):
     ) -> None:
         """Durably commit offsets (default: the current positions of owned partitions).
 
-        Returns once the offsets are durable on the coordinator. Raises
+        Returns once the offsets are durable on the coordinator. More offsets
+        than one request holds (thousands of partitions) are committed in
+        parts, one after the other; if one fails, the parts before it stay
+        committed. Raises
         :class:`~trio_coord.RebalanceInProgressError` while a partition is
         being moved, :class:`~trio_coord.PartitionNotOwnedError` for a
         partition this consumer does not own, and
@@ -579,27 +587,50 @@ class Consumer(EnterOnce):
             items = [(TopicPartition(*tp), off) for tp, off in offsets.items()]
         if not items:
             return
-        conn = await self._committer()
-        await self._request(
-            conn,
-            OffsetCommitRequest(
-                self.group_id,
-                self.member_id,
-                self.generation,
-                [PartitionOffset(tp.topic, tp.partition, off) for tp, off in sorted(items)],
-                allow_regression,
-            ),
-        )
+        positions = [PartitionOffset(tp.topic, tp.partition, off) for tp, off in sorted(items)]
+
+        async def commit_part(conn: Connection, part: list[PartitionOffset]) -> None:
+            request = OffsetCommitRequest(
+                self.group_id, self.member_id, self.generation, part, allow_regression
+            )
+            await self._request(conn, request)
+
+        await self._in_parts(positions, commit_part)
 
     async def committed(
         self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None
     ) -> dict[TopicPartition, int]:
         """The group's committed offsets (default: for this consumer's assignment)."""
         wanted = sorted(TopicPartition(*tp) for tp in (partitions or self._owned()))
-        conn = await self._committer()
-        response = await self._request(conn, OffsetFetchRequest(self.group_id, wanted))
-        assert isinstance(response, OffsetFetchResponse)
-        return {o.tp: o.offset for o in response.offsets}
+        found: dict[TopicPartition, int] = {}
+
+        async def look_up(conn: Connection, part: list[TopicPartition]) -> None:
+            request = OffsetFetchRequest(self.group_id, part)
+            while True:  # (an answer of many offsets' metadata comes in pages)
+                response = await self._request(conn, request)
+                assert isinstance(response, OffsetFetchResponse)
+                found.update((o.tp, o.offset) for o in response.offsets)
+                if response.next is None:
+                    return
+                request = OffsetFetchRequest(self.group_id, part, response.next)
+
+        await self._in_parts(wanted, look_up)
+        return found
+
+    async def _in_parts(
+        self, items: list[_T], send: Callable[[Connection, list[_T]], Awaitable[None]]
+    ) -> None:
+        """``send`` the coordinator ``items`` a part at a time (see :mod:`._parts`): a
+        member knows its coordinator's frame, a standalone committer learns it."""
+
+        async def send_part(part: list[_T]) -> None:
+            await send(await self._committer(), part)
+
+        if self._membership is not None:
+            await send_in_parts(items, send_part, self._membership.list_budget)
+        else:
+            guess = self._frame_guess
+            await send_in_parts(items, send_part, guess.budget, guess.halve)
 
     async def _request(self, conn: Connection, body: RequestBody) -> ResponseBody | None:
         """``conn.request(body)``, waiting at most ``request_timeout`` for the answer."""
