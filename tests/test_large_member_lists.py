@@ -153,3 +153,15 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
             with trio.fail_after(20):
                 while len(consumer.assignment) < partitions:
                     await trio.sleep(0.05)
+
+
+async def test_the_lag_of_a_group_of_more_partitions_than_one_frame_holds(tmp_path):
+    # `trio-coord groups lag` asked each broker for the log ends of all the group's
+    # partitions in one ListOffsets (an answer entry is larger than its request's).
+    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
+        await make_topic_with_a_record_each(broker.bootstrap)
+        async with open_consumer(broker.bootstrap, "g", partitions=ALL, auto_commit=False) as c:
+            await c.commit(dict.fromkeys(ALL, 0))
+        async with open_admin(broker.bootstrap) as admin:
+            lag = await admin.group_lag("g")
+    assert [(row.partition, row.lag) for row in lag] == [(p, 1) for p in range(COUNT)]

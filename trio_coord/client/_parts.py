@@ -53,14 +53,15 @@ async def send_in_parts(
     send: Callable[[list[T]], Awaitable[None]],
     budget: Callable[[], int],
     halve: Callable[[], bool] | None = None,
+    size_of: Callable[[T], int] | None = None,
 ) -> None:
     """``send`` ``items`` in order, a part of at most ``budget()`` bytes at a time (one
-    empty part for no items). A part refused with FrameTooLargeError is sent again,
-    smaller, while ``halve()`` lowers the budget; else the error is raised, the parts
-    before it having been sent."""
+    empty part for no items; an item's size as :func:`in_parts` takes it). A part
+    refused with FrameTooLargeError is sent again, smaller, while ``halve()`` lowers
+    the budget; else the error is raised, the parts before it having been sent."""
     rest = items
     while True:
-        part = next(in_parts(rest, budget()))
+        part = next(in_parts(rest, budget(), size_of))
         try:
             await send(part)
         except FrameTooLargeError:

@@ -55,6 +55,7 @@ from ..protocol.messages import (
     SecurityAdminResponse,
     TopicInfo,
     TopicPartition,
+    fetch_partition_bytes,
 )
 from ..security.acl import Acl
 from ..security.client import ClientSecurity, Sasl
@@ -112,6 +113,12 @@ class PlannedOffset:
 
 
 _SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _answer_bytes(tp: TopicPartition) -> int:
+    """What a partition adds to an offsets lookup's answer, at most (more than it adds to
+    the request, several times more for a short topic name)."""
+    return fetch_partition_bytes(tp.topic)
 
 
 class Admin:
@@ -222,16 +229,21 @@ class Admin:
 
         ``timestamp_ms`` is ``LATEST`` (-1, the log end), ``EARLIEST`` (-2,
         the log start) or a time in milliseconds since the epoch (the first
-        record at or after it; the log end if there is none).
+        record at or after it; the log end if there is none). Thousands of
+        partitions are asked for in parts, each answer within a frame.
         """
         by_leader = await self._cluster.by_leader(TopicPartition(*tp) for tp in partitions)
         result: dict[TopicPartition, ListedOffset] = {}
         for broker, tps in by_leader.items():
-            conn = await self._cluster.connection(broker)
-            response = await self._ask(
-                ListOffsetsRequest(tps, timestamp_ms), ListOffsetsResponse, conn
-            )
-            result.update((o.tp, o) for o in response.offsets)
+
+            async def look_up(part: list[TopicPartition], broker: BrokerInfo = broker) -> None:
+                conn = await self._cluster.connection(broker)
+                request = ListOffsetsRequest(part, timestamp_ms)
+                response = await self._ask(request, ListOffsetsResponse, conn)
+                result.update((o.tp, o) for o in response.offsets)
+
+            guess = self._frame_guess
+            await send_in_parts(tps, look_up, guess.budget, guess.halve, _answer_bytes)
         return result
 
     async def topic_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:

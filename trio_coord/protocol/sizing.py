@@ -40,8 +40,14 @@ def list_budget(*frames: int) -> int:
     return min(frames) // 4
 
 
-def page(items: Iterable[T], key: Callable[[T], K], budget: int) -> tuple[list[T], K | None]:
-    """The leading items whose encodings fit in ``budget`` bytes, and the next cursor.
+def page(
+    items: Iterable[T],
+    key: Callable[[T], K],
+    budget: int,
+    size_of: Callable[[T], int] = encoded_size,
+) -> tuple[list[T], K | None]:
+    """The leading items whose sizes (default: encodings) fit in ``budget`` bytes, and the
+    next cursor.
 
     ``items`` are in cursor order; ``key`` gives an item's cursor. At least
     one item is returned (a page must make progress); the cursor is None
@@ -50,7 +56,7 @@ def page(items: Iterable[T], key: Callable[[T], K], budget: int) -> tuple[list[T
     out: list[T] = []
     used = 0
     for item in items:
-        size = encoded_size(item)
+        size = size_of(item)
         if out and used + size > budget:
             return out, key(out[-1])
         out.append(item)
@@ -58,18 +64,24 @@ def page(items: Iterable[T], key: Callable[[T], K], budget: int) -> tuple[list[T
     return out, None
 
 
-def in_parts(items: Sequence[T], budget: int) -> Iterator[list[T]]:
-    """``items`` cut, in order, into runs whose encodings fit ``budget`` bytes (at least one).
+def in_parts(
+    items: Sequence[T], budget: int, size_of: Callable[[T], int] | None = None
+) -> Iterator[list[T]]:
+    """``items`` cut, in order, into runs whose sizes fit ``budget`` bytes (at least one).
 
     For a message that must carry a whole list, like a large assignment or a
-    commit: each run goes in a frame of its own. An empty list is one empty run.
+    commit: each run goes in a frame of its own. An empty list is one empty
+    run. An item's size is its encoding unless ``size_of`` says otherwise (what
+    it adds to the answer, when that is the larger: an offsets lookup's).
     """
-    if len(_encode(items)) + len(items) <= budget:  # (the sum of encoded_size: all fit)
-        yield list(items)
-        return
+    if size_of is None:
+        if len(_encode(items)) + len(items) <= budget:  # (the sum of encoded_size: all fit)
+            yield list(items)
+            return
+        size_of = encoded_size
     rest = items
     while True:
-        run, _ = page(rest, _no_key, budget)
+        run, _ = page(rest, _no_key, budget, size_of)
         yield run
         rest = rest[len(run) :]
         if not rest:
