@@ -13,11 +13,13 @@ pushed an assignment larger than the member reads, so it never got one.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from trio_coord import open_admin, open_consumer, open_producer
 from trio_coord.broker.server import open_broker
 from trio_coord.protocol.connection import open_connection
+from trio_coord.protocol.errors import FrameTooLargeError
 from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset, TopicPartition
 
 TOPIC = "t" * 100
@@ -155,7 +157,7 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
                     await trio.sleep(0.05)
 
 
-async def test_the_lag_of_a_group_of_more_partitions_than_one_frame_holds(tmp_path):
+async def test_lag_reset_and_delete_of_a_group_of_more_partitions_than_one_frame_holds(tmp_path):
     # `trio-coord groups lag` asked each broker for the log ends of all the group's
     # partitions in one ListOffsets (an answer entry is larger than its request's).
     async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
@@ -164,4 +166,9 @@ async def test_the_lag_of_a_group_of_more_partitions_than_one_frame_holds(tmp_pa
             await c.commit(dict.fromkeys(ALL, 0))
         async with open_admin(broker.bootstrap) as admin:
             lag = await admin.group_lag("g")
+            # A reset is one request (a running group restarts once): it says what to do.
+            with pytest.raises(FrameTooLargeError, match="reset them in several calls"):
+                await admin.reset_offsets("g", dict.fromkeys(ALL, 1))
+            await admin.delete_offsets("g", ALL)  # (in parts)
+            assert await admin.committed_offsets("g") == {}
     assert [(row.partition, row.lag) for row in lag] == [(p, 1) for p in range(COUNT)]

@@ -21,7 +21,7 @@ import trio
 from .._aio import unwrap_lone_exception
 from .._routing import Action, classify
 from ..protocol.connection import Connection, serving
-from ..protocol.errors import CoordError, RequestTimedOutError
+from ..protocol.errors import CoordError, FrameTooLargeError, RequestTimedOutError
 from ..protocol.messages import (
     LATEST,
     AddPartitionsRequest,
@@ -350,12 +350,24 @@ class Admin:
         group_id: str,
         offsets: Mapping[TopicPartition, int] | Mapping[tuple[str, int], int],
     ) -> None:
-        """Move a group's committed offsets (backwards too); a running group restarts there."""
+        """Move a group's committed offsets (backwards too); a running group restarts there.
+
+        A reset is one request, so that a running group stops and restarts once:
+        one of more partitions than a frame holds raises FrameTooLargeError,
+        saying to reset them in several calls.
+        """
         request = ResetOffsetsRequest(
             group_id,
             [PartitionOffset(tp[0], tp[1], off) for tp, off in sorted(offsets.items())],
         )
-        await self._ask_coordinator(group_id, request, object)
+        try:
+            await self._ask_coordinator(group_id, request, object)
+        except FrameTooLargeError as exc:
+            raise FrameTooLargeError(
+                f"a reset of {len(offsets)} partitions does not fit one request ({exc}); "
+                "reset them in several calls, a topic or a range of partitions at a time "
+                "(each restarts a running group once)"
+            ) from exc
 
     async def plan_offset_reset(
         self,
@@ -430,9 +442,15 @@ class Admin:
     async def delete_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> None:
-        """Forget a group's offsets of partitions none of its members consumes."""
-        request = DeleteOffsetsRequest(group_id, sorted(TopicPartition(*tp) for tp in partitions))
-        await self._ask_coordinator(group_id, request, object)
+        """Forget a group's offsets of partitions none of its members consumes (thousands
+        in parts: if one is refused, the parts before it are forgotten)."""
+
+        async def forget(part: list[TopicPartition]) -> None:
+            await self._ask_coordinator(group_id, DeleteOffsetsRequest(group_id, part), object)
+
+        wanted = sorted(TopicPartition(*tp) for tp in partitions)
+        guess = self._frame_guess
+        await send_in_parts(wanted, forget, guess.budget, guess.halve)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (raises GroupAlreadyExistsError)."""
