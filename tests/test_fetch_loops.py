@@ -1,4 +1,4 @@
-"""The consumer's fetch loops against brokers that refuse: what they send, and what the application hears.
+"""The consumer's fetch loops against refusing brokers: what they send, what the application hears.
 
 Two scripted brokers over real sockets (in this process) stand for a cluster
 whose metadata lags a leader move, or that refuses the client's fetches:
@@ -95,14 +95,18 @@ class Script:
             if self.on_fetch is not None:
                 await self.on_fetch(broker, body)
             with trio.move_on_after(body.max_wait_ms / 1000):
-                while not any(p.offset < len(self.logs.get(p.partition, [])) for p in body.partitions):
+                while not any(
+                    p.offset < len(self.logs.get(p.partition, [])) for p in body.partitions
+                ):
                     await self.appended.wait()
         if broker != self.leader:  # (also when it moved during the long poll)
             message = f"broker {broker} does not hold {TOPIC}; broker {self.leader} does"
             code = NotLeaderForPartitionError.code
-            return FetchResponse(
-                [FetchedPartition(p.topic, p.partition, code, message, -1, -1) for p in body.partitions]
-            )
+            refused = [
+                FetchedPartition(p.topic, p.partition, code, message, -1, -1)
+                for p in body.partitions
+            ]
+            return FetchResponse(refused)
         return FetchResponse([self._fetched(p.partition, p.offset) for p in body.partitions])
 
     def _require(self, broker: int) -> None:
@@ -223,9 +227,7 @@ _STORAGE = StorageError("the broker's log directory is not writable; see its log
     ],
     ids=["once", "persisting", "distinct"],
 )
-async def test_one_cause_refusing_several_fetches_in_flight_is_told_once_per_backoff(
-    rounds, told
-):
+async def test_one_cause_refusing_several_fetches_in_flight_is_told_once_per_backoff(rounds, told):
     # Three partitions, each drained (and fetched) in turn: three fetches in flight, which
     # the broker refuses together (in each round, once it has been asked for all three
     # partitions; each partition's fetch with the error given for it). Each refused fetch
@@ -265,9 +267,10 @@ async def test_one_cause_refusing_several_fetches_in_flight_is_told_once_per_bac
     async with scripted(script) as bootstrap:
         async with open_consumer(bootstrap, partitions=tps, offset_reset="earliest") as consumer:
             with trio.fail_after(10):  # a hang guard
-                for p in range(3):  # (each drained, and so fetched, on its own)
-                    got += await consumer.getmany(max_records=1)
-                    await _until(lambda: got[-1].partition in ever_held)
+                for _ in range(3):  # (each drained, and so fetched, on its own)
+                    (record,) = await consumer.getmany(max_records=1)
+                    got.append(record)
+                    await _until(lambda record=record: record.partition in ever_held)
                 while len(got) < 9:
                     try:
                         got += await consumer.getmany(max_records=1)
