@@ -18,7 +18,11 @@ request holds in further fetches, the longest waiting first. Records are
 handed out round-robin over partitions, in offset order within each. Every
 change of a partition (assigned, sought, revoked) bumps its epoch, and a fetch
 answer for an older epoch is dropped: no record of a revoked partition, or
-from before a seek, is ever handed out.
+from before a seek, is ever handed out. A partition whose broker says it moved
+is not asked there again: the loops restart to look it up, at once after a
+quiet spell, then backing off while the metadata still names the old leader.
+A broker refusing whole fetches is retried after a backoff, and its error told
+to the application once per cause and backoff, not once per refused fetch.
 """
 
 from __future__ import annotations
