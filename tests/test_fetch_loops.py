@@ -179,13 +179,13 @@ async def test_a_leader_metadata_keeps_naming_after_it_moved_is_not_asked_in_a_h
             # The metadata converges: broker 2 is named, and the record is read from it.
             converged = len(script.asked)
             script.named = 2
-            with trio.fail_after(10):  # (within the backoff's longest delay, 1 s)
+            with trio.fail_after(10):  # a hang guard (the longest backoff is 1.2 s)
                 record = await consumer.getone()
     refused = "FetchRequest" if placed else "ListOffsetsRequest"
     asked_stale = sum(1 for broker, kind in stale if (broker, kind) == (1, refused))
     lookups = sum(1 for _, kind in stale if kind == "MetadataRequest")
     # A second of it, backing off 0.1, 0.2, 0.4, 0.8 s (±20%): at most 5 of each (it was
-    # hundreds), and at least one (the partition is looked up again all along).
+    # about a thousand), and at least one (the partition is looked up again all along).
     assert 1 <= asked_stale <= 6, (asked_stale, lookups)
     assert 1 <= lookups <= 6, (asked_stale, lookups)
     assert (record.offset, record.value) == (0, b"r0")
