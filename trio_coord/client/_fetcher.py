@@ -18,12 +18,17 @@ request holds in further fetches, the longest waiting first. Records are
 handed out round-robin over partitions, in offset order within each. Every
 change of a partition (assigned, sought, revoked) bumps its epoch, and a fetch
 answer for an older epoch is dropped: no record of a revoked partition, or
-from before a seek, is ever handed out.
+from before a seek, is ever handed out. A partition whose broker says it moved
+is not asked there again: the loops restart to look it up, at once after a
+quiet spell, then backing off while the metadata still names the old leader.
+A broker refusing whole fetches is retried after a backoff, and its error told
+to the application once per cause and backoff, not once per refused fetch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -148,8 +153,25 @@ would wait behind them; with three, a frame is left for them. (A group member's
 heartbeats and commits go over its session's own connection, not this one.)"""
 
 
+_MOVE_BACKOFF = (0.1, 1.0)
+"""How the restarts of the fetch loops for a moved leader back off, first and longest delay
+(seconds; Kafka's ``retry.backoff.ms``, 100 ms, and ``retry.backoff.max.ms``, 1 s): the
+first one at once, the next, while the partitions looked up again have not been fetched
+since, after 0.1 s, then 0.2, 0.4, ... 1 s (±20%)."""
+
+_MOVES_QUIET = 10.0
+"""Seconds without a restart for a moved leader after which the next one is at once again,
+even if a partition moved before was not fetched since (it was paused, or its topic gone)."""
+
+
 def _always() -> bool:
     return True
+
+
+def _moved_away(exc: CoordError) -> bool:
+    """Whether ``exc`` says the partitions asked are not (or no longer) where they were sought:
+    a moved leader, a broker leaving, or a topic gone or re-created."""
+    return classify(exc) is Action.MOVED or isinstance(exc, UnknownTopicError)
 
 
 class Fetcher:
@@ -166,6 +188,12 @@ class Fetcher:
         self._records_ready = trio.Event()  # set (and replaced) by _records_arrived
         self._wanted = trio.Event()  # by _fetch_wanted: a buffer drained, a seek, a resume
         self._layout_changed = trio.Event()  # the partitions (or their leaders) changed
+        self._moved = trio.Event()  # a leader moved: restart the loops, after the backoff
+        self._stale: set[TopicPartition] = set()  # moved since the loops started: not asked
+        self._unconfirmed: set[TopicPartition] = set()  # looked up after a move, not fetched since
+        self._move_backoff = Backoff(*_MOVE_BACKOFF)
+        self._last_move = -math.inf  # when the loops last restarted for a move
+        self._told: dict[tuple[int, str], float] = {}  # a refusal's cause: told until then
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
         self._budgets: dict[str, int] = {}  # per broker address: a budget it made smaller
@@ -384,10 +412,16 @@ class Fetcher:
     # -- fetching -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Fetch forever: one loop per broker holding owned partitions, restarted on change."""
+        """Fetch forever: one loop per broker holding owned partitions, restarted on change
+        (at once when the partitions change, after a backoff when leaders move)."""
         backoff = Backoff(initial=0.05, maximum=1.0)
         while True:
             self._layout_changed = trio.Event()
+            self._moved = trio.Event()
+            # The partitions that moved are looked up now, and fetched from where the
+            # answer says: until one of them is fetched, a further move backs off.
+            self._unconfirmed |= self._stale
+            self._stale = set()
             try:
                 by_broker = await self.cluster.by_leader(self._parts)
             except CoordError as exc:
@@ -397,15 +431,52 @@ class Fetcher:
                 else:
                     await backoff.sleep()
                 continue
+            backoff.reset()
             async with trio.open_nursery() as nursery:
                 for broker, tps in by_broker.items():
                     nursery.start_soon(self._fetch_loop, broker, tps)
+                nursery.start_soon(self._restart_after_move)
                 await self._layout_changed.wait()
                 nursery.cancel_scope.cancel()
 
+    async def _restart_after_move(self) -> None:
+        """Once a fetch answer says a leader moved, restart the loops (to look it up again):
+        at once after a quiet spell, after the backoff (``_MOVE_BACKOFF``) while the
+        partitions looked up after the last move have not been fetched since.
+
+        Metadata may still name the old leader (ZooKeeper watches lag; a broker that
+        lost a partition answers from its stale view): restarting at each NOT_LEADER was
+        a hot loop of Metadata and fetch round trips, about a thousand of each a second,
+        for as long as the cluster took to converge.
+        """
+        await self._moved.wait()
+        now = trio.current_time()
+        self._unconfirmed &= self._parts.keys()
+        if not self._unconfirmed or now - self._last_move >= _MOVES_QUIET:
+            self._move_backoff.reset()
+            delay = 0.0
+        else:
+            delay = self._move_backoff.next_delay()
+            log.info("a leader moved again; looking it up in %.2fs", delay)
+        self._last_move = now + delay
+        await trio.sleep(delay)
+        self._layout_changed.set()
+
+    def _leader_moved(self, tps: Iterable[TopicPartition]) -> None:
+        """A broker said ``tps`` are not its (or their topic is unknown): forget where their
+        topics are, fetch them no more until the loops restart (``_restart_after_move``)."""
+        tps = list(tps)
+        for topic in {tp.topic for tp in tps}:
+            self.cluster.forget(topic)
+        self._stale.update(tps)
+        self._moved.set()
+
     def _fail(self, error: CoordError) -> None:
-        if len(self._errors) < 16:  # an application not reading must not grow this
-            self._errors.append(error)
+        """Raise ``error`` from the application's next read (once: one already waiting to be
+        raised is not queued again)."""
+        cause = (error.code, str(error))
+        if len(self._errors) < 16 and all((e.code, str(e)) != cause for e in self._errors):
+            self._errors.append(error)  # (bounded: an application not reading must not grow it)
         self._records_arrived()
 
     async def _fetch_loop(self, broker: BrokerInfo, tps: list[TopicPartition]) -> None:
@@ -480,6 +551,7 @@ class Fetcher:
                 or part.paused
                 or part.failed
                 or part.buffer
+                or tp in self._stale
                 or state.busy.get(tp) == part.epoch
                 or (state.polls and self._caught_up(part))
             ):
@@ -572,18 +644,36 @@ class Fetcher:
     async def _fetch_failed(
         self, broker: BrokerInfo, tps: list[TopicPartition], exc: CoordError, backoff: Backoff
     ) -> None:
-        """A fetch (or the offsets lookup before one) failed: act on it, then back off."""
-        # A moved leader (or a topic gone or re-created) is looked up again; the rest
-        # is retried (classify: RECONNECT, RETRY) or told to the application.
-        if classify(exc) is Action.MOVED or isinstance(exc, UnknownTopicError):
-            await self._refresh(tps)
-        elif exc.retriable:
+        """A fetch (or the offsets lookup before one) failed: act on it, then back off.
+
+        A moved leader (or a topic gone or re-created) is looked up again, after the
+        fetcher's own backoff (``_restart_after_move``); the rest is retried (classify:
+        RECONNECT, RETRY) or told to the application, once per cause and backoff: up to
+        ``_MAX_FETCHES`` fetches in flight may be refused for one cause (an authorization
+        the broker no longer grants) at once, and each told it, so the application read
+        the same error three times in a row. The fetches refused for a cause already told
+        wait with the one that told it, and are sent again together.
+        """
+        if _moved_away(exc):
+            self._leader_moved(tps)
+            return
+        if exc.retriable:
             log.info("fetching from %s: %s; retrying", broker.address, exc)
-        else:
-            # The broker refused the whole fetch: tell the application, keep trying.
-            log.warning("fetching from %s failed: %s", broker.address, exc)
-            self._fail(exc)
-        await backoff.sleep()
+            await backoff.sleep()
+            return
+        cause = (exc.code, str(exc))
+        now = trio.current_time()
+        until = self._told.get(cause, -math.inf)
+        if now < until:
+            await trio.sleep_until(until)
+            return
+        delay = backoff.next_delay()
+        self._told = {told: end for told, end in self._told.items() if end > now}
+        self._told[cause] = now + delay
+        # The broker refused the whole fetch: tell the application, keep trying.
+        log.warning("fetching from %s failed: %s", broker.address, exc)
+        self._fail(exc)
+        await trio.sleep(delay)
 
     def _fetch_request(
         self, wanted: list[tuple[TopicPartition, _Partition]], wait: float
@@ -622,6 +712,7 @@ class Fetcher:
             if answer.error:
                 self._partition_error(tp, part, error_for(answer.error, answer.message))
                 continue
+            self._unconfirmed.discard(tp)  # (found where the lookup after a move said)
             part.log_end = answer.log_end
             records = list(
                 records_from(
@@ -643,17 +734,11 @@ class Fetcher:
         if isinstance(error, OffsetOutOfRangeError) and self._settings.offset_reset != "none":
             log.warning("%s; resetting to the %s offset", error, self._settings.offset_reset)
             self.reset([tp], EARLIEST if self._settings.offset_reset == "earliest" else LATEST)
-        elif classify(error) is Action.MOVED or isinstance(error, UnknownTopicError):
-            self.cluster.forget(tp.topic)
-            self._layout_changed.set()
+        elif _moved_away(error):
+            self._leader_moved([tp])
         else:
             part.failed = True  # until the application seeks
             self._fail(error)
-
-    async def _refresh(self, tps: list[TopicPartition]) -> None:
-        for topic in {tp.topic for tp in tps}:
-            self.cluster.forget(topic)
-        self._layout_changed.set()
 
     async def _resolve(
         self, broker: BrokerInfo, tps: list[TopicPartition], state: _LoopState
@@ -666,7 +751,7 @@ class Fetcher:
         todo: dict[int, list[TopicPartition]] = {}
         for tp in tps:
             part = self._parts.get(tp)
-            if part is None or part.resolved or part.paused or part.failed:
+            if part is None or part.resolved or part.paused or part.failed or tp in self._stale:
                 continue
             where = self._pending_reset.get(tp)
             if where is None:
@@ -695,7 +780,11 @@ class Fetcher:
                 except CoordError as exc:
                     if self._fewer(broker, request, len(some), exc, state):
                         continue  # (the same partitions, fewer at a time)
-                    raise
+                    if not _moved_away(exc):
+                        raise
+                    self._leader_moved(some)  # (the others are still asked here)
+                    asked = asked[len(some) :]
+                    continue
                 finally:
                     state.flying.pop(id(request), None)
                 asked = asked[len(some) :]
