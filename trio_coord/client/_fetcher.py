@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -126,8 +126,10 @@ def _holding(tps: list[TopicPartition], budget: int) -> int:
 @dataclass(slots=True)
 class _LoopState:
     """A fetch loop's fetches in flight: how many, the epoch each busy partition is fetched
-    at, how many are long polls (of caught-up partitions only); and how large a fetch may
-    be, and when each partition was last in one (the longest waiting go first)."""
+    at, how many are long polls (of caught-up partitions only), and how large a fetch may
+    be; and its partitions by what they wait for, each looked at again only once touched
+    (a drain, a seek, a fetch ended: :meth:`Fetcher._touch`), so that a decision costs
+    what changed, not every partition the loop fetches."""
 
     busy: dict[TopicPartition, int] = field(default_factory=dict)
     polls: int = 0  # long polls in flight
@@ -135,8 +137,14 @@ class _LoopState:
     budget: int = _MAX_REQUEST_PARTITION_BYTES  # the most a fetch's partitions may take
     flying: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per request in flight (fetch or ListOffsets, by id): its size, and the budget then."""
-    turns: dict[TopicPartition, int] = field(default_factory=dict)  # when last in a fetch
-    turn: int = 0
+    touched: set[TopicPartition] = field(default_factory=set)  # to look at again
+    unplaced: set[TopicPartition] = field(default_factory=set)  # no position: look it up
+    # (OrderedDicts, not dicts: taking from the front of a dict is O(entries taken before),
+    # since its iteration walks the slots they left.)
+    hot: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
+    """Fetchable with records left on the broker, longest waiting first: fetched at once."""
+    idle: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
+    """Fetchable and caught up, longest waiting first: long-polled in turn."""
 
 
 _MIN_POLL_WAIT = 0.05
@@ -197,6 +205,7 @@ class Fetcher:
         self._epochs = 0
         self._pending_reset: dict[TopicPartition, int] = {}  # seek_to_beginning/end
         self._budgets: dict[str, int] = {}  # per broker address: a budget it made smaller
+        self._loops: dict[TopicPartition, _LoopState] = {}  # the fetch loop of each partition
         self.may_hand_out: Callable[[], bool] = _always
         """Whether records may be handed out now: a group member's lease must hold (its
         watchdog drops the partitions a moment after it ends; nothing is handed out
@@ -270,6 +279,13 @@ class Fetcher:
         self._wanted.set()
         self._wanted = trio.Event()
 
+    def _touch(self, tp: TopicPartition) -> None:
+        """``tp`` may be fetchable now, or differently: its loop looks at it again (its
+        next decision, which :meth:`_fetch_wanted` wakes it for)."""
+        state = self._loops.get(tp)
+        if state is not None:
+            state.touched.add(tp)
+
     def _next_epoch(self) -> int:
         self._epochs += 1
         return self._epochs
@@ -303,6 +319,7 @@ class Fetcher:
         part.epoch = self._next_epoch()
         self._outstanding.pop(tp, None)
         self._dirty.add(tp)
+        self._touch(tp)
         self._fetch_wanted()
 
     def reset(self, tps: Iterable[TopicPartition], where: int) -> None:
@@ -315,6 +332,7 @@ class Fetcher:
             part.epoch = self._next_epoch()
             self._outstanding.pop(tp, None)
             self._pending_reset[tp] = where
+            self._touch(tp)
         self._fetch_wanted()
 
     def pause(self, tps: Iterable[TopicPartition]) -> None:
@@ -328,6 +346,7 @@ class Fetcher:
             part = self._part(tp)
             if part.paused:
                 part.paused = False
+                self._touch(tp)
                 if part.buffer:
                     self._ready.append(tp)
                     self._records_arrived()
@@ -406,6 +425,7 @@ class Fetcher:
             if part.buffer:
                 self._ready.append(tp)
             else:
+                self._touch(tp)
                 self._fetch_wanted()
         return taken
 
@@ -495,55 +515,104 @@ class Fetcher:
         # (A budget a broker made smaller is kept across restarts of the loop: learning it
         # again costs refused requests, and a request larger than its frame, the connection.)
         state = _LoopState(budget=self._budgets.get(broker.address, _MAX_REQUEST_PARTITION_BYTES))
-        backoff = Backoff(initial=0.05, maximum=1.0)
-        async with trio.open_nursery() as nursery:
-            while True:
-                wake = self._wanted  # taken before looking, so no wake-up is missed
-                try:
-                    await self._resolve(broker, tps, state)
-                except CoordError as exc:
-                    await self._fetch_failed(broker, tps, exc, backoff)
-                    continue
-                wanted = self._wanted_from(tps, state)
-                if not wanted:
-                    await wake.wait()
-                    continue
-                if state.fetches >= _MAX_FETCHES:
-                    await wake.wait()  # (a fetch in flight ends, and wakes this loop)
-                    continue
-                fitting = self._fitting(wanted, state)
-                polls = all(self._caught_up(part) for _, part in fitting)
-                wait = self._settings.max_wait
-                if polls and len(fitting) < len(wanted):
-                    # More caught-up partitions than one poll holds are polled in turn, one
-                    # poll at a time, and the polls of a turn share max_wait: a partition is
-                    # asked again within it (each poll took all of it, and a record waited
-                    # for the turn: 7 polls for 10,000 partitions of a long topic name).
-                    waiting = sum(1 for _, part in wanted if self._caught_up(part))
-                    wait = max(wait * len(fitting) / waiting, min(wait, _MIN_POLL_WAIT))
-                wanted = fitting
-                state.polls += polls
-                state.fetches += 1
-                state.turn += 1
-                for tp, _ in wanted:
-                    state.turns[tp] = state.turn
-                # The request and its epochs are taken now, not when the task first
-                # runs: the application may seek (or reset) a partition in between,
-                # and the task would then fetch it as nobody decided to (a reset one
-                # at offset -1, out of range: its reset policy overrode the seek).
-                epochs = {tp: part.epoch for tp, part in wanted}
-                state.busy.update(epochs)
-                request = self._fetch_request(wanted, wait)
-                state.flying[id(request)] = (_request_bytes(epochs), state.budget)
-                nursery.start_soon(self._fetch_some, broker, request, epochs, polls, state, backoff)
-
-    def _wanted_from(
-        self, tps: list[TopicPartition], state: _LoopState
-    ) -> list[tuple[TopicPartition, _Partition]]:
-        """The partitions of ``tps`` to fetch now: drained, not in a fetch, and unless no long
-        poll is in flight, not caught up."""
-        wanted = []
+        state.touched.update(tps)
         for tp in tps:
+            self._loops[tp] = state
+        backoff = Backoff(initial=0.05, maximum=1.0)
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    wake = self._wanted  # taken before looking, so no wake-up is missed
+                    self._look_again(state)
+                    if state.unplaced:
+                        try:
+                            await self._resolve(broker, state)
+                        except CoordError as exc:
+                            await self._fetch_failed(broker, sorted(state.unplaced), exc, backoff)
+                            continue
+                        self._look_again(state)
+                    if state.fetches >= _MAX_FETCHES:
+                        await wake.wait()  # (a fetch in flight ends, and wakes this loop)
+                        continue
+                    wanted, polls, wait = self._next_fetch(state)
+                    if not wanted:
+                        await wake.wait()
+                        continue
+                    state.polls += polls
+                    state.fetches += 1
+                    # The request and its epochs are taken now, not when the task first
+                    # runs: the application may seek (or reset) a partition in between,
+                    # and the task would then fetch it as nobody decided to (a reset one
+                    # at offset -1, out of range: its reset policy overrode the seek).
+                    epochs = {tp: part.epoch for tp, part in wanted}
+                    state.busy.update(epochs)
+                    request = self._fetch_request(wanted, wait)
+                    state.flying[id(request)] = (_request_bytes(epochs), state.budget)
+                    nursery.start_soon(
+                        self._fetch_some, broker, request, epochs, polls, state, backoff
+                    )
+        finally:
+            for tp in tps:
+                if self._loops.get(tp) is state:
+                    del self._loops[tp]
+
+    def _look_again(self, state: _LoopState) -> None:
+        """Sort the partitions touched since the loop last looked: to place, to fetch at
+        once (records left on the broker), to long-poll (caught up), or none of these (a
+        buffer not drained, a fetch in flight, paused, failed, moved: a drain, the fetch's
+        end, a resume or a seek touches it again)."""
+        touched, state.touched = state.touched, set()
+        for tp in touched:
+            state.hot.pop(tp, None)
+            state.idle.pop(tp, None)
+            state.unplaced.discard(tp)
+            part = self._parts.get(tp)
+            if part is None or part.paused or part.failed or tp in self._stale:
+                continue
+            if not part.resolved:
+                state.unplaced.add(tp)
+            elif not part.buffer and state.busy.get(tp) != part.epoch:
+                (state.idle if self._caught_up(part) else state.hot)[tp] = None
+
+    def _next_fetch(
+        self, state: _LoopState
+    ) -> tuple[list[tuple[TopicPartition, _Partition]], bool, float]:
+        """The partitions of the next fetch, whether it is a long poll, and its wait.
+
+        Partitions with records left go first, at once; caught-up ones wait in
+        one long poll at a time, the longest waiting first. More caught-up
+        partitions than one poll holds are polled in turn, and the polls of a
+        turn share ``max_wait``: a partition is asked again within it (each
+        poll took all of it, and a record waited for the turn: 7 polls for
+        10,000 partitions of a long topic name).
+        """
+        wait = self._settings.max_wait
+        if state.hot:
+            return self._take_from(state.hot, state), False, wait
+        if state.polls or not state.idle:
+            return [], False, wait
+        waiting = len(state.idle)
+        wanted = self._take_from(state.idle, state)
+        if 0 < len(wanted) < waiting:
+            wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
+        return wanted, True, wait
+
+    def _take_from(
+        self, queue: OrderedDict[TopicPartition, None], state: _LoopState
+    ) -> list[tuple[TopicPartition, _Partition]]:
+        """As many partitions from the front of ``queue`` as one fetch holds
+        (``state.budget``, at least one), each still fetchable (one that is not any more,
+        paused or moved since it was queued, is dropped: what makes it fetchable again
+        touches it)."""
+        wanted: list[tuple[TopicPartition, _Partition]] = []
+        used = 0
+        while queue:
+            tp, _ = queue.popitem(last=False)
+            size = fetch_partition_bytes(tp.topic)
+            if wanted and used + size > state.budget:
+                queue[tp] = None
+                queue.move_to_end(tp, last=False)  # (its turn is next)
+                break
             part = self._parts.get(tp)
             if (
                 part is None
@@ -553,27 +622,16 @@ class Fetcher:
                 or part.buffer
                 or tp in self._stale
                 or state.busy.get(tp) == part.epoch
-                or (state.polls and self._caught_up(part))
             ):
                 continue
             wanted.append((tp, part))
+            used += size
         return wanted
 
     @staticmethod
     def _caught_up(part: _Partition) -> bool:
         """Whether the broker had no record past the fetch offset when last heard of."""
         return part.log_end is not None and part.fetch_offset >= part.log_end
-
-    @staticmethod
-    def _fitting(
-        wanted: list[tuple[TopicPartition, _Partition]], state: _LoopState
-    ) -> list[tuple[TopicPartition, _Partition]]:
-        """As many of ``wanted`` as one fetch request holds (``state.budget``), those whose
-        last fetch was longest ago first: the rest go in the next fetch."""
-        if _request_bytes(tp for tp, _ in wanted) <= state.budget:
-            return wanted
-        ordered = sorted(wanted, key=lambda w: state.turns.get(w[0], 0))
-        return ordered[: _holding([tp for tp, _ in ordered], state.budget)]
 
     async def _fetch_some(
         self,
@@ -600,6 +658,7 @@ class Fetcher:
             for tp, epoch in epochs.items():
                 if state.busy.get(tp) == epoch:
                     del state.busy[tp]
+                state.touched.add(tp)
             state.polls -= polls
             state.fetches -= 1
             self._fetch_wanted()
@@ -740,24 +799,25 @@ class Fetcher:
             part.failed = True  # until the application seeks
             self._fail(error)
 
-    async def _resolve(
-        self, broker: BrokerInfo, tps: list[TopicPartition], state: _LoopState
-    ) -> None:
-        """Find a position for partitions that have none, by their reset (or the policy).
+    async def _resolve(self, broker: BrokerInfo, state: _LoopState) -> None:
+        """Find a position for the loop's partitions that have none (``state.unplaced``), by
+        their reset (or the policy); each placed is touched, to be fetched.
 
         The lookups hold at most ``state.budget`` of partitions each, as a fetch does:
         one of 10,000 partitions of a long topic name is larger than a frame.
         """
         todo: dict[int, list[TopicPartition]] = {}
-        for tp in tps:
+        for tp in sorted(state.unplaced):
             part = self._parts.get(tp)
             if part is None or part.resolved or part.paused or part.failed or tp in self._stale:
+                state.unplaced.discard(tp)  # (a seek, a resume or a restart touches it again)
                 continue
             where = self._pending_reset.get(tp)
             if where is None:
                 policy = self._settings.offset_reset
                 if policy == "none":
                     part.failed = True
+                    state.unplaced.discard(tp)
                     self._fail(
                         NoOffsetForPartitionError(
                             f"{tp} has no committed offset and offset_reset is 'none': "
@@ -801,3 +861,4 @@ class Fetcher:
             part.log_end = listed.log_end
             self._pending_reset.pop(listed.tp, None)
             self._dirty.add(listed.tp)
+            self._touch(listed.tp)
