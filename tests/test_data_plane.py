@@ -565,6 +565,31 @@ async def test_fixed_partitions_seek_pause_and_standalone_commits(broker):
         assert (await consumer.getone()).offset == 2
 
 
+async def test_a_partition_paused_while_caught_up_is_fetched_again_once_resumed(broker):
+    # A fetch loop looks again only at partitions something touched: one paused while
+    # it waited for its long poll is dropped from the turn, and the resume must bring it
+    # back, or its records never come.
+    await make_topic(broker.bootstrap, "t", 2)
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    async with open_consumer(
+        broker.bootstrap, partitions=[tp0, tp1], offset_reset="earliest", fetch_max_wait=0.1
+    ) as consumer:
+        with trio.move_on_after(0.3):  # (both caught up, long-polled)
+            await consumer.getone()
+        consumer.pause(tp0)
+        async with open_producer(broker.bootstrap, linger=0) as producer:
+            await producer.send("t", b"paused", partition=0)
+            await producer.send("t", b"running", partition=1)
+        with trio.fail_after(10):
+            assert (await consumer.getone()).value == b"running"
+        with trio.move_on_after(0.5) as idle:
+            await consumer.getone()
+        assert idle.cancelled_caught
+        consumer.resume(tp0)
+        with trio.fail_after(10):
+            assert (await consumer.getone()).value == b"paused"
+
+
 async def test_offset_reset_none_raises_until_the_application_seeks(broker):
     await make_topic(broker.bootstrap, "t", 1)
     await produce(broker.bootstrap, "t", 5)
