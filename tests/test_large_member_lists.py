@@ -18,7 +18,14 @@ import trio
 from trio_coord import open_admin, open_consumer, open_producer
 from trio_coord.broker.server import open_broker
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset, TopicPartition
+from trio_coord.protocol.messages import (
+    LATEST,
+    OffsetCommitRequest,
+    PartitionOffset,
+    TopicPartition,
+)
+from trio_coord.spark._client import BlockingClient
+from trio_coord.spark._read import commit_forward
 
 TOPIC = "t" * 100
 COUNT = 1000
@@ -153,3 +160,26 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
             with trio.fail_after(20):
                 while len(consumer.assignment) < partitions:
                     await trio.sleep(0.05)
+
+
+async def test_a_stream_commits_and_looks_up_offsets_of_more_partitions_than_a_frame_holds(
+    tmp_path,
+):
+    # A Spark streaming query over 1,000 partitions of TOPIC plans each micro-batch with
+    # ListOffsets and commits its progress to a group after it: each list was refused.
+    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic(TOPIC, COUNT)
+
+        def stream() -> None:
+            with BlockingClient(broker.bootstrap) as client:
+                ends = client.list_offsets(ALL, LATEST)
+                assert {tp: o.log_end for tp, o in ends.items()} == dict.fromkeys(ALL, 0)
+                for batch in (1, 2):  # (one client per commit, as a micro-batch has)
+                    with BlockingClient(broker.bootstrap) as committer:
+                        commit_forward(committer, "stream", dict.fromkeys(ALL, batch))
+                assert client.committed("stream") == dict.fromkeys(ALL, 2)
+
+        await trio.to_thread.run_sync(stream)
+        async with open_admin(broker.bootstrap) as admin:
+            assert len(await admin.list_offsets(ALL)) == COUNT

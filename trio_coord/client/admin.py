@@ -129,7 +129,7 @@ class Admin:
         self._conn = conn
         self._cluster = cluster
         self._api_timeout = api_timeout
-        self._frame_guess = FrameGuess(conn.max_frame_size)  # (its coordinators')
+        self._frame_guess = FrameGuess(conn.max_frame_size)  # (the brokers', from refusals)
 
     async def _ask(
         self, request: RequestBody, expected: type[_R], conn: Connection | None = None
@@ -222,16 +222,21 @@ class Admin:
 
         ``timestamp_ms`` is ``LATEST`` (-1, the log end), ``EARLIEST`` (-2,
         the log start) or a time in milliseconds since the epoch (the first
-        record at or after it; the log end if there is none).
+        record at or after it; the log end if there is none). Thousands of
+        partitions are asked for in parts, each within what the broker reads.
         """
         by_leader = await self._cluster.by_leader(TopicPartition(*tp) for tp in partitions)
         result: dict[TopicPartition, ListedOffset] = {}
+        guess = self._frame_guess
         for broker, tps in by_leader.items():
-            conn = await self._cluster.connection(broker)
-            response = await self._ask(
-                ListOffsetsRequest(tps, timestamp_ms), ListOffsetsResponse, conn
-            )
-            result.update((o.tp, o) for o in response.offsets)
+
+            async def ask(part: list[TopicPartition], broker: BrokerInfo = broker) -> None:
+                conn = await self._cluster.connection(broker)
+                request = ListOffsetsRequest(part, timestamp_ms)
+                response = await self._ask(request, ListOffsetsResponse, conn)
+                result.update((o.tp, o) for o in response.offsets)
+
+            await send_in_parts(tps, ask, guess.budget, guess.halve)
         return result
 
     async def topic_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
