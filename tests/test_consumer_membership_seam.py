@@ -30,6 +30,10 @@ from trio_coord.protocol.errors import UnknownMemberError
 from trio_coord.protocol.messages import (
     JoinGroupRequest,
     JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
     PartitionOffset,
     StartFetchersRequest,
     StopFetchersResponse,
@@ -274,3 +278,58 @@ async def test_an_eager_start_over_what_is_owned_says_only_what_changed():
     assert fetcher.owned == {tp(0): 10, tp(1): 40}  # t-0 where it was, not back at 99
     assert dict(membership.assignment) == {tp(0): 10, tp(1): 40}
     assert membership.generation == 5 and membership.state is ConsumerState.STABLE
+
+
+class CommittingCoordinator:
+    """A coordinator connection of a small frame (a list of about 120 positions fits one
+    message) that records the commits and leaves it is sent; with ``stall``, a commit is
+    never answered (a store that stopped writing)."""
+
+    name = "coordinator"
+    max_frame_size = 4096
+    closed = False
+
+    def __init__(self, *, stall: bool = False) -> None:
+        self.stall = stall
+        self.commits: list[OffsetCommitRequest] = []
+        self.leaves: list[LeaveGroupRequest] = []
+
+    async def request(self, body):
+        if isinstance(body, OffsetCommitRequest):
+            self.commits.append(body)
+            if self.stall:
+                await trio.sleep_forever()
+            return OffsetCommitResponse()
+        assert isinstance(body, LeaveGroupRequest)
+        self.leaves.append(body)
+        return LeaveGroupResponse()
+
+    def committed(self) -> list[PartitionOffset]:
+        return [p for commit in self.commits for p in commit.offsets]
+
+
+MANY = [(p, 10) for p in range(500)]  # (handed back at 15: about 4 KB of positions)
+HANDED_BACK = [PartitionOffset("t", p, 15) for p, _ in MANY]
+
+
+def by_tp(position: PartitionOffset) -> TopicPartition:
+    return position.tp
+
+
+async def test_a_restarted_stop_says_again_only_what_was_not_committed_yet():
+    membership, _, _ = make()
+    push = membership._handler.handle
+    await push(start(2, *MANY))
+    coordinator = CommittingCoordinator()
+    membership._conn = coordinator  # type: ignore[assignment]
+    answer = await push(StopFetchersRequest("g", "m", 2))
+    assert isinstance(answer, StopFetchersResponse)
+    assert coordinator.commits  # the rest went ahead of the answer, durably
+    assert sorted(answer.positions + coordinator.committed(), key=by_tp) == HANDED_BACK
+    commits = len(coordinator.commits)
+    # A restarted rebalance asks again: what is durable is not committed (nor refused,
+    # and logged as lost) a second time.
+    again = await push(StopFetchersRequest("g", "m", 3))
+    assert isinstance(again, StopFetchersResponse)
+    assert again.positions == answer.positions
+    assert len(coordinator.commits) == commits

@@ -487,12 +487,14 @@ class GroupMembership:
         starts elsewhere. A part refused (an offset behind the committed one,
         which the answer's positions would have skipped, or a rebalance that
         moved on) is logged, not raised: its partitions' next owner starts from
-        the offsets committed before, so records are read again, not lost.
+        the offsets committed before, so records are read again, not lost. What was
+        committed is durable, so it is not said again to a restarted rebalance.
         """
         conn = self._conn
         parts = list(in_parts(positions, self.list_budget()))
         if len(parts) == 1 or conn is None:
             return positions
+        committed: set[TopicPartition] = set()
         for part in parts[1:]:
             commit = OffsetCommitRequest(
                 self._settings.group_id, self.member_id, self.generation, part
@@ -503,6 +505,7 @@ class GroupMembership:
                 answered, why = None, f"{type(exc).__name__}: {exc}"
             else:
                 why = "no answer within request_timeout"
+                committed.update(p.tp for p in part)
             if answered is None:
                 log.warning(
                     "consumer %s: %d of the positions it hands back could not be committed "
@@ -512,6 +515,7 @@ class GroupMembership:
                     len(part),
                     why,
                 )
+        self._handed_back = [p for p in self._handed_back if p.tp not in committed]
         return parts[0]
 
     async def _give_up(self, partitions: list[TopicPartition]) -> None:
