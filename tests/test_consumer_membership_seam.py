@@ -333,3 +333,17 @@ async def test_a_restarted_stop_says_again_only_what_was_not_committed_yet():
     assert isinstance(again, StopFetchersResponse)
     assert again.positions == answer.positions
     assert len(coordinator.commits) == commits
+
+
+async def test_a_leave_whose_commits_stall_is_still_sent_in_time(autojump_clock):
+    membership, _, _ = make()
+    await membership._handler.handle(start(2, *MANY))
+    coordinator = CommittingCoordinator(stall=True)
+    membership._conn = coordinator  # type: ignore[assignment]
+    with trio.move_on_after(5) as scope:  # (as a consumer's close leaves)
+        await membership.leave()
+    # One commit after another, each waited for request_timeout (3 s), the leave never
+    # went: its positions were lost and the group waited a session for the member.
+    assert not scope.cancelled_caught
+    (leave,) = coordinator.leaves
+    assert sorted(leave.positions + coordinator.committed(), key=by_tp) == HANDED_BACK
