@@ -24,10 +24,13 @@ from trio_coord.client._membership import (
     GroupMembership,
     MembershipSettings,
     RebalanceListener,
+    _Reconnect,
 )
 from trio_coord.protocol import StopFetchersRequest
-from trio_coord.protocol.errors import UnknownMemberError
+from trio_coord.protocol.errors import IllegalGenerationError, UnknownMemberError
 from trio_coord.protocol.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
@@ -347,3 +350,38 @@ async def test_a_leave_whose_commits_stall_is_still_sent_in_time(autojump_clock)
     assert not scope.cancelled_caught
     (leave,) = coordinator.leaves
     assert sorted(leave.positions + coordinator.committed(), key=by_tp) == HANDED_BACK
+
+
+class RefusingSecondHeartbeat:
+    """A coordinator connection of a small frame that accepts one heartbeat, then says
+    the group moved to a new generation."""
+
+    name = "coordinator"
+    max_frame_size = 4096
+
+    def __init__(self) -> None:
+        self.heartbeats: list[HeartbeatRequest] = []
+
+    async def request(self, body):
+        assert isinstance(body, HeartbeatRequest)
+        self.heartbeats.append(body)
+        if len(self.heartbeats) > 1:
+            raise IllegalGenerationError("the group is at generation 3")
+        return HeartbeatResponse()
+
+
+async def test_positions_a_refused_heartbeat_did_not_deliver_are_said_again():
+    membership, fetcher, _ = make()
+    await membership._handler.handle(start(2, *MANY))
+    returned: list[PartitionOffset] = []
+    fetcher.take_dirty = lambda: list(HANDED_BACK)  # type: ignore[method-assign]
+    fetcher.return_dirty = returned.extend  # type: ignore[method-assign]
+    coordinator = RefusingSecondHeartbeat()
+    membership._conn = coordinator  # type: ignore[assignment]
+    with pytest.raises(_Reconnect):
+        await membership._heartbeat(coordinator)  # type: ignore[arg-type]
+    # The first part was accepted; the rest go again on the next session's heartbeats
+    # (they were dropped: a consumer that had read everything never said them again).
+    first = coordinator.heartbeats[0].positions
+    assert sorted(first + returned, key=by_tp) == HANDED_BACK
+    assert returned

@@ -885,8 +885,8 @@ class GroupMembership:
             positions = self._fetcher.take_dirty() if self._settings.auto_commit else []
             # More positions than one heartbeat holds go in more heartbeats, back to back.
             parts = list(in_parts(positions, self.list_budget()))
-            with trio.move_on_after(interval):
-                try:
+            try:
+                with trio.move_on_after(interval):
                     while parts:
                         await conn.request(
                             HeartbeatRequest(
@@ -895,13 +895,15 @@ class GroupMembership:
                         )
                         self._renew_lease(sent_at)
                         del parts[0]
-                except IllegalGenerationError as exc:
-                    if generation >= self.generation:  # not an answer overtaken by a new start
-                        raise _Reconnect(str(exc)) from None
-                except (UnknownMemberError, GroupNotFoundError) as exc:
-                    raise _Reconnect(str(exc), forget_member=True) from None
-            # Not delivered: send them again.
-            self._fetcher.return_dirty(p for part in parts for p in part)
+            except IllegalGenerationError as exc:
+                if generation >= self.generation:  # not an answer overtaken by a new start
+                    raise _Reconnect(str(exc)) from None
+            except (UnknownMemberError, GroupNotFoundError) as exc:
+                raise _Reconnect(str(exc), forget_member=True) from None
+            finally:
+                # Not delivered (late, refused, or the session ends): send them again, or
+                # a consumer that has read all there is never says them (its lag stays).
+                self._fetcher.return_dirty(p for part in parts for p in part)
             with trio.move_on_at(sent_at + interval):
                 await conn.wait_closed()
                 raise _Reconnect("the connection to the coordinator closed")
