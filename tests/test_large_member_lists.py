@@ -13,10 +13,14 @@ pushed an assignment larger than the member reads, so it never got one.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
 import trio
 
 from trio_coord import open_admin, open_consumer, open_producer
-from trio_coord.broker.server import open_broker
+from trio_coord.broker.server import Broker, open_broker
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.messages import (
     LATEST,
@@ -42,6 +46,19 @@ async def make_topic_with_a_record_each(bootstrap: str) -> None:
         await producer.flush()
 
 
+@asynccontextmanager
+async def a_broker_with_a_record_in_each(tmp_path) -> AsyncIterator[Broker]:
+    """A broker of FRAME with TOPIC, whose 1,000 partitions hold a record each."""
+    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
+        await make_topic_with_a_record_each(broker.bootstrap)
+        yield broker
+
+
+def reading(broker: Broker, group: str, **options):
+    """A member of ``group`` reading TOPIC from its start."""
+    return open_consumer(broker.bootstrap, group, [TOPIC], offset_reset="earliest", **options)
+
+
 async def consume_all(consumer) -> None:
     """Read the 1,000 records, and ask once more: the last ones count as consumed then."""
     got = 0
@@ -58,11 +75,8 @@ async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
 
 
 async def test_auto_commit_heartbeats_carry_more_positions_than_one_frame_holds(tmp_path):
-    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        await make_topic_with_a_record_each(broker.bootstrap)
-        async with open_consumer(
-            broker.bootstrap, "g", [TOPIC], offset_reset="earliest", session_timeout=1.5
-        ) as consumer:
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        async with reading(broker, "g", session_timeout=1.5) as consumer:
             await consume_all(consumer)
             with trio.fail_after(20):  # (a heartbeat every 0.5 s)
                 while sum((await committed(broker.bootstrap, "g")).values()) < COUNT:
@@ -77,11 +91,8 @@ async def test_a_stop_answer_and_a_leave_hand_back_more_positions_than_one_frame
     tmp_path,
 ):
     # A heartbeat every 10 s: what was consumed is handed back by the stop and the leave.
-    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        await make_topic_with_a_record_each(broker.bootstrap)
-        async with open_consumer(
-            broker.bootstrap, "g", [TOPIC], offset_reset="earliest", session_timeout=30
-        ) as first:
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        async with reading(broker, "g", session_timeout=30) as first:
             await consume_all(first)
             async with open_consumer(
                 broker.bootstrap, "g", [TOPIC], session_timeout=30, auto_commit=False
@@ -95,12 +106,43 @@ async def test_a_stop_answer_and_a_leave_hand_back_more_positions_than_one_frame
                 assert await committed(broker.bootstrap, "g") == dict.fromkeys(ALL, 1)
                 assert set(second.assignment.values()) == {1}
     async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        async with open_consumer(
-            broker.bootstrap, "h", [TOPIC], offset_reset="earliest", session_timeout=30
-        ) as alone:
+        async with reading(broker, "h", session_timeout=30) as alone:
             await consume_all(alone)
         # Closed: its leave handed back all 1,000 (the log was read again by group h).
         assert await committed(broker.bootstrap, "h") == dict.fromkeys(ALL, 1)
+
+
+@pytest.mark.parametrize("how", ["cooperative stop", "static member closes", "poll interval"])
+async def test_every_way_a_member_gives_partitions_up_hands_back_more_than_a_frame(tmp_path, how):
+    # The overflow goes by OffsetCommits, which the coordinator accepts in each of these.
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        if how == "cooperative stop":
+            async with reading(
+                broker, "g", session_timeout=30, rebalance_protocol="cooperative"
+            ) as first:
+                await consume_all(first)
+                async with reading(
+                    broker, "g", auto_commit=False, rebalance_protocol="cooperative"
+                ) as second:
+                    with trio.fail_after(20):
+                        while not second.assignment or (
+                            len(first.assignment) + len(second.assignment) < COUNT
+                        ):
+                            await trio.sleep(0.05)
+                    moved = await committed(broker.bootstrap, "g")
+                    assert {moved.get(tp) for tp in second.assignment} == {1}
+                    assert set(second.assignment.values()) == {1}
+            return
+        if how == "static member closes":
+            async with reading(broker, "g", session_timeout=30, instance_id="one") as member:
+                await consume_all(member)
+        else:
+            async with reading(broker, "g", session_timeout=30, max_poll_interval=1) as member:
+                await consume_all(member)  # then it asks for nothing: it leaves
+                with trio.fail_after(20):
+                    while member.state != "UNJOINED":
+                        await trio.sleep(0.05)
+        assert await committed(broker.bootstrap, "g") == dict.fromkeys(ALL, 1)
 
 
 async def test_commits_and_lookups_of_more_partitions_than_one_frame_holds(tmp_path):
