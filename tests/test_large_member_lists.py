@@ -25,6 +25,8 @@ from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.messages import (
     LATEST,
     OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PartitionOffset,
     TopicPartition,
 )
@@ -184,8 +186,21 @@ async def test_a_lookup_whose_answer_outgrows_the_frame_is_answered_in_pages(tmp
                     PartitionOffset("t", p, p, metadata) for p in range(first, first + 100)
                 ]
                 await conn.request(OffsetCommitRequest("g", "", -1, positions))
-        async with open_admin(broker.bootstrap) as admin:
+            # Named in any order, some twice (a hostile or careless client): each is
+            # answered once, in order, a page at a time.
             wanted = [TopicPartition("t", p) for p in range(200)]
+            asked = [*reversed(wanted), *wanted[:150]]
+            answered: list[PartitionOffset] = []
+            after = None
+            while True:
+                response = await conn.request(OffsetFetchRequest("g", asked, after))
+                assert isinstance(response, OffsetFetchResponse)
+                answered.extend(response.offsets)
+                if response.next is None:
+                    break
+                after = response.next
+            assert [o.tp for o in answered] == wanted
+        async with open_admin(broker.bootstrap) as admin:
             assert await admin.committed_offsets("g", wanted) == {tp: tp.partition for tp in wanted}
 
 

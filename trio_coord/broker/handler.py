@@ -353,12 +353,15 @@ class BrokerHandler(RequestHandler):
         return DescribeGroupResponse(_described(bare, members, listed), following)
 
     def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
-        offsets = self._coordinator.fetch_offsets(body.group, body.partitions)
-        if body.partitions is not None:
-            # Paged too: an answer carries each offset's metadata, so the answer to a
-            # lookup that fits a frame may not.
-            offsets.sort(key=_tp)
         after = body.after
+        named = body.partitions
+        if named is not None:
+            # Paged too: an answer carries each offset's metadata, so the answer to a
+            # lookup that fits a frame may not. The names come in any order, any number
+            # of times: each is answered once, in order, and those of pages before are
+            # left out before anything is looked up.
+            named = sorted({tp for tp in named if after is None or tp > after})
+        offsets = self._coordinator.fetch_offsets(body.group, named)
         wanted = (o for o in offsets if after is None or o.tp > after)
         listed, following = page(wanted, _tp, self._broker.page_bytes)
         return OffsetFetchResponse(listed, following)
