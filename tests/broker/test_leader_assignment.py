@@ -306,3 +306,28 @@ async def test_a_group_too_large_for_one_frame_to_its_leader_says_so_and_stays_a
             assert "assignor that runs on the broker" in caplog.text
             described = broker.coordinator.describe_group("g")
             assert len(described.members) == 5 and described.state != "STABLE"
+
+
+async def test_a_group_too_large_for_the_frame_its_leader_reads_says_so_and_stays_alive(
+    autojump_clock, caplog
+):
+    # A broker of a 4 MiB frame, members that read 1 MiB (the default): five members
+    # with 250 KB subscriptions make a 1.2 MB ComputeAssignment. Pushed, the leader
+    # refused it and closed its connection, and was expelled; the next leader too.
+    rec = Recorder()
+    long = ["t", *(f"{i:03d}-" + "x" * 236 for i in range(999))]
+    async with ephemeral_broker(on_event=rec, max_frame_size=4 << 20) as broker:
+        await broker.topics.create_topic("t", 4)
+        members = [
+            FakeMember(broker, "g", long, session_timeout=S, name=f"m{i}", assignors=["weighted"])
+            for i in range(5)
+        ]
+        members[0].compute = Weighted()
+        async with AsyncExitStack() as stack:
+            for member in members:
+                await stack.enter_async_context(connected(member))
+                await member.join()
+            await rec.wait_for("rebalance_failed")
+            assert "do not fit the 1048576-byte frame its leader reads" in caplog.text
+            assert not [e for e in rec.typed if isinstance(e, Removed)]
+            assert len(broker.coordinator.describe_group("g").members) == 5
