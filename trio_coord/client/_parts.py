@@ -10,7 +10,9 @@ committer, the admin client) keeps a
 :class:`~trio_coord.protocol.sizing.FrameGuess`, which starts from the
 default frame and is halved each time a part is refused as too large (the
 next part opens a new connection). The blocking Spark client cuts its lists
-by the same two classes.
+by the same two classes. An offsets lookup, whole or in parts, is answered
+a page at a time (each offset's metadata can make an answer outgrow a frame
+its request fit): :func:`look_up_committed` asks until the last page.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..protocol.errors import FrameTooLargeError
+from ..protocol.errors import CorruptMessageError, FrameTooLargeError
+from ..protocol.messages import OffsetFetchRequest, OffsetFetchResponse, TopicPartition
 from ..protocol.sizing import FrameGuess, Parts
 
-__all__ = ["FrameGuess", "send_in_parts"]
+__all__ = ["FrameGuess", "look_up_committed", "send_in_parts"]
 
 T = TypeVar("T")
 
@@ -43,3 +46,22 @@ async def send_in_parts(
         except FrameTooLargeError:
             if not parts.refused():
                 raise
+
+
+async def look_up_committed(
+    group: str,
+    partitions: list[TopicPartition] | None,
+    ask: Callable[[OffsetFetchRequest], Awaitable[object]],
+    found: dict[TopicPartition, int],
+) -> None:
+    """Add to ``found`` the committed offsets of ``partitions`` (None: every one of the
+    group's), asking the coordinator with ``ask`` a page at a time."""
+    request = OffsetFetchRequest(group, partitions)
+    while True:
+        response = await ask(request)
+        if not isinstance(response, OffsetFetchResponse):
+            raise CorruptMessageError(f"answered OffsetFetch with {type(response).__name__}")
+        found.update((o.tp, o.offset) for o in response.offsets)
+        if response.next is None:
+            return
+        request = OffsetFetchRequest(group, partitions, response.next)

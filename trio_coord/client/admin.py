@@ -9,6 +9,7 @@ broker refused, with the broker's message.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -46,7 +47,6 @@ from ..protocol.messages import (
     MemberDescription,
     MetadataRequest,
     MetadataResponse,
-    OffsetFetchRequest,
     OffsetFetchResponse,
     PartitionOffset,
     RequestBody,
@@ -62,7 +62,7 @@ from ..security.scram import ScramCredential
 from ..security.store import check_user_name, encode_credentials
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
-from ._parts import FrameGuess, send_in_parts
+from ._parts import FrameGuess, look_up_committed, send_in_parts
 
 __all__ = ["Admin", "PartitionLag", "PlannedOffset", "open_admin"]
 
@@ -302,13 +302,8 @@ class Admin:
         offsets: dict[TopicPartition, int] = {}
 
         async def look_up(part: list[TopicPartition] | None) -> None:
-            request = OffsetFetchRequest(group_id, part)
-            while True:
-                response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
-                offsets.update((o.tp, o.offset) for o in response.offsets)
-                if response.next is None:
-                    return
-                request = OffsetFetchRequest(group_id, part, response.next)
+            ask = functools.partial(self._ask_coordinator, group_id, expected=OffsetFetchResponse)
+            await look_up_committed(group_id, part, ask, offsets)
 
         if partitions is None:
             await look_up(None)
