@@ -212,7 +212,7 @@ async def request_in_time(
 def _time_left() -> float:
     """Seconds until the enclosing deadline (inf if none): a leave runs within one, and the
     LeaveGroup must still go once what comes before it is done."""
-    return trio.current_effective_deadline() - trio.current_time()
+    return max(0.0, trio.current_effective_deadline() - trio.current_time())
 
 
 class _Reconnect(Exception):
