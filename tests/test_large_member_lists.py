@@ -213,10 +213,16 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
     ) as broker:
         async with open_admin(broker.bootstrap) as admin:
             await admin.create_topic(topic, partitions)
-        async with open_consumer(broker.bootstrap, "g", [topic]) as consumer:
+        async with open_consumer(broker.bootstrap, "g", [topic], auto_commit=False) as consumer:
             with trio.fail_after(20):
                 while len(consumer.assignment) < partitions:
                     await trio.sleep(0.05)
+            await consumer.commit(dict.fromkeys(consumer.assignment, 5))
+        # Nor did it page a listing to the 1 MiB its clients read: 10,000 offsets took a
+        # 1.3 MB page, which the admin client refused.
+        async with open_admin(broker.bootstrap) as admin:
+            every = {TopicPartition(topic, p): 5 for p in range(partitions)}
+            assert await admin.committed_offsets("g") == every
 
 
 async def test_a_stream_commits_and_looks_up_offsets_of_more_partitions_than_a_frame_holds(

@@ -373,7 +373,8 @@ class BrokerHandler(RequestHandler):
         if size > most:  # (at the default frame, the entry count binds first)
             raise InvalidTopicError(
                 f"a subscription of {size} bytes is more than the {most} this broker allows "
-                "(a quarter of its frame size: DescribeGroup must show the member on one page); "
+                "(a quarter of the frame a client reads: DescribeGroup must show the member on "
+                "one page); "
                 "subscribe to a pattern that covers the topics instead"
             )
 
