@@ -35,6 +35,7 @@ from trio_coord.protocol.messages import (
     Goodbye,
     HeartbeatRequest,
     JoinGroupRequest,
+    ListOffsetsRequest,
     MetadataRequest,
     MetadataResponse,
     OffsetCommitRequest,
@@ -242,7 +243,8 @@ async def test_answer_too_large_for_a_frame_is_an_error_not_a_broker_crash(
     # Regression: each commit fits in a frame, but an OffsetFetch answer naming all of
     # them does not. The asker must get FRAME_TOO_LARGE; the broker must keep running
     # (the error used to escape the connection's reader into the broker's nursery).
-    # Asked for all offsets, the broker pages them instead.
+    # Offsets are paged now, named or not; an answer that is not paged (ListOffsets of
+    # one partition named again and again) still gets the error.
     async with (
         open_broker(tmp_path, port=0, max_frame_size=2048) as broker,
         open_admin(broker.bootstrap) as bystander,
@@ -253,12 +255,13 @@ async def test_answer_too_large_for_a_frame_is_an_error_not_a_broker_crash(
                 for p in range(3):
                     offset = PartitionOffset("wide", p, 10 + p, "m" * 1000)
                     await conn.request(OffsetCommitRequest("g", "", -1, [offset]))
-                every = [TopicPartition("wide", p) for p in range(3)]
                 with pytest.raises(FrameTooLargeError):
-                    await conn.request(OffsetFetchRequest("g", every))
-                first = await conn.request(OffsetFetchRequest("g"))
-                assert isinstance(first, OffsetFetchResponse) and first.next is not None
-                assert len(first.offsets) < 3
+                    await conn.request(ListOffsetsRequest([TopicPartition("wide", 0)] * 230))
+                every = [TopicPartition("wide", p) for p in range(3)]
+                for named in (None, every):
+                    first = await conn.request(OffsetFetchRequest("g", named))
+                    assert isinstance(first, OffsetFetchResponse) and first.next is not None
+                    assert len(first.offsets) < 3
                 answer = await conn.request(OffsetFetchRequest("g", [TopicPartition("wide", 1)]))
                 assert isinstance(answer, OffsetFetchResponse)
                 assert [(o.partition, o.offset) for o in answer.offsets] == [(1, 11)]

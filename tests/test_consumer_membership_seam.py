@@ -24,12 +24,19 @@ from trio_coord.client._membership import (
     GroupMembership,
     MembershipSettings,
     RebalanceListener,
+    _Reconnect,
 )
 from trio_coord.protocol import StopFetchersRequest
-from trio_coord.protocol.errors import UnknownMemberError
+from trio_coord.protocol.errors import IllegalGenerationError, UnknownMemberError
 from trio_coord.protocol.messages import (
+    HeartbeatRequest,
+    HeartbeatResponse,
     JoinGroupRequest,
     JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
     PartitionOffset,
     StartFetchersRequest,
     StopFetchersResponse,
@@ -274,3 +281,107 @@ async def test_an_eager_start_over_what_is_owned_says_only_what_changed():
     assert fetcher.owned == {tp(0): 10, tp(1): 40}  # t-0 where it was, not back at 99
     assert dict(membership.assignment) == {tp(0): 10, tp(1): 40}
     assert membership.generation == 5 and membership.state is ConsumerState.STABLE
+
+
+class CommittingCoordinator:
+    """A coordinator connection of a small frame (a list of about 120 positions fits one
+    message) that records the commits and leaves it is sent; with ``stall``, a commit is
+    never answered (a store that stopped writing)."""
+
+    name = "coordinator"
+    max_frame_size = 4096
+    closed = False
+
+    def __init__(self, *, stall: bool = False) -> None:
+        self.stall = stall
+        self.commits: list[OffsetCommitRequest] = []
+        self.leaves: list[LeaveGroupRequest] = []
+
+    async def request(self, body):
+        if isinstance(body, OffsetCommitRequest):
+            self.commits.append(body)
+            if self.stall:
+                await trio.sleep_forever()
+            return OffsetCommitResponse()
+        assert isinstance(body, LeaveGroupRequest)
+        self.leaves.append(body)
+        return LeaveGroupResponse()
+
+    def committed(self) -> list[PartitionOffset]:
+        return [p for commit in self.commits for p in commit.offsets]
+
+
+MANY = [(p, 10) for p in range(500)]  # (handed back at 15: about 4 KB of positions)
+HANDED_BACK = [PartitionOffset("t", p, 15) for p, _ in MANY]
+
+
+def by_tp(position: PartitionOffset) -> TopicPartition:
+    return position.tp
+
+
+async def test_a_restarted_stop_says_again_only_what_was_not_committed_yet():
+    membership, _, _ = make()
+    push = membership._handler.handle
+    await push(start(2, *MANY))
+    coordinator = CommittingCoordinator()
+    membership._conn = coordinator  # type: ignore[assignment]
+    answer = await push(StopFetchersRequest("g", "m", 2))
+    assert isinstance(answer, StopFetchersResponse)
+    assert coordinator.commits  # the rest went ahead of the answer, durably
+    assert sorted(answer.positions + coordinator.committed(), key=by_tp) == HANDED_BACK
+    commits = len(coordinator.commits)
+    # A restarted rebalance asks again: what is durable is not committed (nor refused,
+    # and logged as lost) a second time.
+    again = await push(StopFetchersRequest("g", "m", 3))
+    assert isinstance(again, StopFetchersResponse)
+    assert again.positions == answer.positions
+    assert len(coordinator.commits) == commits
+
+
+async def test_a_leave_whose_commits_stall_is_still_sent_in_time(autojump_clock):
+    membership, _, _ = make()
+    await membership._handler.handle(start(2, *MANY))
+    coordinator = CommittingCoordinator(stall=True)
+    membership._conn = coordinator  # type: ignore[assignment]
+    with trio.move_on_after(5) as scope:  # (as a consumer's close leaves)
+        await membership.leave()
+    # One commit after another, each waited for request_timeout (3 s), the leave never
+    # went: its positions were lost and the group waited a session for the member.
+    assert not scope.cancelled_caught
+    (leave,) = coordinator.leaves
+    assert sorted(leave.positions + coordinator.committed(), key=by_tp) == HANDED_BACK
+
+
+class RefusingSecondHeartbeat:
+    """A coordinator connection of a small frame that accepts one heartbeat, then says
+    the group moved to a new generation."""
+
+    name = "coordinator"
+    max_frame_size = 4096
+
+    def __init__(self) -> None:
+        self.heartbeats: list[HeartbeatRequest] = []
+
+    async def request(self, body):
+        assert isinstance(body, HeartbeatRequest)
+        self.heartbeats.append(body)
+        if len(self.heartbeats) > 1:
+            raise IllegalGenerationError("the group is at generation 3")
+        return HeartbeatResponse()
+
+
+async def test_positions_a_refused_heartbeat_did_not_deliver_are_said_again():
+    membership, fetcher, _ = make()
+    await membership._handler.handle(start(2, *MANY))
+    returned: list[PartitionOffset] = []
+    fetcher.take_dirty = lambda: list(HANDED_BACK)  # type: ignore[method-assign]
+    fetcher.return_dirty = returned.extend  # type: ignore[method-assign]
+    coordinator = RefusingSecondHeartbeat()
+    membership._conn = coordinator  # type: ignore[assignment]
+    with pytest.raises(_Reconnect):
+        await membership._heartbeat(coordinator)  # type: ignore[arg-type]
+    # The first part was accepted; the rest go again on the next session's heartbeats
+    # (they were dropped: a consumer that had read everything never said them again).
+    first = coordinator.heartbeats[0].positions
+    assert sorted(first + returned, key=by_tp) == HANDED_BACK
+    assert returned

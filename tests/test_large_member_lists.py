@@ -13,14 +13,26 @@ pushed an assignment larger than the member reads, so it never got one.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 
 from trio_coord import open_admin, open_consumer, open_producer
-from trio_coord.broker.server import open_broker
+from trio_coord.broker.server import Broker, open_broker
 from trio_coord.protocol.connection import open_connection
 from trio_coord.protocol.errors import FrameTooLargeError
-from trio_coord.protocol.messages import OffsetCommitRequest, PartitionOffset, TopicPartition
+from trio_coord.protocol.messages import (
+    LATEST,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    PartitionOffset,
+    TopicPartition,
+)
+from trio_coord.spark._client import BlockingClient
+from trio_coord.spark._read import commit_forward
 
 TOPIC = "t" * 100
 COUNT = 1000
@@ -35,6 +47,19 @@ async def make_topic_with_a_record_each(bootstrap: str) -> None:
         for p in range(COUNT):
             await producer.enqueue(TOPIC, b"x", partition=p)
         await producer.flush()
+
+
+@asynccontextmanager
+async def a_broker_with_a_record_in_each(tmp_path) -> AsyncIterator[Broker]:
+    """A broker of FRAME with TOPIC, whose 1,000 partitions hold a record each."""
+    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
+        await make_topic_with_a_record_each(broker.bootstrap)
+        yield broker
+
+
+def reading(broker: Broker, group: str, **options):
+    """A member of ``group`` reading TOPIC from its start."""
+    return open_consumer(broker.bootstrap, group, [TOPIC], offset_reset="earliest", **options)
 
 
 async def consume_all(consumer) -> None:
@@ -53,11 +78,8 @@ async def committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
 
 
 async def test_auto_commit_heartbeats_carry_more_positions_than_one_frame_holds(tmp_path):
-    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        await make_topic_with_a_record_each(broker.bootstrap)
-        async with open_consumer(
-            broker.bootstrap, "g", [TOPIC], offset_reset="earliest", session_timeout=1.5
-        ) as consumer:
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        async with reading(broker, "g", session_timeout=1.5) as consumer:
             await consume_all(consumer)
             with trio.fail_after(20):  # (a heartbeat every 0.5 s)
                 while sum((await committed(broker.bootstrap, "g")).values()) < COUNT:
@@ -72,11 +94,8 @@ async def test_a_stop_answer_and_a_leave_hand_back_more_positions_than_one_frame
     tmp_path,
 ):
     # A heartbeat every 10 s: what was consumed is handed back by the stop and the leave.
-    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        await make_topic_with_a_record_each(broker.bootstrap)
-        async with open_consumer(
-            broker.bootstrap, "g", [TOPIC], offset_reset="earliest", session_timeout=30
-        ) as first:
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        async with reading(broker, "g", session_timeout=30) as first:
             await consume_all(first)
             async with open_consumer(
                 broker.bootstrap, "g", [TOPIC], session_timeout=30, auto_commit=False
@@ -90,12 +109,43 @@ async def test_a_stop_answer_and_a_leave_hand_back_more_positions_than_one_frame
                 assert await committed(broker.bootstrap, "g") == dict.fromkeys(ALL, 1)
                 assert set(second.assignment.values()) == {1}
     async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        async with open_consumer(
-            broker.bootstrap, "h", [TOPIC], offset_reset="earliest", session_timeout=30
-        ) as alone:
+        async with reading(broker, "h", session_timeout=30) as alone:
             await consume_all(alone)
         # Closed: its leave handed back all 1,000 (the log was read again by group h).
         assert await committed(broker.bootstrap, "h") == dict.fromkeys(ALL, 1)
+
+
+@pytest.mark.parametrize("how", ["cooperative stop", "static member closes", "poll interval"])
+async def test_every_way_a_member_gives_partitions_up_hands_back_more_than_a_frame(tmp_path, how):
+    # The overflow goes by OffsetCommits, which the coordinator accepts in each of these.
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
+        if how == "cooperative stop":
+            async with reading(
+                broker, "g", session_timeout=30, rebalance_protocol="cooperative"
+            ) as first:
+                await consume_all(first)
+                async with reading(
+                    broker, "g", auto_commit=False, rebalance_protocol="cooperative"
+                ) as second:
+                    with trio.fail_after(20):
+                        while not second.assignment or (
+                            len(first.assignment) + len(second.assignment) < COUNT
+                        ):
+                            await trio.sleep(0.05)
+                    moved = await committed(broker.bootstrap, "g")
+                    assert {moved.get(tp) for tp in second.assignment} == {1}
+                    assert set(second.assignment.values()) == {1}
+            return
+        if how == "static member closes":
+            async with reading(broker, "g", session_timeout=30, instance_id="one") as member:
+                await consume_all(member)
+        else:
+            async with reading(broker, "g", session_timeout=30, max_poll_interval=1) as member:
+                await consume_all(member)  # then it asks for nothing: it leaves
+                with trio.fail_after(20):
+                    while member.state != "UNJOINED":
+                        await trio.sleep(0.05)
+        assert await committed(broker.bootstrap, "g") == dict.fromkeys(ALL, 1)
 
 
 async def test_commits_and_lookups_of_more_partitions_than_one_frame_holds(tmp_path):
@@ -137,8 +187,21 @@ async def test_a_lookup_whose_answer_outgrows_the_frame_is_answered_in_pages(tmp
                     PartitionOffset("t", p, p, metadata) for p in range(first, first + 100)
                 ]
                 await conn.request(OffsetCommitRequest("g", "", -1, positions))
-        async with open_admin(broker.bootstrap) as admin:
+            # Named in any order, some twice (a hostile or careless client): each is
+            # answered once, in order, a page at a time.
             wanted = [TopicPartition("t", p) for p in range(200)]
+            asked = [*reversed(wanted), *wanted[:150]]
+            answered: list[PartitionOffset] = []
+            after = None
+            while True:
+                response = await conn.request(OffsetFetchRequest("g", asked, after))
+                assert isinstance(response, OffsetFetchResponse)
+                answered.extend(response.offsets)
+                if response.next is None:
+                    break
+                after = response.next
+            assert [o.tp for o in answered] == wanted
+        async with open_admin(broker.bootstrap) as admin:
             assert await admin.committed_offsets("g", wanted) == {tp: tp.partition for tp in wanted}
 
 
@@ -151,17 +214,45 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
     ) as broker:
         async with open_admin(broker.bootstrap) as admin:
             await admin.create_topic(topic, partitions)
-        async with open_consumer(broker.bootstrap, "g", [topic]) as consumer:
+        async with open_consumer(broker.bootstrap, "g", [topic], auto_commit=False) as consumer:
             with trio.fail_after(20):
                 while len(consumer.assignment) < partitions:
                     await trio.sleep(0.05)
+            await consumer.commit(dict.fromkeys(consumer.assignment, 5))
+        # Nor did it page a listing to the 1 MiB its clients read: 10,000 offsets took a
+        # 1.3 MB page, which the admin client refused.
+        async with open_admin(broker.bootstrap) as admin:
+            every = {TopicPartition(topic, p): 5 for p in range(partitions)}
+            assert await admin.committed_offsets("g") == every
+
+
+async def test_a_stream_commits_and_looks_up_offsets_of_more_partitions_than_a_frame_holds(
+    tmp_path,
+):
+    # A Spark streaming query over 1,000 partitions of TOPIC plans each micro-batch with
+    # ListOffsets and commits its progress to a group after it: each list was refused.
+    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic(TOPIC, COUNT)
+
+        def stream() -> None:
+            with BlockingClient(broker.bootstrap) as client:
+                ends = client.list_offsets(ALL, LATEST)
+                assert {tp: o.log_end for tp, o in ends.items()} == dict.fromkeys(ALL, 0)
+                for batch in (1, 2):  # (one client per commit, as a micro-batch has)
+                    with BlockingClient(broker.bootstrap) as committer:
+                        commit_forward(committer, "stream", dict.fromkeys(ALL, batch))
+                assert client.committed("stream") == dict.fromkeys(ALL, 2)
+
+        await trio.to_thread.run_sync(stream)
+        async with open_admin(broker.bootstrap) as admin:
+            assert len(await admin.list_offsets(ALL)) == COUNT
 
 
 async def test_lag_reset_and_delete_of_a_group_of_more_partitions_than_one_frame_holds(tmp_path):
     # `trio-coord groups lag` asked each broker for the log ends of all the group's
     # partitions in one ListOffsets (an answer entry is larger than its request's).
-    async with open_broker(tmp_path, max_frame_size=FRAME, max_partitions=COUNT) as broker:
-        await make_topic_with_a_record_each(broker.bootstrap)
+    async with a_broker_with_a_record_in_each(tmp_path) as broker:
         async with open_consumer(broker.bootstrap, "g", partitions=ALL, auto_commit=False) as c:
             await c.commit(dict.fromkeys(ALL, 0))
         async with open_admin(broker.bootstrap) as admin:

@@ -282,15 +282,25 @@ async def test_a_consumer_whose_assignor_raises_leaves_and_raises_it(tmp_path):
         assert [m for m, _ in removed].count(second.member_id) == 1
 
 
+@pytest.mark.parametrize(
+    ("frame", "names", "said"),
+    [
+        # Five members with ~14 KB subscriptions each overflow the broker's 64 KiB frame.
+        (64 * 1024, 58, "do not fit one frame to its leader"),
+        # Five with 250 KB each make 1.2 MB: within the broker's 4 MiB frame, not within
+        # the 1 MiB its leader reads (pushed, the leader refused it and closed its
+        # connection, and was expelled; then the next leader).
+        (4 << 20, 999, "do not fit the 1048576-byte frame its leader reads"),
+    ],
+)
 async def test_a_group_too_large_for_one_frame_to_its_leader_says_so_and_stays_alive(
-    autojump_clock, caplog
+    autojump_clock, caplog, frame, names, said
 ):
-    # Five members with ~14 KB subscriptions each overflow a 64 KiB frame to the leader:
-    # the rebalance fails with an error that says what to do, nobody is expelled for it,
-    # and the broker keeps serving (and retrying: a smaller group would form).
+    # The rebalance fails with an error that says what to do, nobody is expelled for
+    # it, and the broker keeps serving (and retrying: a smaller group would form).
     rec = Recorder()
-    long = ["t", *(f"{i:02d}-" + "x" * 237 for i in range(58))]
-    async with ephemeral_broker(on_event=rec, max_frame_size=64 * 1024) as broker:
+    long = ["t", *(f"{i:03d}-" + "x" * 236 for i in range(names))]
+    async with ephemeral_broker(on_event=rec, max_frame_size=frame) as broker:
         await broker.topics.create_topic("t", 4)
         members = [
             FakeMember(broker, "g", long, session_timeout=S, name=f"m{i}", assignors=["weighted"])
@@ -302,7 +312,8 @@ async def test_a_group_too_large_for_one_frame_to_its_leader_says_so_and_stays_a
                 await stack.enter_async_context(connected(member))
                 await member.join()
             await rec.wait_for("rebalance_failed")
-            assert "do not fit one frame to its leader" in caplog.text
+            assert said in caplog.text
             assert "assignor that runs on the broker" in caplog.text
+            assert not [e for e in rec.typed if isinstance(e, Removed)]
             described = broker.coordinator.describe_group("g")
             assert len(described.members) == 5 and described.state != "STABLE"

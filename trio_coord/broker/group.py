@@ -74,7 +74,7 @@ from ..protocol.messages import (
     StopFetchersResponse,
     TopicPartition,
 )
-from ..protocol.sizing import in_parts
+from ..protocol.sizing import encoded_size, in_parts
 from ..security.acl import ANONYMOUS
 from ..store.base import StoreError
 from . import events as ev
@@ -98,6 +98,8 @@ log = logging.getLogger(__name__)
 MIN_MEMBER_FRAME = 64 * 1024
 """The smallest frame a member's join may say it reads (a consumer's least
 ``fetch_max_bytes``): a smaller one would cut its assignment into a push per partition."""
+_ENVELOPE_BYTES = 64
+"""Room for a pushed request's envelope (its type and correlation id) around its body."""
 PENDING_JOIN_TIMEOUT = 30.0
 """The longest a member id handed out by a first-step join waits for its second step."""
 
@@ -1182,8 +1184,18 @@ class GroupRunner:
             ],
             dict(input.spec.partitions),
         )
+        conn = self._conn_of(leader)
+        reads = self._frames.get(leader.member_id, DEFAULT_FRAME)
+        if reads < conn.max_frame_size and encoded_size(request) + _ENVELOPE_BYTES > reads:
+            # Pushed, the leader would refuse the frame and close its connection: it
+            # would be expelled, and the next leader after it.
+            raise FrameTooLargeError(
+                f"the group's {len(request.members)} subscriptions and owned partitions do "
+                f"not fit the {reads}-byte frame its leader reads; use an assignor that runs "
+                "on the broker"
+            )
         try:
-            response = await self._conn_of(leader).request(request)
+            response = await conn.request(request)
         except FrameTooLargeError as exc:  # (raised before anything is sent)
             raise FrameTooLargeError(
                 f"the group's {len(request.members)} subscriptions and owned partitions do "

@@ -11,6 +11,7 @@ When the connection ends, the members that lived on it are removed as failed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -353,12 +354,19 @@ class BrokerHandler(RequestHandler):
         return DescribeGroupResponse(_described(bare, members, listed), following)
 
     def _fetch_offsets(self, body: OffsetFetchRequest) -> ResponseBody:
-        offsets = self._coordinator.fetch_offsets(body.group, body.partitions)
-        if body.partitions is not None:
-            # Paged too: an answer carries each offset's metadata, so the answer to a
-            # lookup that fits a frame may not.
-            offsets.sort(key=_tp)
         after = body.after
+        named = body.partitions
+        if named is not None:
+            # Paged too: an answer carries each offset's metadata, so the answer to a
+            # lookup that fits a frame may not. Named in any order, any number of times,
+            # each is answered once, in order; the names of pages before are left out
+            # before anything is looked up (the clients ask in order, once each: they pay
+            # no sort, 10 ms a page for 100,000 names).
+            if after is not None:
+                named = [tp for tp in named if tp > after]
+            if any(a >= b for a, b in itertools.pairwise(named)):
+                named = sorted(set(named))
+        offsets = self._coordinator.fetch_offsets(body.group, named)
         wanted = (o for o in offsets if after is None or o.tp > after)
         listed, following = page(wanted, _tp, self._broker.page_bytes)
         return OffsetFetchResponse(listed, following)
@@ -370,7 +378,8 @@ class BrokerHandler(RequestHandler):
         if size > most:  # (at the default frame, the entry count binds first)
             raise InvalidTopicError(
                 f"a subscription of {size} bytes is more than the {most} this broker allows "
-                "(a quarter of its frame size: DescribeGroup must show the member on one page); "
+                "(a quarter of the frame a client reads: DescribeGroup must show the member on "
+                "one page); "
                 "subscribe to a pattern that covers the topics instead"
             )
 

@@ -83,6 +83,8 @@ RebalanceProtocol = Literal["eager", "cooperative"]
 """How a member wants rebalances run: stop everything, or only what moves."""
 
 _LEAVE_TIMEOUT = 5.0
+_HAND_BACK_COMMITS = 8
+"""How many OffsetCommits of a hand-back too long for one message are in flight at once."""
 
 
 class ConsumerState(enum.StrEnum):
@@ -205,6 +207,12 @@ async def request_in_time(
         f"{conn.name} did not answer {type(body).__name__} within request_timeout "
         f"({request_timeout:g}s); retry, and see the broker's log if it persists"
     )
+
+
+def _time_left() -> float:
+    """Seconds until the enclosing deadline (inf if none): a leave runs within one, and the
+    LeaveGroup must still go once what comes before it is done."""
+    return max(0.0, trio.current_effective_deadline() - trio.current_time())
 
 
 class _Reconnect(Exception):
@@ -444,7 +452,9 @@ class GroupMembership:
                     revoked = await self._revoke_some(body.partitions)
                 else:
                     revoked = await self._stop_fetchers()
-                return StopFetchersResponse(await self._hand_back(revoked))
+                # (within half the time the coordinator waits for this answer)
+                within = self._settings.rebalance_timeout / 2
+                return StopFetchersResponse(await self._hand_back(revoked, within))
             whole = self._collect_part(body)
             if whole is None:  # more parts of this assignment follow
                 return StartFetchersResponse()
@@ -476,42 +486,65 @@ class GroupMembership:
         self._handed_back = positions
         return positions
 
-    async def _hand_back(self, positions: list[PartitionOffset]) -> list[PartitionOffset]:
+    async def _hand_back(
+        self, positions: list[PartitionOffset], within: float
+    ) -> list[PartitionOffset]:
         """The positions a stop answer or a leave carries: all of them if they fit one
-        message, else the first part, the others committed ahead of it, a part at a time.
+        message, else the first part, the others committed ahead of it.
 
         A consumer of 10,000 partitions of a long topic name hands back more than
         a default frame holds: the coordinator refused the answer and closed the
         connection, every time. Each commit is durable before the answer goes,
         as the positions it carries are made durable before any partition
-        starts elsewhere. A part refused (an offset behind the committed one,
-        which the answer's positions would have skipped, or a rebalance that
-        moved on) is logged, not raised: its partitions' next owner starts from
-        the offsets committed before, so records are read again, not lost.
+        starts elsewhere. The commits go together (a few at a time) and are
+        waited for at most ``within`` seconds (and ``request_timeout``): one
+        after the other, a slow store would hold a stop answer past the
+        member's rebalance timeout, or a leave past its time, so that it is
+        never sent. A part not committed (refused: an offset behind the
+        committed one, which the answer's positions would have skipped, or a
+        rebalance that moved on; or not answered in time) is logged, not
+        raised: its partitions' next owner starts from the offsets committed
+        before, so records are read again, not lost. What was committed is
+        durable, so it is not said again to a restarted rebalance.
         """
         conn = self._conn
         parts = list(in_parts(positions, self.list_budget()))
         if len(parts) == 1 or conn is None:
             return positions
-        for part in parts[1:]:
-            commit = OffsetCommitRequest(
+        wait = min(within, self._settings.request_timeout)
+        why_not: dict[int, str] = {}  # part index → why it was not committed ("": it was)
+        limiter = trio.CapacityLimiter(_HAND_BACK_COMMITS)
+
+        async def commit(index: int, part: list[PartitionOffset]) -> None:
+            request = OffsetCommitRequest(
                 self._settings.group_id, self.member_id, self.generation, part
             )
-            try:
-                answered = await request_in_time(conn, commit, self._settings.request_timeout)
-            except CoordError as exc:
-                answered, why = None, f"{type(exc).__name__}: {exc}"
-            else:
-                why = "no answer within request_timeout"
-            if answered is None:
-                log.warning(
-                    "consumer %s: %d of the positions it hands back could not be committed "
-                    "(%s); their partitions' next owner starts from the offsets committed "
-                    "before",
-                    self.member_id,
-                    len(part),
-                    why,
-                )
+            async with limiter:
+                try:
+                    await conn.request(request)
+                except CoordError as exc:
+                    why_not[index] = f"{type(exc).__name__}: {exc}"
+                else:
+                    why_not[index] = ""
+
+        with trio.move_on_after(wait):
+            async with trio.open_nursery() as nursery:
+                for index in range(1, len(parts)):
+                    nursery.start_soon(commit, index, parts[index])
+        committed: set[TopicPartition] = set()
+        for index in range(1, len(parts)):
+            why = why_not.get(index, f"no answer within {wait:g}s")
+            if not why:
+                committed.update(p.tp for p in parts[index])
+                continue
+            log.warning(
+                "consumer %s: %d of the positions it hands back could not be committed "
+                "(%s); their partitions' next owner starts from the offsets committed before",
+                self.member_id,
+                len(parts[index]),
+                why,
+            )
+        self._handed_back = [p for p in self._handed_back if p.tp not in committed]
         return parts[0]
 
     async def _give_up(self, partitions: list[TopicPartition]) -> None:
@@ -852,8 +885,8 @@ class GroupMembership:
             positions = self._fetcher.take_dirty() if self._settings.auto_commit else []
             # More positions than one heartbeat holds go in more heartbeats, back to back.
             parts = list(in_parts(positions, self.list_budget()))
-            with trio.move_on_after(interval):
-                try:
+            try:
+                with trio.move_on_after(interval):
                     while parts:
                         await conn.request(
                             HeartbeatRequest(
@@ -862,13 +895,15 @@ class GroupMembership:
                         )
                         self._renew_lease(sent_at)
                         del parts[0]
-                except IllegalGenerationError as exc:
-                    if generation >= self.generation:  # not an answer overtaken by a new start
-                        raise _Reconnect(str(exc)) from None
-                except (UnknownMemberError, GroupNotFoundError) as exc:
-                    raise _Reconnect(str(exc), forget_member=True) from None
-            # Not delivered: send them again.
-            self._fetcher.return_dirty(p for part in parts for p in part)
+            except IllegalGenerationError as exc:
+                if generation >= self.generation:  # not an answer overtaken by a new start
+                    raise _Reconnect(str(exc)) from None
+            except (UnknownMemberError, GroupNotFoundError) as exc:
+                raise _Reconnect(str(exc), forget_member=True) from None
+            finally:
+                # Not delivered (late, refused, or the session ends): send them again, or
+                # a consumer that has read all there is never says them (its lag stays).
+                self._fetcher.return_dirty(p for part in parts for p in part)
             with trio.move_on_at(sent_at + interval):
                 await conn.wait_closed()
                 raise _Reconnect("the connection to the coordinator closed")
@@ -942,7 +977,7 @@ class GroupMembership:
             if self._settings.instance_id and not reason:
                 await self._step_out(conn)
                 return
-            positions = await self._hand_back(await self._revoke())
+            positions = await self._hand_back(await self._revoke(), _time_left() / 2)
             self._left = True  # (after on_revoked, which may still commit)
             try:
                 await conn.request(
@@ -966,7 +1001,7 @@ class GroupMembership:
         joins before then gets them back at once, without a rebalance of the
         others.
         """
-        positions = await self._hand_back(await self._revoke())
+        positions = await self._hand_back(await self._revoke(), _time_left() / 2)
         self._left = True
         self._state.value = ConsumerState.UNJOINED
         try:

@@ -1,14 +1,18 @@
 """Send a broker a long list a part at a time, each within the smaller frame of the two ends.
 
-A commit or a lookup of committed offsets names thousands of partitions for a
-consumer of a large topic: 10,000 partitions of a 120-character name take
-1.3 MB, more than a default broker reads in one frame, which it refuses by
-closing the connection. :func:`send_in_parts` cuts the list by
-:func:`~trio_coord.protocol.sizing.in_parts` and sends the parts in order.
-A group member knows its coordinator's frame from its join; a client that
-does not (a standalone committer, the admin client) keeps a
-:class:`FrameGuess`, which starts from the default frame and is halved each
-time a part is refused as too large (the next part opens a new connection).
+A commit or a lookup of offsets names thousands of partitions for a consumer
+of a large topic: 10,000 partitions of a 120-character name take 1.3 MB,
+more than a default broker reads in one frame, which it refuses by closing
+the connection. :func:`send_in_parts` sends such a list by
+:class:`~trio_coord.protocol.sizing.Parts`, in order. A group member knows
+its coordinator's frame from its join; a client that does not (a standalone
+committer, the admin client) keeps a
+:class:`~trio_coord.protocol.sizing.FrameGuess`, which starts from the
+default frame and is halved each time a part is refused as too large (the
+next part opens a new connection). The blocking Spark client cuts its lists
+by the same two classes. An offsets lookup, whole or in parts, is answered
+a page at a time (each offset's metadata can make an answer outgrow a frame
+its request fit): :func:`look_up_committed` asks until the last page.
 """
 
 from __future__ import annotations
@@ -16,36 +20,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from ..protocol.errors import FrameTooLargeError
-from ..protocol.messages import DEFAULT_FRAME
-from ..protocol.sizing import in_parts, list_budget
+from ..protocol.errors import CorruptMessageError, FrameTooLargeError
+from ..protocol.messages import OffsetFetchRequest, OffsetFetchResponse, TopicPartition
+from ..protocol.sizing import FrameGuess, Parts
 
-__all__ = ["FrameGuess", "send_in_parts"]
+__all__ = ["FrameGuess", "look_up_committed", "send_in_parts"]
 
 T = TypeVar("T")
-
-SMALLEST_FRAME = 4 * 1024
-"""How far a :class:`FrameGuess` is halved before a refusal is passed on."""
-
-
-class FrameGuess:
-    """A broker's frame as a client that was not told takes it: the default's until a
-    refusal says it is smaller."""
-
-    def __init__(self, own_frame: int) -> None:
-        self.own_frame = own_frame
-        self.broker_frame = DEFAULT_FRAME
-
-    def budget(self) -> int:
-        """What one request's list may take now."""
-        return list_budget(self.own_frame, self.broker_frame)
-
-    def halve(self) -> bool:
-        """A request was refused as too large: guess a smaller frame (False: already tiny)."""
-        if self.broker_frame <= SMALLEST_FRAME:
-            return False
-        self.broker_frame //= 2
-        return True
 
 
 async def send_in_parts(
@@ -56,18 +37,33 @@ async def send_in_parts(
     size_of: Callable[[T], int] | None = None,
 ) -> None:
     """``send`` ``items`` in order, a part of at most ``budget()`` bytes at a time (one
-    empty part for no items; an item's size as :func:`in_parts` takes it). A part
-    refused with FrameTooLargeError is sent again, smaller, while ``halve()`` lowers
-    the budget; else the error is raised, the parts before it having been sent."""
-    rest = items
-    while True:
-        part = next(in_parts(rest, budget(), size_of))
+    empty part for no items; an item's size as :func:`~trio_coord.protocol.sizing.in_parts`
+    takes it). A part refused with FrameTooLargeError is sent again, smaller, while
+    ``halve()`` lowers the budget; else the error is raised, the parts before it having
+    been sent."""
+    parts = Parts(items, budget, halve, size_of)
+    for part in parts:
         try:
             await send(part)
         except FrameTooLargeError:
-            if halve is None or not halve():
+            if not parts.refused():
                 raise
-            continue
-        rest = rest[len(part) :]
-        if not rest:
+
+
+async def look_up_committed(
+    group: str,
+    partitions: list[TopicPartition] | None,
+    ask: Callable[[OffsetFetchRequest], Awaitable[object]],
+    found: dict[TopicPartition, int],
+) -> None:
+    """Add to ``found`` the committed offsets of ``partitions`` (None: every one of the
+    group's), asking the coordinator with ``ask`` a page at a time."""
+    request = OffsetFetchRequest(group, partitions)
+    while True:
+        response = await ask(request)
+        if not isinstance(response, OffsetFetchResponse):
+            raise CorruptMessageError(f"answered OffsetFetch with {type(response).__name__}")
+        found.update((o.tp, o.offset) for o in response.offsets)
+        if response.next is None:
             return
+        request = OffsetFetchRequest(group, partitions, response.next)

@@ -9,6 +9,7 @@ broker refused, with the broker's message.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -46,7 +47,6 @@ from ..protocol.messages import (
     MemberDescription,
     MetadataRequest,
     MetadataResponse,
-    OffsetFetchRequest,
     OffsetFetchResponse,
     PartitionOffset,
     RequestBody,
@@ -55,15 +55,15 @@ from ..protocol.messages import (
     SecurityAdminResponse,
     TopicInfo,
     TopicPartition,
-    fetch_partition_bytes,
 )
+from ..protocol.sizing import listed_offset_bytes
 from ..security.acl import Acl
 from ..security.client import ClientSecurity, Sasl
 from ..security.scram import ScramCredential
 from ..security.store import check_user_name, encode_credentials
 from ._bootstrap import Backoff, Bootstrap
 from ._cluster import ClusterView
-from ._parts import FrameGuess, send_in_parts
+from ._parts import FrameGuess, look_up_committed, send_in_parts
 
 __all__ = ["Admin", "PartitionLag", "PlannedOffset", "open_admin"]
 
@@ -115,12 +115,6 @@ class PlannedOffset:
 _SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _answer_bytes(tp: TopicPartition) -> int:
-    """What a partition adds to an offsets lookup's answer, at most (more than it adds to
-    the request, several times more for a short topic name)."""
-    return fetch_partition_bytes(tp.topic)
-
-
 class Admin:
     """Administrative operations on a cluster; create it with :func:`open_admin`."""
 
@@ -136,7 +130,7 @@ class Admin:
         self._conn = conn
         self._cluster = cluster
         self._api_timeout = api_timeout
-        self._frame_guess = FrameGuess(conn.max_frame_size)  # (its coordinators')
+        self._frame_guess = FrameGuess(conn.max_frame_size)  # (the brokers', from refusals)
 
     async def _ask(
         self, request: RequestBody, expected: type[_R], conn: Connection | None = None
@@ -230,20 +224,20 @@ class Admin:
         ``timestamp_ms`` is ``LATEST`` (-1, the log end), ``EARLIEST`` (-2,
         the log start) or a time in milliseconds since the epoch (the first
         record at or after it; the log end if there is none). Thousands of
-        partitions are asked for in parts, each answer within a frame.
+        partitions are asked for in parts, each answer within what the broker sends.
         """
         by_leader = await self._cluster.by_leader(TopicPartition(*tp) for tp in partitions)
         result: dict[TopicPartition, ListedOffset] = {}
+        guess = self._frame_guess
         for broker, tps in by_leader.items():
 
-            async def look_up(part: list[TopicPartition], broker: BrokerInfo = broker) -> None:
+            async def ask(part: list[TopicPartition], broker: BrokerInfo = broker) -> None:
                 conn = await self._cluster.connection(broker)
                 request = ListOffsetsRequest(part, timestamp_ms)
                 response = await self._ask(request, ListOffsetsResponse, conn)
                 result.update((o.tp, o) for o in response.offsets)
 
-            guess = self._frame_guess
-            await send_in_parts(tps, look_up, guess.budget, guess.halve, _answer_bytes)
+            await send_in_parts(tps, ask, guess.budget, guess.halve, listed_offset_bytes)
         return result
 
     async def topic_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
@@ -309,13 +303,8 @@ class Admin:
         offsets: dict[TopicPartition, int] = {}
 
         async def look_up(part: list[TopicPartition] | None) -> None:
-            request = OffsetFetchRequest(group_id, part)
-            while True:
-                response = await self._ask_coordinator(group_id, request, OffsetFetchResponse)
-                offsets.update((o.tp, o.offset) for o in response.offsets)
-                if response.next is None:
-                    return
-                request = OffsetFetchRequest(group_id, part, response.next)
+            ask = functools.partial(self._ask_coordinator, group_id, expected=OffsetFetchResponse)
+            await look_up_committed(group_id, part, ask, offsets)
 
         if partitions is None:
             await look_up(None)

@@ -49,6 +49,7 @@ reset policy.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -73,8 +74,6 @@ from ..protocol.messages import (
     LATEST,
     NO_OFFSET,
     OffsetCommitRequest,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
     PartitionOffset,
     RequestBody,
     ResponseBody,
@@ -96,7 +95,7 @@ from ._membership import (
     RebalanceProtocol,
     request_in_time,
 )
-from ._parts import FrameGuess, send_in_parts
+from ._parts import FrameGuess, look_up_committed, send_in_parts
 
 __all__ = [
     "Consumer",
@@ -605,14 +604,8 @@ class Consumer(EnterOnce):
         found: dict[TopicPartition, int] = {}
 
         async def look_up(conn: Connection, part: list[TopicPartition]) -> None:
-            request = OffsetFetchRequest(self.group_id, part)
-            while True:  # (an answer of many offsets' metadata comes in pages)
-                response = await self._request(conn, request)
-                assert isinstance(response, OffsetFetchResponse)
-                found.update((o.tp, o.offset) for o in response.offsets)
-                if response.next is None:
-                    return
-                request = OffsetFetchRequest(self.group_id, part, response.next)
+            ask = functools.partial(self._request, conn)
+            await look_up_committed(self.group_id, part, ask, found)
 
         await self._in_parts(wanted, look_up)
         return found

@@ -32,7 +32,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, TypeVar
 
 import msgspec
@@ -76,6 +76,7 @@ from ..protocol.messages import (
     SaslHandshakeRequest,
     TopicPartition,
 )
+from ..protocol.sizing import FrameGuess, Parts, listed_offset_bytes
 from ..security.scram import AuthenticationError, ScramClient, plain_message
 from ._options import SparkSecurity
 
@@ -89,6 +90,7 @@ maximum frame size, which is far smaller by default)."""
 
 Address = tuple[str, int]
 _R = TypeVar("_R", bound=ResponseBody)
+_T = TypeVar("_T")
 
 
 class BrokerUnreachableError(ConnectionClosedError):
@@ -271,6 +273,7 @@ class BlockingClient:
         self._routing = Routing()  # what is known of brokers, topics and leaders
         self._answered: Address | None = None  # the broker that last answered Metadata
         self._ahead: _Ahead | None = None  # the fetch sent ahead (see fetch)
+        self._frame_guess = FrameGuess(RECEIVE_LIMIT)  # the brokers' (learnt from refusals)
 
     def __enter__(self) -> BlockingClient:
         return self
@@ -397,6 +400,26 @@ class BlockingClient:
         elif action is Action.RECONNECT and isinstance(error, BrokerUnreachableError):
             self._routing.forget_all()
 
+    def _in_parts(
+        self,
+        items: Sequence[_T],
+        send: Callable[[list[_T]], None],
+        size_of: Callable[[_T], int] | None = None,
+    ) -> None:
+        """``send`` ``items`` in order, a part at a time, each within the frame the brokers
+        are taken to read: 10,000 partitions of a 120-character topic take 1.3 MB,
+        more than a default broker reads, which refuses the frame by closing the
+        connection. A refused part is cut smaller and sent again on a new one. An
+        item's size is its encoding unless ``size_of`` says (what it adds to the answer)."""
+        guess = self._frame_guess
+        parts = Parts(items, guess.budget, guess.halve, size_of)
+        for part in parts:
+            try:
+                send(part)
+            except FrameTooLargeError:
+                if not parts.refused():
+                    raise
+
     def _call_any(self, body: RequestBody) -> ResponseBody:
         error: CoordError | None = None
         for address in self.addresses:
@@ -474,16 +497,20 @@ class BlockingClient:
         self, partitions: Iterable[TopicPartition], timestamp_ms: int
     ) -> dict[TopicPartition, ListedOffset]:
         """Per partition: the offset for ``timestamp_ms`` (EARLIEST, LATEST or a time), with
-        the log's start and end."""
+        the log's start and end (thousands of partitions are asked for in parts)."""
         result: dict[TopicPartition, ListedOffset] = {}
-        grouped, unknown = self._by_leader(partitions)
-        # A partition whose leader is not known yet is asked alone, with the retries.
-        for tps in [*grouped.values(), *([tp] for tp in unknown)]:
+
+        def ask(tps: list[TopicPartition]) -> None:
             # Routed by the leader of the first, found again on each retry: a leader that
             # came back elsewhere (a broker restarted on another port) is followed.
             request = ListOffsetsRequest(tps, timestamp_ms)
             response = self._call(request, ListOffsetsResponse, tp=tps[0])
             result.update((o.tp, o) for o in response.offsets)
+
+        grouped, unknown = self._by_leader(partitions)
+        # A partition whose leader is not known yet is asked alone, with the retries.
+        for tps in [*grouped.values(), *([tp] for tp in unknown)]:
+            self._in_parts(sorted(tps), ask, listed_offset_bytes)
         return result
 
     def committed(self, group: str) -> dict[TopicPartition, int]:
@@ -502,20 +529,22 @@ class BlockingClient:
 
         The broker refuses it while the group has live members
         (UnknownMemberError) and refuses to move an offset backwards
-        (OffsetRegressionError).
+        (OffsetRegressionError). More offsets than one request holds
+        (thousands of partitions) are committed in parts, in order; if one
+        fails, the parts before it stay committed.
         """
         if not offsets:
             return
-        body = OffsetCommitRequest(
-            group,
-            "",
-            -1,
-            [
-                PartitionOffset(tp.topic, tp.partition, o, metadata)
-                for tp, o in sorted(offsets.items())
-            ],
-        )
-        self._call(body, OffsetCommitResponse, group=group)
+
+        def commit_part(part: list[PartitionOffset]) -> None:
+            body = OffsetCommitRequest(group, "", -1, part)
+            self._call(body, OffsetCommitResponse, group=group)
+
+        positions = [
+            PartitionOffset(tp.topic, tp.partition, o, metadata)
+            for tp, o in sorted(offsets.items())
+        ]
+        self._in_parts(positions, commit_part)
 
     # -- records ------------------------------------------------------------------------------
 
