@@ -317,3 +317,46 @@ async def test_a_group_too_large_for_one_frame_to_its_leader_says_so_and_stays_a
             assert not [e for e in rec.typed if isinstance(e, Removed)]
             described = broker.coordinator.describe_group("g")
             assert len(described.members) == 5 and described.state != "STABLE"
+
+
+async def test_members_left_without_one_that_computes_their_assignor_wait_and_say_why(
+    tmp_path, caplog
+):
+    # The only member that could compute "weighted" left: the others, which accept it
+    # but cannot compute it, got no partitions and the broker logged "rebalance failed
+    # (a bug)", with a traceback, at each retry. They wait, the log says why, and a
+    # member that can compute it, joining, makes the group assign again.
+    async with open_broker(tmp_path, min_session_timeout=0.05) as broker:
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("t", 4)
+        options = dict(session_timeout=1.0)
+
+        def computing():
+            return open_consumer(broker.bootstrap, "g", ["t"], assignors=[Weighted()], **options)
+
+        leave = trio.Event()
+
+        async def first_computer(task_status=trio.TASK_STATUS_IGNORED):
+            async with computing() as computer:
+                task_status.started(computer)
+                await leave.wait()
+
+        async with trio.open_nursery() as nursery:
+            computer = await nursery.start(first_computer)
+            async with open_consumer(
+                broker.bootstrap, "g", ["t"], assignors=["weighted"], **options
+            ) as follower:
+                with trio.fail_after(10):
+                    while len(follower.assignment) + len(computer.assignment) < 4:
+                        await trio.sleep(0.01)
+                leave.set()  # the only member that computes "weighted" leaves
+                with trio.fail_after(10):
+                    while "no member of group g can compute" not in caplog.text:
+                        await trio.sleep(0.01)
+                assert follower.assignment == {}
+                assert "(a bug)" not in caplog.text
+                assert "assignor (weighted), and the broker has none of them" in caplog.text
+                async with computing() as computer:
+                    with trio.fail_after(10):
+                        while len(follower.assignment) + len(computer.assignment) < 4:
+                            await trio.sleep(0.01)

@@ -48,6 +48,7 @@ from ..protocol.errors import (
     FencedInstanceIdError,
     FrameTooLargeError,
     GroupSubscribedToTopicError,
+    InconsistentAssignorError,
     InvalidRequestError,
     UnknownMemberError,
     UnknownTopicError,
@@ -913,7 +914,7 @@ class GroupRunner:
                 # cancelled arrives here as a plain exception (group), not mixed with
                 # Cancelled. A store outage or a bug stays within this group, which
                 # retries; the broker and every other group carry on.
-                if isinstance(exc, LeaderAssignmentError):
+                if isinstance(exc, LeaderAssignmentError | InconsistentAssignorError):
                     log.error("group %s: rebalance failed: %s", self.group_id, exc)
                 elif isinstance(exc, StoreError | trio.TooSlowError):
                     log.error("group %s: rebalance could not persist: %r", self.group_id, exc)

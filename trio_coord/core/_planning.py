@@ -203,8 +203,18 @@ class AssignmentPlanner:
             ),
             None,
         )
-        if name is None:  # validate_join keeps this from happening
-            raise InconsistentAssignorError(f"group {group.group_id} has no common assignor")
+        if name is None:
+            # A join is refused unless the group would have one; but the only member
+            # that could compute the common assignor may leave, and the others wait.
+            first = members[0].assignors if members else ()
+            common = [n for n in first if votes.get(n, 0) == len(members)]
+            raise InconsistentAssignorError(
+                f"no member of group {group.group_id} can compute its members' common "
+                f"assignor ({', '.join(common) or 'none'}), and the broker has none of them "
+                f"({', '.join(sorted(available))}): its members wait without partitions "
+                "until a member that can joins, or until they join again naming an "
+                "assignor the broker has"
+            )
         if cooperative is None:
             cooperative = group.cooperative
         spec = GroupSpec(
