@@ -286,3 +286,15 @@ def test_batch_layout_bench_quick_json() -> None:
         assert figures["columnar"] > 0 and figures["rows"] > 0, name
         low, high = figures["ratio_range"]
         assert 0 < low <= figures["ratio"] <= high, (name, figures)
+
+
+@pytest.mark.slow
+def test_large_consumer_bench_quick_json() -> None:
+    """`bench/large_consumer.py --quick --json`: every step at both sizes, and their ratios."""
+    result = run_quick("large_consumer.py")
+    assert result["sizes"] == [200, 2000]
+    for size in ("small", "large"):
+        figures = result[size]
+        assert set(figures) == set(result["growth"]), figures
+        assert all(value > 0 for value in figures.values()), figures
+    assert all(math.isfinite(value) and value > 0 for value in result["growth"].values())
