@@ -17,6 +17,7 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 
 from trio_coord import TopicPartition, open_consumer
 from trio_coord.client import _fetcher
@@ -62,9 +63,13 @@ class Script:
     logs: dict[int, list[bytes]] = field(default_factory=dict)
     on_fetch: FetchHook | None = None
     """Awaited before the leader answers a fetch (it may wait, or raise to refuse it)."""
+    on_list: Callable[[ListOffsetsRequest], Awaitable[None]] | None = None
+    """Awaited before the leader answers an offsets lookup (it may wait)."""
     one_record: bool = False
     """A fetch answer holds one record per partition (as if cut by ``max_bytes``)."""
     asked: list[tuple[int, str]] = field(default_factory=list)
+    fetching: dict[int, int] = field(default_factory=dict)
+    """Per partition, the fetches of it being answered now."""
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     appended: trio.Event = field(default_factory=trio.Event)
 
@@ -84,6 +89,8 @@ class Script:
             return MetadataResponse([self.brokers[b] for b in sorted(self.brokers)], topics)
         if isinstance(body, ListOffsetsRequest):
             self._require(broker)
+            if self.on_list is not None:
+                await self.on_list(body)
             return ListOffsetsResponse(
                 [
                     ListedOffset(tp.topic, tp.partition, *self._offsets(tp.partition, body))
@@ -91,6 +98,15 @@ class Script:
                 ]
             )
         assert isinstance(body, FetchRequest), body
+        for p in body.partitions:
+            self.fetching[p.partition] = self.fetching.get(p.partition, 0) + 1
+        try:
+            return await self._fetch(broker, body)
+        finally:
+            for p in body.partitions:
+                self.fetching[p.partition] -= 1
+
+    async def _fetch(self, broker: int, body: FetchRequest) -> FetchResponse:
         if broker == self.leader:
             if self.on_fetch is not None:
                 await self.on_fetch(broker, body)
@@ -283,3 +299,49 @@ async def test_one_cause_refusing_several_fetches_in_flight_is_told_once_per_bac
         assert [r.value for r in got if r.partition == p] == [
             f"p{p}-r{i}".encode() for i in range(3)
         ]
+
+
+async def test_a_paused_partition_first_in_line_does_not_keep_caught_up_ones_from_their_poll():
+    # A fetch loop queues the partitions with records left (to fetch at once) ahead of the
+    # caught-up ones (to long-poll), and drops from the queue one paused since it was
+    # queued. Partition 0 was queued with records left, then paused while the loop looked
+    # up where partition 1 (resumed) starts; partition 1 then waited, caught up, with no
+    # fetch in flight: the loop found nothing to fetch in the first queue and slept
+    # without looking at the second, and partition 1's records never came.
+    script = Script(partitions=2, one_record=True)
+    for value in (b"a0", b"a1", b"a2"):
+        script.append(0, value)
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    looked_up = trio.Event()
+    release = trio.Event()
+    holding = False
+
+    async def hold(body: ListOffsetsRequest) -> None:
+        if holding:
+            looked_up.set()
+            await release.wait()
+
+    script.on_list = hold
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=[tp0, tp1], offset_reset="earliest", fetch_max_wait=0.1
+        ) as consumer:
+            consumer.pause(tp1)  # (not placed while paused)
+            with trio.fail_after(10):  # a hang guard
+                assert (await consumer.getone()).value == b"a0"
+                await _until(lambda: not script.fetching.get(0))
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)  # (a1 buffered)
+            holding = True
+            # Partition 0 drained (records left on the broker) and partition 1 resumed, at
+            # once: the loop queues the one and looks up where the other starts (held).
+            assert (await consumer.getone()).value == b"a1"
+            consumer.resume(tp1)
+            with trio.fail_after(10):
+                await looked_up.wait()
+            consumer.pause(tp0)
+            release.set()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            script.append(1, b"b0")
+            with trio.fail_after(10):  # a hang guard (fetch_max_wait is 0.1 s)
+                record = await consumer.getone()
+    assert (record.partition, record.value) == (1, b"b0")

@@ -588,7 +588,11 @@ class Fetcher:
         """
         wait = self._settings.max_wait
         if state.hot:
-            return self._take_from(state.hot, state), False, wait
+            wanted = self._take_from(state.hot, state)
+            if wanted:
+                return wanted, False, wait
+            # (Every one queued there was paused since: the caught-up ones are still due
+            # their poll, and nothing may be in flight to wake the loop for it.)
         if state.polls or not state.idle:
             return [], False, wait
         waiting = len(state.idle)
