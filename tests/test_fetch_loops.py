@@ -24,6 +24,7 @@ from trio_coord.client import _fetcher
 from trio_coord.protocol.connection import Connection, RequestHandler
 from trio_coord.protocol.errors import (
     AuthorizationError,
+    InvalidRequestError,
     NotLeaderForPartitionError,
     StorageError,
 )
@@ -345,3 +346,42 @@ async def test_a_paused_partition_first_in_line_does_not_keep_caught_up_ones_fro
             with trio.fail_after(10):  # a hang guard (fetch_max_wait is 0.1 s)
                 record = await consumer.getone()
     assert (record.partition, record.value) == (1, b"b0")
+
+
+async def test_a_caught_up_partition_is_polled_while_a_backlog_keeps_every_fetch_busy():
+    # A broker of a small frame takes one partition per fetch: four partitions with a
+    # backlog keep the loop's three fetches busy, each drained and fetched again at once.
+    # The caught-up partition must still be asked, its records not held back until the
+    # backlog is read: the partitions wait their turn, the longest waiting first, as they
+    # did before the loop kept those with records left in a queue of their own.
+    backlog = 300
+    script = Script(partitions=5, one_record=True)
+    for p in range(4):
+        for i in range(backlog):
+            script.append(p, f"p{p}-r{i}".encode())
+
+    async def one_at_a_time(broker: int, body: FetchRequest) -> None:
+        if len(body.partitions) > 1:
+            raise InvalidRequestError("fetch fewer partitions per request")
+
+    script.on_fetch = one_at_a_time
+    tps = [TopicPartition(TOPIC, p) for p in range(5)]
+    read_before = None
+    read = appended = 0
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=tps, offset_reset="earliest", fetch_max_wait=0.05
+        ) as consumer:
+            with trio.fail_after(20):  # a hang guard
+                while read < 20 or script.fetching.get(4):
+                    read += len(await consumer.getmany(max_records=1))
+                script.append(4, b"caught-up")  # (not in a poll now: waiting its turn)
+                appended = read
+                while read_before is None:
+                    for record in await consumer.getmany(max_records=1):
+                        if record.partition == 4:
+                            read_before = read
+                        read += 1
+    # Read within a few turns of the five partitions (one record a fetch), not after the
+    # backlog (hundreds of records later).
+    assert read_before is not None and read_before - appended < 20, (appended, read_before)

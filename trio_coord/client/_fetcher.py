@@ -141,10 +141,12 @@ class _LoopState:
     unplaced: set[TopicPartition] = field(default_factory=set)  # no position: look it up
     # (OrderedDicts, not dicts: taking from the front of a dict is O(entries taken before),
     # since its iteration walks the slots they left.)
-    hot: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
-    """Fetchable with records left on the broker, longest waiting first: fetched at once."""
-    idle: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
+    hot: OrderedDict[TopicPartition, int] = field(default_factory=OrderedDict)
+    """Fetchable with records left on the broker, longest waiting first: fetched at once.
+    (Each with its turn: when it was queued.)"""
+    idle: OrderedDict[TopicPartition, int] = field(default_factory=OrderedDict)
     """Fetchable and caught up, longest waiting first: long-polled in turn."""
+    turn: int = 0  # the last turn given
 
 
 _MIN_POLL_WAIT = 0.05
@@ -572,51 +574,62 @@ class Fetcher:
             if not part.resolved:
                 state.unplaced.add(tp)
             elif not part.buffer and state.busy.get(tp) != part.epoch:
-                (state.idle if self._caught_up(part) else state.hot)[tp] = None
+                state.turn += 1
+                (state.idle if self._caught_up(part) else state.hot)[tp] = state.turn
 
     def _next_fetch(
         self, state: _LoopState
     ) -> tuple[list[tuple[TopicPartition, _Partition]], bool, float]:
         """The partitions of the next fetch, whether it is a long poll, and its wait.
 
-        Partitions with records left go first, at once; caught-up ones wait in
-        one long poll at a time, the longest waiting first. More caught-up
-        partitions than one poll holds are polled in turn, and the polls of a
-        turn share ``max_wait``: a partition is asked again within it (each
-        poll took all of it, and a record waited for the turn: 7 polls for
-        10,000 partitions of a long topic name).
+        Partitions with records left go at once; caught-up ones wait in one
+        long poll at a time. While none is in flight, both go, the longest
+        waiting first: a fetch of the caught-up ones alone is a long poll,
+        and one with any that has records left is answered at once (taking
+        those with records left first starved the caught-up ones while a
+        backlog kept every fetch busy). More caught-up partitions than one
+        poll holds are polled in turn, and the polls of a turn share
+        ``max_wait``: a partition is asked again within it (each poll took
+        all of it, and a record waited for the turn: 7 polls for 10,000
+        partitions of a long topic name).
         """
         wait = self._settings.max_wait
-        if state.hot:
-            wanted = self._take_from(state.hot, state)
-            if wanted:
-                return wanted, False, wait
-            # (Every one queued there was paused since: the caught-up ones are still due
-            # their poll, and nothing may be in flight to wake the loop for it.)
         if state.polls or not state.idle:
-            return [], False, wait
+            # (Empty if every one queued was paused since: a poll in flight, if any,
+            # wakes the loop when it ends.)
+            return self._take_from(state, state.hot), False, wait
         waiting = len(state.idle)
-        wanted = self._take_from(state.idle, state)
-        if 0 < len(wanted) < waiting:
+        wanted = self._take_from(state, state.hot, state.idle)
+        polls = all(self._caught_up(part) for _, part in wanted)
+        if polls and 0 < len(wanted) < waiting:
             wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
-        return wanted, True, wait
+        return wanted, polls, wait
 
     def _take_from(
-        self, queue: OrderedDict[TopicPartition, None], state: _LoopState
+        self,
+        state: _LoopState,
+        first: OrderedDict[TopicPartition, int],
+        second: OrderedDict[TopicPartition, int] | None = None,
     ) -> list[tuple[TopicPartition, _Partition]]:
-        """As many partitions from the front of ``queue`` as one fetch holds
-        (``state.budget``, at least one), each still fetchable (one that is not any more,
-        paused or moved since it was queued, is dropped: what makes it fetchable again
-        touches it)."""
+        """As many partitions as one fetch holds (``state.budget``, at least one) from
+        the fronts of ``first`` and ``second``, the longest waiting first, each still
+        fetchable (one that is not any more, paused or moved since it was queued, is
+        dropped: what makes it fetchable again touches it)."""
         wanted: list[tuple[TopicPartition, _Partition]] = []
         used = 0
-        while queue:
-            tp, _ = queue.popitem(last=False)
+        while True:
+            if second and (not first or next(iter(second.values())) < next(iter(first.values()))):
+                queue = second
+            elif first:
+                queue = first
+            else:
+                return wanted
+            tp, turn = queue.popitem(last=False)
             size = fetch_partition_bytes(tp.topic)
             if wanted and used + size > state.budget:
-                queue[tp] = None
+                queue[tp] = turn
                 queue.move_to_end(tp, last=False)  # (its turn is next)
-                break
+                return wanted
             part = self._parts.get(tp)
             if (
                 part is None
@@ -630,7 +643,6 @@ class Fetcher:
                 continue
             wanted.append((tp, part))
             used += size
-        return wanted
 
     @staticmethod
     def _caught_up(part: _Partition) -> bool:
