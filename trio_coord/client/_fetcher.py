@@ -536,7 +536,7 @@ class Fetcher:
                     if state.fetches >= _MAX_FETCHES:
                         await wake.wait()  # (a fetch in flight ends, and wakes this loop)
                         continue
-                    wanted, polls, wait = self._next_fetch(state)
+                    wanted, size, polls, wait = self._next_fetch(state)
                     if not wanted:
                         await wake.wait()
                         continue
@@ -549,7 +549,7 @@ class Fetcher:
                     epochs = {tp: part.epoch for tp, part in wanted}
                     state.busy.update(epochs)
                     request = self._fetch_request(wanted, wait)
-                    state.flying[id(request)] = (_request_bytes(epochs), state.budget)
+                    state.flying[id(request)] = (size, state.budget)
                     nursery.start_soon(
                         self._fetch_some, broker, request, epochs, polls, state, backoff
                     )
@@ -579,8 +579,9 @@ class Fetcher:
 
     def _next_fetch(
         self, state: _LoopState
-    ) -> tuple[list[tuple[TopicPartition, _Partition]], bool, float]:
-        """The partitions of the next fetch, whether it is a long poll, and its wait.
+    ) -> tuple[list[tuple[TopicPartition, _Partition]], int, bool, float]:
+        """The partitions of the next fetch, what they take of it (``fetch_partition_bytes``),
+        whether it is a long poll, and its wait.
 
         Partitions with records left go at once; caught-up ones wait in one
         long poll at a time. While none is in flight, both go, the longest
@@ -597,39 +598,43 @@ class Fetcher:
         if state.polls or not state.idle:
             # (Empty if every one queued was paused since: a poll in flight, if any,
             # wakes the loop when it ends.)
-            return self._take_from(state, state.hot), False, wait
+            wanted, size, _ = self._take_from(state, state.hot)
+            return wanted, size, False, wait
         waiting = len(state.idle)
-        wanted = self._take_from(state, state.hot, state.idle)
-        polls = all(self._caught_up(part) for _, part in wanted)
+        wanted, size, polls = self._take_from(state, state.hot, state.idle)
         if polls and 0 < len(wanted) < waiting:
             wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
-        return wanted, polls, wait
+        return wanted, size, polls, wait
 
     def _take_from(
         self,
         state: _LoopState,
         first: OrderedDict[TopicPartition, int],
         second: OrderedDict[TopicPartition, int] | None = None,
-    ) -> list[tuple[TopicPartition, _Partition]]:
+    ) -> tuple[list[tuple[TopicPartition, _Partition]], int, bool]:
         """As many partitions as one fetch holds (``state.budget``, at least one) from
         the fronts of ``first`` and ``second``, the longest waiting first, each still
         fetchable (one that is not any more, paused or moved since it was queued, is
-        dropped: what makes it fetchable again touches it)."""
+        dropped: what makes it fetchable again touches it); what they take of the fetch,
+        and whether all came from ``second``."""
         wanted: list[tuple[TopicPartition, _Partition]] = []
         used = 0
+        only_second = True
+        topic, size = "", 0  # (the size of the last topic's partitions: they come in runs)
         while True:
             if second and (not first or next(iter(second.values())) < next(iter(first.values()))):
                 queue = second
             elif first:
                 queue = first
             else:
-                return wanted
+                return wanted, used, only_second
             tp, turn = queue.popitem(last=False)
-            size = fetch_partition_bytes(tp.topic)
+            if tp.topic != topic:
+                topic, size = tp.topic, fetch_partition_bytes(tp.topic)
             if wanted and used + size > state.budget:
                 queue[tp] = turn
                 queue.move_to_end(tp, last=False)  # (its turn is next)
-                return wanted
+                return wanted, used, only_second
             part = self._parts.get(tp)
             if (
                 part is None
@@ -643,6 +648,7 @@ class Fetcher:
                 continue
             wanted.append((tp, part))
             used += size
+            only_second = only_second and queue is second
 
     @staticmethod
     def _caught_up(part: _Partition) -> bool:
