@@ -564,18 +564,23 @@ class Fetcher:
         buffer not drained, a fetch in flight, paused, failed, moved: a drain, the fetch's
         end, a resume or a seek touches it again)."""
         touched, state.touched = state.touched, set()
+        # (Every caught-up partition passes here once per poll: the names are local.)
+        hot, idle, unplaced, busy = state.hot, state.idle, state.unplaced, state.busy
+        parts, stale, caught_up = self._parts, self._stale, self._caught_up
+        turn = state.turn
         for tp in touched:
-            state.hot.pop(tp, None)
-            state.idle.pop(tp, None)
-            state.unplaced.discard(tp)
-            part = self._parts.get(tp)
-            if part is None or part.paused or part.failed or tp in self._stale:
+            hot.pop(tp, None)
+            idle.pop(tp, None)
+            unplaced.discard(tp)
+            part = parts.get(tp)
+            if part is None or part.paused or part.failed or tp in stale:
                 continue
             if not part.resolved:
-                state.unplaced.add(tp)
-            elif not part.buffer and state.busy.get(tp) != part.epoch:
-                state.turn += 1
-                (state.idle if self._caught_up(part) else state.hot)[tp] = state.turn
+                unplaced.add(tp)
+            elif not part.buffer and busy.get(tp) != part.epoch:
+                turn += 1
+                (idle if caught_up(part) else hot)[tp] = turn
+        state.turn = turn
 
     def _next_fetch(
         self, state: _LoopState
@@ -793,8 +798,11 @@ class Fetcher:
             if answer.error:
                 self._partition_error(tp, part, error_for(answer.error, answer.message))
                 continue
-            self._unconfirmed.discard(tp)  # (found where the lookup after a move said)
+            if self._unconfirmed:
+                self._unconfirmed.discard(tp)  # (found where the lookup after a move said)
             part.log_end = answer.log_end
+            if not answer.batches:
+                continue  # (a caught-up partition's answer, in every poll)
             records = list(
                 records_from(
                     tp.topic,
