@@ -66,6 +66,8 @@ class Script:
     """Awaited before the leader answers a fetch (it may wait, or raise to refuse it)."""
     on_list: Callable[[ListOffsetsRequest], Awaitable[None]] | None = None
     """Awaited before the leader answers an offsets lookup (it may wait)."""
+    omit: int = 0
+    """How many offsets lookups to come are answered for none of their partitions."""
     one_record: bool = False
     """A fetch answer holds one record per partition (as if cut by ``max_bytes``)."""
     asked: list[tuple[int, str]] = field(default_factory=list)
@@ -92,6 +94,9 @@ class Script:
             self._require(broker)
             if self.on_list is not None:
                 await self.on_list(body)
+            if self.omit:
+                self.omit -= 1
+                return ListOffsetsResponse([])
             return ListOffsetsResponse(
                 [
                     ListedOffset(tp.topic, tp.partition, *self._offsets(tp.partition, body))
@@ -385,3 +390,18 @@ async def test_a_caught_up_partition_is_polled_while_a_backlog_keeps_every_fetch
     # Read within a few turns of the five partitions (one record a fetch), not after the
     # backlog (hundreds of records later).
     assert read_before is not None and read_before - appended < 20, (appended, read_before)
+
+
+async def test_a_partition_an_offsets_lookup_left_out_is_looked_up_again():
+    # A broker answering an offsets lookup without one of its partitions (a broker of
+    # another version, or a bug) left it with no position; the loop asked again only
+    # when something else woke it, and a consumer of that one partition never did.
+    script = Script(omit=1)
+    script.append(0, b"r0")
+    tp = TopicPartition(TOPIC, 0)
+    async with scripted(script) as bootstrap:
+        async with open_consumer(bootstrap, partitions=[tp], offset_reset="earliest") as consumer:
+            with trio.fail_after(10):  # a hang guard (the first backoff is 50 ms)
+                record = await consumer.getone()
+    assert (record.offset, record.value) == (0, b"r0")
+    assert script.count(ListOffsetsRequest) == 2

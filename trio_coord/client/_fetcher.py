@@ -147,6 +147,7 @@ class _LoopState:
     idle: OrderedDict[TopicPartition, int] = field(default_factory=OrderedDict)
     """Fetchable and caught up, longest waiting first: long-polled in turn."""
     turn: int = 0  # the last turn given
+    again: bool = False  # a lookup left partitions out: the loop is woken to ask again
 
 
 _MIN_POLL_WAIT = 0.05
@@ -521,6 +522,7 @@ class Fetcher:
         for tp in tps:
             self._loops[tp] = state
         backoff = Backoff(initial=0.05, maximum=1.0)
+        again = Backoff(initial=0.05, maximum=1.0)  # (its own: a fetch resets the other)
         try:
             async with trio.open_nursery() as nursery:
                 while True:
@@ -528,10 +530,15 @@ class Fetcher:
                     self._look_again(state)
                     if state.unplaced:
                         try:
-                            await self._resolve(broker, state)
+                            left_out = await self._resolve(broker, state)
                         except CoordError as exc:
                             await self._fetch_failed(broker, sorted(state.unplaced), exc, backoff)
                             continue
+                        if not left_out:
+                            again.reset()
+                        elif not state.again:
+                            state.again = True
+                            nursery.start_soon(self._look_up_again, state, again)
                         self._look_again(state)
                     if state.fetches >= _MAX_FETCHES:
                         await wake.wait()  # (a fetch in flight ends, and wakes this loop)
@@ -829,12 +836,21 @@ class Fetcher:
             part.failed = True  # until the application seeks
             self._fail(error)
 
-    async def _resolve(self, broker: BrokerInfo, state: _LoopState) -> None:
+    async def _look_up_again(self, state: _LoopState, backoff: Backoff) -> None:
+        """Wake the loop after ``backoff`` to look up again the positions an answer left out
+        (they are still in ``state.unplaced``; nothing else may wake the loop for them)."""
+        await backoff.sleep()
+        state.again = False
+        self._fetch_wanted()
+
+    async def _resolve(self, broker: BrokerInfo, state: _LoopState) -> bool:
         """Find a position for the loop's partitions that have none (``state.unplaced``), by
         their reset (or the policy); each placed is touched, to be fetched.
 
         The lookups hold at most ``state.budget`` of partitions each, as a fetch does:
-        one of 10,000 partitions of a long topic name is larger than a frame.
+        one of 10,000 partitions of a long topic name is larger than a frame. Returns
+        whether an answer left out a partition asked (a broker of another version, or a
+        bug): the loop asks again after a backoff.
         """
         todo: dict[int, list[TopicPartition]] = {}
         for tp in sorted(state.unplaced):
@@ -879,6 +895,23 @@ class Fetcher:
                     state.flying.pop(id(request), None)
                 asked = asked[len(some) :]
                 self._positioned(response, epochs)
+        left_out = [
+            tp
+            for tp, epoch in epochs.items()
+            if (part := self._parts.get(tp)) is not None
+            and part.epoch == epoch
+            and not part.resolved
+            and not part.paused
+            and tp not in self._stale
+        ]
+        if left_out:
+            log.warning(
+                "%s gave no offset for %d of the partitions asked (%s first); asking again",
+                broker.address,
+                len(left_out),
+                left_out[0],
+            )
+        return bool(left_out)
 
     def _positioned(self, response: ResponseBody | None, epochs: dict[TopicPartition, int]) -> None:
         """Place the partitions a ListOffsets answer gives offsets for (unless changed since)."""
