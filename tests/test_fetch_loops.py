@@ -17,12 +17,14 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 
 from trio_coord import TopicPartition, open_consumer
 from trio_coord.client import _fetcher
 from trio_coord.protocol.connection import Connection, RequestHandler
 from trio_coord.protocol.errors import (
     AuthorizationError,
+    InvalidRequestError,
     NotLeaderForPartitionError,
     StorageError,
 )
@@ -62,9 +64,15 @@ class Script:
     logs: dict[int, list[bytes]] = field(default_factory=dict)
     on_fetch: FetchHook | None = None
     """Awaited before the leader answers a fetch (it may wait, or raise to refuse it)."""
+    on_list: Callable[[ListOffsetsRequest], Awaitable[None]] | None = None
+    """Awaited before the leader answers an offsets lookup (it may wait)."""
+    omit: int = 0
+    """How many offsets lookups to come are answered for none of their partitions."""
     one_record: bool = False
     """A fetch answer holds one record per partition (as if cut by ``max_bytes``)."""
     asked: list[tuple[int, str]] = field(default_factory=list)
+    fetching: dict[int, int] = field(default_factory=dict)
+    """Per partition, the fetches of it being answered now."""
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     appended: trio.Event = field(default_factory=trio.Event)
 
@@ -84,6 +92,11 @@ class Script:
             return MetadataResponse([self.brokers[b] for b in sorted(self.brokers)], topics)
         if isinstance(body, ListOffsetsRequest):
             self._require(broker)
+            if self.on_list is not None:
+                await self.on_list(body)
+            if self.omit:
+                self.omit -= 1
+                return ListOffsetsResponse([])
             return ListOffsetsResponse(
                 [
                     ListedOffset(tp.topic, tp.partition, *self._offsets(tp.partition, body))
@@ -91,6 +104,15 @@ class Script:
                 ]
             )
         assert isinstance(body, FetchRequest), body
+        for p in body.partitions:
+            self.fetching[p.partition] = self.fetching.get(p.partition, 0) + 1
+        try:
+            return await self._fetch(broker, body)
+        finally:
+            for p in body.partitions:
+                self.fetching[p.partition] -= 1
+
+    async def _fetch(self, broker: int, body: FetchRequest) -> FetchResponse:
         if broker == self.leader:
             if self.on_fetch is not None:
                 await self.on_fetch(broker, body)
@@ -283,3 +305,104 @@ async def test_one_cause_refusing_several_fetches_in_flight_is_told_once_per_bac
         assert [r.value for r in got if r.partition == p] == [
             f"p{p}-r{i}".encode() for i in range(3)
         ]
+
+
+async def test_a_paused_partition_first_in_line_does_not_keep_caught_up_ones_from_their_poll():
+    # A fetch loop queues the partitions with records left (to fetch at once) ahead of the
+    # caught-up ones (to long-poll), and drops from the queue one paused since it was
+    # queued. Partition 0 was queued with records left, then paused while the loop looked
+    # up where partition 1 (resumed) starts; partition 1 then waited, caught up, with no
+    # fetch in flight: the loop found nothing to fetch in the first queue and slept
+    # without looking at the second, and partition 1's records never came.
+    script = Script(partitions=2, one_record=True)
+    for value in (b"a0", b"a1", b"a2"):
+        script.append(0, value)
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    looked_up = trio.Event()
+    release = trio.Event()
+    holding = False
+
+    async def hold(body: ListOffsetsRequest) -> None:
+        if holding:
+            looked_up.set()
+            await release.wait()
+
+    script.on_list = hold
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=[tp0, tp1], offset_reset="earliest", fetch_max_wait=0.1
+        ) as consumer:
+            consumer.pause(tp1)  # (not placed while paused)
+            with trio.fail_after(10):  # a hang guard
+                assert (await consumer.getone()).value == b"a0"
+                await _until(lambda: not script.fetching.get(0) and not script.fetching.get(1))
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)  # (a1 buffered)
+            holding = True
+            # Partition 0 drained (records left on the broker) and partition 1 resumed, at
+            # once: the loop queues the one and looks up where the other starts (held).
+            assert (await consumer.getone()).value == b"a1"
+            consumer.seek_to_beginning(tp1)  # (if it was placed before the pause)
+            consumer.resume(tp1)
+            with trio.fail_after(10):
+                await looked_up.wait()
+            consumer.pause(tp0)
+            release.set()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            script.append(1, b"b0")
+            with trio.fail_after(10):  # a hang guard (fetch_max_wait is 0.1 s)
+                record = await consumer.getone()
+    assert (record.partition, record.value) == (1, b"b0")
+
+
+async def test_a_caught_up_partition_is_polled_while_a_backlog_keeps_every_fetch_busy():
+    # A broker of a small frame takes one partition per fetch: four partitions with a
+    # backlog keep the loop's three fetches busy, each drained and fetched again at once.
+    # The caught-up partition must still be asked, its records not held back until the
+    # backlog is read: the partitions wait their turn, the longest waiting first, as they
+    # did before the loop kept those with records left in a queue of their own.
+    backlog = 300
+    script = Script(partitions=5, one_record=True)
+    for p in range(4):
+        for i in range(backlog):
+            script.append(p, f"p{p}-r{i}".encode())
+
+    async def one_at_a_time(broker: int, body: FetchRequest) -> None:
+        if len(body.partitions) > 1:
+            raise InvalidRequestError("fetch fewer partitions per request")
+
+    script.on_fetch = one_at_a_time
+    tps = [TopicPartition(TOPIC, p) for p in range(5)]
+    read_before = None
+    read = appended = 0
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=tps, offset_reset="earliest", fetch_max_wait=0.05
+        ) as consumer:
+            with trio.fail_after(20):  # a hang guard
+                while read < 20 or script.fetching.get(4):
+                    read += len(await consumer.getmany(max_records=1))
+                script.append(4, b"caught-up")  # (not in a poll now: waiting its turn)
+                appended = read
+                while read_before is None:
+                    for record in await consumer.getmany(max_records=1):
+                        if record.partition == 4:
+                            read_before = read
+                        read += 1
+    # Read within a few turns of the five partitions (one record a fetch), not after the
+    # backlog (hundreds of records later).
+    assert read_before is not None and read_before - appended < 20, (appended, read_before)
+
+
+async def test_a_partition_an_offsets_lookup_left_out_is_looked_up_again():
+    # A broker answering an offsets lookup without one of its partitions (a broker of
+    # another version, or a bug) left it with no position; the loop asked again only
+    # when something else woke it, and a consumer of that one partition never did.
+    script = Script(omit=1)
+    script.append(0, b"r0")
+    tp = TopicPartition(TOPIC, 0)
+    async with scripted(script) as bootstrap:
+        async with open_consumer(bootstrap, partitions=[tp], offset_reset="earliest") as consumer:
+            with trio.fail_after(10):  # a hang guard (the first backoff is 50 ms)
+                record = await consumer.getone()
+    assert (record.offset, record.value) == (0, b"r0")
+    assert script.count(ListOffsetsRequest) == 2

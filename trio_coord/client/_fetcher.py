@@ -141,10 +141,13 @@ class _LoopState:
     unplaced: set[TopicPartition] = field(default_factory=set)  # no position: look it up
     # (OrderedDicts, not dicts: taking from the front of a dict is O(entries taken before),
     # since its iteration walks the slots they left.)
-    hot: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
-    """Fetchable with records left on the broker, longest waiting first: fetched at once."""
-    idle: OrderedDict[TopicPartition, None] = field(default_factory=OrderedDict)
+    hot: OrderedDict[TopicPartition, int] = field(default_factory=OrderedDict)
+    """Fetchable with records left on the broker, longest waiting first: fetched at once.
+    (Each with its turn: when it was queued.)"""
+    idle: OrderedDict[TopicPartition, int] = field(default_factory=OrderedDict)
     """Fetchable and caught up, longest waiting first: long-polled in turn."""
+    turn: int = 0  # the last turn given
+    again: bool = False  # a lookup left partitions out: the loop is woken to ask again
 
 
 _MIN_POLL_WAIT = 0.05
@@ -519,6 +522,7 @@ class Fetcher:
         for tp in tps:
             self._loops[tp] = state
         backoff = Backoff(initial=0.05, maximum=1.0)
+        again = Backoff(initial=0.05, maximum=1.0)  # (its own: a fetch resets the other)
         try:
             async with trio.open_nursery() as nursery:
                 while True:
@@ -526,15 +530,20 @@ class Fetcher:
                     self._look_again(state)
                     if state.unplaced:
                         try:
-                            await self._resolve(broker, state)
+                            left_out = await self._resolve(broker, state)
                         except CoordError as exc:
                             await self._fetch_failed(broker, sorted(state.unplaced), exc, backoff)
                             continue
+                        if not left_out:
+                            again.reset()
+                        elif not state.again:
+                            state.again = True
+                            nursery.start_soon(self._look_up_again, state, again)
                         self._look_again(state)
                     if state.fetches >= _MAX_FETCHES:
                         await wake.wait()  # (a fetch in flight ends, and wakes this loop)
                         continue
-                    wanted, polls, wait = self._next_fetch(state)
+                    wanted, size, polls, wait = self._next_fetch(state)
                     if not wanted:
                         await wake.wait()
                         continue
@@ -547,7 +556,7 @@ class Fetcher:
                     epochs = {tp: part.epoch for tp, part in wanted}
                     state.busy.update(epochs)
                     request = self._fetch_request(wanted, wait)
-                    state.flying[id(request)] = (_request_bytes(epochs), state.budget)
+                    state.flying[id(request)] = (size, state.budget)
                     nursery.start_soon(
                         self._fetch_some, broker, request, epochs, polls, state, backoff
                     )
@@ -562,57 +571,82 @@ class Fetcher:
         buffer not drained, a fetch in flight, paused, failed, moved: a drain, the fetch's
         end, a resume or a seek touches it again)."""
         touched, state.touched = state.touched, set()
+        # (Every caught-up partition passes here once per poll: the names are local.)
+        hot, idle, unplaced, busy = state.hot, state.idle, state.unplaced, state.busy
+        parts, stale, caught_up = self._parts, self._stale, self._caught_up
+        turn = state.turn
         for tp in touched:
-            state.hot.pop(tp, None)
-            state.idle.pop(tp, None)
-            state.unplaced.discard(tp)
-            part = self._parts.get(tp)
-            if part is None or part.paused or part.failed or tp in self._stale:
+            hot.pop(tp, None)
+            idle.pop(tp, None)
+            unplaced.discard(tp)
+            part = parts.get(tp)
+            if part is None or part.paused or part.failed or tp in stale:
                 continue
             if not part.resolved:
-                state.unplaced.add(tp)
-            elif not part.buffer and state.busy.get(tp) != part.epoch:
-                (state.idle if self._caught_up(part) else state.hot)[tp] = None
+                unplaced.add(tp)
+            elif not part.buffer and busy.get(tp) != part.epoch:
+                turn += 1
+                (idle if caught_up(part) else hot)[tp] = turn
+        state.turn = turn
 
     def _next_fetch(
         self, state: _LoopState
-    ) -> tuple[list[tuple[TopicPartition, _Partition]], bool, float]:
-        """The partitions of the next fetch, whether it is a long poll, and its wait.
+    ) -> tuple[list[tuple[TopicPartition, _Partition]], int, bool, float]:
+        """The partitions of the next fetch, what they take of it (``fetch_partition_bytes``),
+        whether it is a long poll, and its wait.
 
-        Partitions with records left go first, at once; caught-up ones wait in
-        one long poll at a time, the longest waiting first. More caught-up
-        partitions than one poll holds are polled in turn, and the polls of a
-        turn share ``max_wait``: a partition is asked again within it (each
-        poll took all of it, and a record waited for the turn: 7 polls for
-        10,000 partitions of a long topic name).
+        Partitions with records left go at once; caught-up ones wait in one
+        long poll at a time. While none is in flight, both go, the longest
+        waiting first: a fetch of the caught-up ones alone is a long poll,
+        and one with any that has records left is answered at once (taking
+        those with records left first starved the caught-up ones while a
+        backlog kept every fetch busy). More caught-up partitions than one
+        poll holds are polled in turn, and the polls of a turn share
+        ``max_wait``: a partition is asked again within it (each poll took
+        all of it, and a record waited for the turn: 7 polls for 10,000
+        partitions of a long topic name).
         """
         wait = self._settings.max_wait
-        if state.hot:
-            return self._take_from(state.hot, state), False, wait
         if state.polls or not state.idle:
-            return [], False, wait
+            # (Empty if every one queued was paused since: a poll in flight, if any,
+            # wakes the loop when it ends.)
+            wanted, size, _ = self._take_from(state, state.hot)
+            return wanted, size, False, wait
         waiting = len(state.idle)
-        wanted = self._take_from(state.idle, state)
-        if 0 < len(wanted) < waiting:
+        wanted, size, polls = self._take_from(state, state.hot, state.idle)
+        if polls and 0 < len(wanted) < waiting:
             wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
-        return wanted, True, wait
+        return wanted, size, polls, wait
 
     def _take_from(
-        self, queue: OrderedDict[TopicPartition, None], state: _LoopState
-    ) -> list[tuple[TopicPartition, _Partition]]:
-        """As many partitions from the front of ``queue`` as one fetch holds
-        (``state.budget``, at least one), each still fetchable (one that is not any more,
-        paused or moved since it was queued, is dropped: what makes it fetchable again
-        touches it)."""
+        self,
+        state: _LoopState,
+        first: OrderedDict[TopicPartition, int],
+        second: OrderedDict[TopicPartition, int] | None = None,
+    ) -> tuple[list[tuple[TopicPartition, _Partition]], int, bool]:
+        """As many partitions as one fetch holds (``state.budget``, at least one) from
+        the fronts of ``first`` and ``second``, the longest waiting first, each still
+        fetchable (one that is not any more, paused or moved since it was queued, is
+        dropped: what makes it fetchable again touches it); what they take of the fetch,
+        and whether all came from ``second``."""
         wanted: list[tuple[TopicPartition, _Partition]] = []
         used = 0
-        while queue:
-            tp, _ = queue.popitem(last=False)
-            size = fetch_partition_bytes(tp.topic)
+        only_second = True
+        topic, size = "", 0  # (the size of the last topic's partitions: they come in runs)
+        while True:
+            if second and (not first or next(iter(second.values())) < next(iter(first.values()))):
+                queue = second
+            elif first:
+                queue = first
+            else:
+                return wanted, used, only_second
+            tp, turn = queue.popitem(last=False)
+            if tp.topic != topic:
+                topic, size = tp.topic, fetch_partition_bytes(tp.topic)
             if wanted and used + size > state.budget:
-                queue[tp] = None
+                queue[tp] = turn
                 queue.move_to_end(tp, last=False)  # (its turn is next)
-                break
+                return wanted, used, only_second
             part = self._parts.get(tp)
             if (
                 part is None
@@ -626,7 +660,7 @@ class Fetcher:
                 continue
             wanted.append((tp, part))
             used += size
-        return wanted
+            only_second = only_second and queue is second
 
     @staticmethod
     def _caught_up(part: _Partition) -> bool:
@@ -771,8 +805,11 @@ class Fetcher:
             if answer.error:
                 self._partition_error(tp, part, error_for(answer.error, answer.message))
                 continue
-            self._unconfirmed.discard(tp)  # (found where the lookup after a move said)
+            if self._unconfirmed:
+                self._unconfirmed.discard(tp)  # (found where the lookup after a move said)
             part.log_end = answer.log_end
+            if not answer.batches:
+                continue  # (a caught-up partition's answer, in every poll)
             records = list(
                 records_from(
                     tp.topic,
@@ -799,12 +836,21 @@ class Fetcher:
             part.failed = True  # until the application seeks
             self._fail(error)
 
-    async def _resolve(self, broker: BrokerInfo, state: _LoopState) -> None:
+    async def _look_up_again(self, state: _LoopState, backoff: Backoff) -> None:
+        """Wake the loop after ``backoff`` to look up again the positions an answer left out
+        (they are still in ``state.unplaced``; nothing else may wake the loop for them)."""
+        await backoff.sleep()
+        state.again = False
+        self._fetch_wanted()
+
+    async def _resolve(self, broker: BrokerInfo, state: _LoopState) -> bool:
         """Find a position for the loop's partitions that have none (``state.unplaced``), by
         their reset (or the policy); each placed is touched, to be fetched.
 
         The lookups hold at most ``state.budget`` of partitions each, as a fetch does:
-        one of 10,000 partitions of a long topic name is larger than a frame.
+        one of 10,000 partitions of a long topic name is larger than a frame. Returns
+        whether an answer left out a partition asked (a broker of another version, or a
+        bug): the loop asks again after a backoff.
         """
         todo: dict[int, list[TopicPartition]] = {}
         for tp in sorted(state.unplaced):
@@ -849,6 +895,23 @@ class Fetcher:
                     state.flying.pop(id(request), None)
                 asked = asked[len(some) :]
                 self._positioned(response, epochs)
+        left_out = [
+            tp
+            for tp, epoch in epochs.items()
+            if (part := self._parts.get(tp)) is not None
+            and part.epoch == epoch
+            and not part.resolved
+            and not part.paused
+            and tp not in self._stale
+        ]
+        if left_out:
+            log.warning(
+                "%s gave no offset for %d of the partitions asked (%s first); asking again",
+                broker.address,
+                len(left_out),
+                left_out[0],
+            )
+        return bool(left_out)
 
     def _positioned(self, response: ResponseBody | None, epochs: dict[TopicPartition, int]) -> None:
         """Place the partitions a ListOffsets answer gives offsets for (unless changed since)."""
