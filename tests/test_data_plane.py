@@ -248,6 +248,28 @@ async def test_caught_up_partitions_of_several_fetches_each_wait_at_most_fetch_m
     assert [(r.partition, r.value) for r in (first, second)] == [(0, b"first"), (0, b"second")]
 
 
+async def test_a_large_assignment_is_read_at_once_though_most_partitions_are_empty(tmp_path):
+    # A member is started where its group left each partition, not knowing where the logs
+    # end: every partition counts as having records, and went in fetches that each waited
+    # fetch_max_wait for the empty ones (here 10 fetches of 100 partitions, three at a
+    # time, 5 s each). Records in a few of them came after the whole sweep: 15-20 s.
+    topic, partitions = "t" * 100, 1000
+    async with open_broker(tmp_path, max_frame_size=64 * 1024, max_partitions=partitions) as b:
+        await make_topic(b.bootstrap, topic, partitions)
+        spread = range(0, partitions, 100)
+        async with open_producer(b.bootstrap, linger=0) as producer:
+            for p in spread:
+                await producer.send(topic, str(p).encode(), partition=p)
+        async with open_consumer(
+            b.bootstrap, "g", [topic], offset_reset="earliest", fetch_max_wait=5
+        ) as consumer:
+            got: list = []
+            with trio.fail_after(8):  # (a hang guard: the sweep took 15-20 s)
+                while len(got) < len(spread):
+                    got += await consumer.getmany()
+    assert sorted(r.partition for r in got) == list(spread)
+
+
 async def test_a_fetch_larger_than_the_brokers_frame_is_sent_smaller(tmp_path):
     # Partitions placed by seek need no offsets lookup, so the first request is the fetch
     # of all 1,000: a frame larger than the broker's 64 KiB, which it refuses by closing

@@ -611,11 +611,18 @@ class Fetcher:
             # (Empty if every one queued was paused since: a poll in flight, if any,
             # wakes the loop when it ends.)
             wanted, size, _ = self._take_from(state, state.hot)
-            return wanted, size, False, wait
-        waiting = len(state.idle)
-        wanted, size, polls = self._take_from(state, state.hot, state.idle)
-        if polls and 0 < len(wanted) < waiting:
-            wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
+            polls = False
+        else:
+            waiting = len(state.idle)
+            wanted, size, polls = self._take_from(state, state.hot, state.idle)
+            if polls and 0 < len(wanted) < waiting:
+                wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
+        if not polls and any(part.log_end is None for _, part in wanted):
+            # Placed where the group left them, not known to have records: the broker
+            # answers at once, and says where each log ends. Waiting ``max_wait`` for
+            # those with none held every partition of a large assignment behind them:
+            # 100,000 took 70 fetches of 0.5 s, three at a time, before the last was read.
+            wait = 0.0
         return wanted, size, polls, wait
 
     def _take_from(
