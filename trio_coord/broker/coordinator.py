@@ -294,11 +294,12 @@ class CoordinatorService:
         runner = self._runners.get(group_id)
         if runner is None:
             return []
+        if partitions is None:
+            return list(runner.group.offsets_after(None))
         offsets = runner.group.offsets
-        wanted = sorted(offsets) if partitions is None else partitions
         return [
             PartitionOffset(tp.topic, tp.partition, offsets[tp].offset, offsets[tp].metadata)
-            for tp in wanted
+            for tp in partitions
             if tp in offsets
         ]
 
@@ -314,14 +315,15 @@ class CoordinatorService:
         return runner.describe()
 
     def describe_group_page(
-        self, group_id: str, start: str | None
-    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
-        """One group without its members, and its members from id ``start`` on (None: none),
-        described one at a time (:meth:`GroupRunner.describe_page`)."""
+        self, group_id: str, start: str | None, after: TopicPartition | None = None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription], Iterator[PartitionOffset]]:
+        """One group without its members or offsets, its members from id ``start`` on
+        (None: none) and its offsets after ``after`` (None: all), each described as it is
+        iterated (:meth:`GroupRunner.describe_page`)."""
         runner = self._runners.get(group_id)
         if runner is None:
             raise GroupNotFoundError(f"group {group_id!r} does not exist")
-        return runner.describe_page(start)
+        return runner.describe_page(start, after)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (removed after the retention period if it stays unused)."""
@@ -559,10 +561,10 @@ class Coordinators:
         return self.service(group_id).describe_group(group_id)
 
     def describe_group_page(
-        self, group_id: str, start: str | None
-    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
+        self, group_id: str, start: str | None, after: TopicPartition | None = None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription], Iterator[PartitionOffset]]:
         """One page's worth of a group (see :meth:`CoordinatorService.describe_group_page`)."""
-        return self.service(group_id).describe_group_page(group_id, start)
+        return self.service(group_id).describe_group_page(group_id, start, after)
 
     async def create_group(self, group_id: str) -> None:
         """Create an empty group (see :meth:`CoordinatorService.create_group`)."""

@@ -1529,14 +1529,16 @@ class GroupRunner:
         return msgspec.structs.replace(desc, members=members)
 
     def describe_page(
-        self, start: str | None
-    ) -> tuple[GroupDescription, Iterator[MemberDescription]]:
-        """:meth:`describe` for one page: the group without its members, and its members
-        from id ``start`` on (None: none), described as they are iterated."""
-        desc = self.group.describe(members=False)
+        self, start: str | None, after: TopicPartition | None
+    ) -> tuple[GroupDescription, Iterator[MemberDescription], Iterator[PartitionOffset]]:
+        """:meth:`describe` for one page: the group without its members or offsets, its
+        members from id ``start`` on (None: none), and its committed offsets after
+        ``after`` (None: all), each described as they are iterated."""
+        desc = self.group.describe(members=False, offsets=False)
+        offsets = self.group.offsets_after(after)
         if start is None:
-            return desc, iter(())
-        return desc, map(self._with_epoch, self.group.describe_members(start))
+            return desc, iter(()), offsets
+        return desc, map(self._with_epoch, self.group.describe_members(start)), offsets
 
     def _with_epoch(self, member: MemberDescription) -> MemberDescription:
         epoch = getattr(self._conns.get(member.member_id), "member_epoch", -1)

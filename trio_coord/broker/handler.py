@@ -23,6 +23,7 @@ from ..protocol.connection import Connection, RequestHandler
 from ..protocol.errors import (
     AuthorizationError,
     BrokerShuttingDownError,
+    GroupNotFoundError,
     InvalidRequestError,
     InvalidTopicError,
     UnsupportedMessageError,
@@ -338,8 +339,8 @@ class BrokerHandler(RequestHandler):
         cursor = body.members_after
         start = None if after is not None else cursor.member_id if cursor is not None else ""
         # (Only the members this page shows are described: see Group.describe_members.)
-        group, described = self._coordinator.describe_group_page(body.group, start)
-        bare = msgspec.structs.replace(group, offsets=[])
+        group, described, offsets = self._coordinator.describe_group_page(body.group, start, after)
+        bare = group  # (its members and offsets come from the iterators, page by page)
         room = self._broker.page_bytes - encoded_size(bare)
         members: list[MemberDescription] = []
         if after is None:  # members first; offsets once every member is given
@@ -349,7 +350,6 @@ class BrokerHandler(RequestHandler):
                     _described(bare, members, []), members_next=members_next
                 )
             room -= used
-        offsets = (o for o in group.offsets if after is None or o.tp > after)
         listed, following = page(offsets, _tp, max(room, 1))
         return DescribeGroupResponse(_described(bare, members, listed), following)
 
@@ -366,9 +366,14 @@ class BrokerHandler(RequestHandler):
                 named = [tp for tp in named if tp > after]
             if any(a >= b for a, b in itertools.pairwise(named)):
                 named = sorted(set(named))
-        offsets = self._coordinator.fetch_offsets(body.group, named)
-        wanted = (o for o in offsets if after is None or o.tp > after)
-        listed, following = page(wanted, _tp, self._broker.page_bytes)
+            offsets: Iterable[PartitionOffset] = self._coordinator.fetch_offsets(body.group, named)
+        else:
+            # All of them, from a page's start on, built as the page takes them.
+            try:
+                _, _, offsets = self._coordinator.describe_group_page(body.group, None, after)
+            except GroupNotFoundError:
+                offsets = ()  # (an unknown group has no offsets: not an error)
+        listed, following = page(offsets, _tp, self._broker.page_bytes)
         return OffsetFetchResponse(listed, following)
 
     # -- in a task -----------------------------------------------------------------
