@@ -440,3 +440,29 @@ async def test_a_partition_a_fetch_answer_leaves_out_is_not_fetched_in_a_hot_loo
     # Each fetch now waits fetch_max_wait (0.2 s): about five a second; a hot loop asked
     # hundreds.
     assert fetches <= 20, fetches
+
+
+async def test_only_a_partitions_first_fetch_goes_without_a_wait():
+    # A partition placed where it was left is fetched at once, to learn where its log
+    # ends; from then on every fetch waits (fetch_max_wait, or fetch_min_bytes of records
+    # on the broker), as a consumer batching with fetch_min_bytes relies on.
+    waits: list[int] = []
+
+    async def waited(broker: int, body: FetchRequest) -> None:
+        waits.append(body.max_wait_ms)
+
+    script = Script(partitions=2, on_fetch=waited)
+    tps = [TopicPartition(TOPIC, p) for p in (0, 1)]
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=tps, fetch_max_wait=0.05, fetch_min_bytes=10_000
+        ) as consumer:
+            for tp in tps:
+                consumer.seek(tp, 0)
+            with trio.fail_after(10):  # a hang guard
+                for i in range(6):
+                    script.append(i % 2, b"r%d" % i)
+                    await consumer.getone()
+                    await trio.sleep(0.06)
+    assert waits[0] == 0 and len(waits) > 6
+    assert waits[1:] == [50] * (len(waits) - 1)
