@@ -29,14 +29,7 @@ from trio_coord.broker.events import GroupEvent, Removed
 from trio_coord.core.assignors import Assignment, GroupSpec
 from trio_coord.protocol.errors import CoordError
 
-from .harness import (
-    FakeMember,
-    Recorder,
-    Timeline,
-    connected,
-    ephemeral_broker,
-    join_one_by_one,
-)
+from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker, join_one_by_one
 
 S = 10.0
 
