@@ -400,7 +400,10 @@ async def test_members_waiting_for_one_that_computes_their_assignor_are_logged_o
                 r for r in caplog.records if "no member of group g can compute" in r.getMessage()
             ]
             assert [r.levelname for r in said if r.levelno >= logging.ERROR] == ["ERROR"]
-            assert len([r for r in said if r.levelno >= logging.INFO]) <= 3 * 6 + 1
+            reminders = [r for r in said if r.levelno == logging.WARNING]
+            assert 3 <= len(reminders) <= 3 * 6  # (once per 10 minutes at most)
+            assert "still: " in reminders[-1].getMessage()
+            assert [r for r in said if logging.INFO <= r.levelno < logging.WARNING] == []
             assert waiter.owned == []
             # A member that can compute it joins: the group assigns at once, not after
             # the rest of the backoff, and the next failure of that cause is said again.

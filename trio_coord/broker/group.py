@@ -941,16 +941,17 @@ class GroupRunner:
         it retries at each backoff, and the same ERROR at each, 120 an hour, hid
         everything else in the log.
         """
+        bug = False
         if isinstance(exc, LeaderAssignmentError | InconsistentAssignorError):
             what = f"rebalance failed: {exc}"
         elif isinstance(exc, StoreError | trio.TooSlowError):
             what = f"rebalance could not persist: {exc!r}"
         else:
-            what = f"rebalance failed (a bug): {exc!r}"
+            what, bug = f"rebalance failed (a bug): {exc!r}", True
         now = trio.current_time()
         if self._failed is None or self._failed[0] != what:
             self._failed = (what, now, now)
-            if what.startswith("rebalance failed (a bug)"):
+            if bug:  # (with its traceback)
                 log.exception("group %s: rebalance failed (a bug)", self.group_id)
             else:
                 log.error("group %s: %s", self.group_id, what)
@@ -961,8 +962,8 @@ class GroupRunner:
             return
         self._failed = (what, since, now)
         log.warning(
-            "group %s: %s (still, %d failures in a row over %.0f minutes; retried every %g s "
-            "at most, and at once when a member joins or leaves)",
+            "group %s: %s (still: %d failures in a row over %.0f minutes; retried within %g s "
+            "each time, and at once when a member joins or leaves)",
             self.group_id,
             what,
             self._failures + 1,
