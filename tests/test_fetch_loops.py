@@ -68,6 +68,8 @@ class Script:
     """Awaited before the leader answers an offsets lookup (it may wait)."""
     omit: int = 0
     """How many offsets lookups to come are answered for none of their partitions."""
+    unanswered: frozenset[int] = frozenset()
+    """Partitions every fetch answer leaves out (a broker of another version, or a bug)."""
     one_record: bool = False
     """A fetch answer holds one record per partition (as if cut by ``max_bytes``)."""
     asked: list[tuple[int, str]] = field(default_factory=list)
@@ -129,7 +131,13 @@ class Script:
                 for p in body.partitions
             ]
             return FetchResponse(refused)
-        return FetchResponse([self._fetched(p.partition, p.offset) for p in body.partitions])
+        return FetchResponse(
+            [
+                self._fetched(p.partition, p.offset)
+                for p in body.partitions
+                if p.partition not in self.unanswered
+            ]
+        )
 
     def _require(self, broker: int) -> None:
         if broker != self.leader:
@@ -406,3 +414,55 @@ async def test_a_partition_an_offsets_lookup_left_out_is_looked_up_again():
                 record = await consumer.getone()
     assert (record.offset, record.value) == (0, b"r0")
     assert script.count(ListOffsetsRequest) == 2
+
+
+async def test_a_partition_a_fetch_answer_leaves_out_is_not_fetched_in_a_hot_loop():
+    # A partition placed where it was left (a seek, a group's committed offset) has no
+    # known log end, and its first fetch goes without a wait, so that the broker says at
+    # once where its log ends. An answer that left it out (a broker of another version,
+    # or a bug) left it unknown: every fetch of it went without a wait, answered at once,
+    # thousands a second for as long as the broker did so.
+    script = Script(partitions=2, unanswered=frozenset({1}))
+    script.append(0, b"r0")
+    tps = [TopicPartition(TOPIC, p) for p in (0, 1)]
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=tps, offset_reset="earliest", fetch_max_wait=0.2
+        ) as consumer:
+            for tp in tps:
+                consumer.seek(tp, 0)
+            with trio.fail_after(10):  # a hang guard
+                record = await consumer.getone()
+            before = script.count(FetchRequest)
+            await trio.sleep(1.0)
+            fetches = script.count(FetchRequest) - before
+    assert (record.partition, record.value) == (0, b"r0")
+    # Each fetch now waits fetch_max_wait (0.2 s): about five a second; a hot loop asked
+    # hundreds.
+    assert fetches <= 20, fetches
+
+
+async def test_only_a_partitions_first_fetch_goes_without_a_wait():
+    # A partition placed where it was left is fetched at once, to learn where its log
+    # ends; from then on every fetch waits (fetch_max_wait, or fetch_min_bytes of records
+    # on the broker), as a consumer batching with fetch_min_bytes relies on.
+    waits: list[int] = []
+
+    async def waited(broker: int, body: FetchRequest) -> None:
+        waits.append(body.max_wait_ms)
+
+    script = Script(partitions=2, on_fetch=waited)
+    tps = [TopicPartition(TOPIC, p) for p in (0, 1)]
+    async with scripted(script) as bootstrap:
+        async with open_consumer(
+            bootstrap, partitions=tps, fetch_max_wait=0.05, fetch_min_bytes=10_000
+        ) as consumer:
+            for tp in tps:
+                consumer.seek(tp, 0)
+            with trio.fail_after(10):  # a hang guard
+                for i in range(6):
+                    script.append(i % 2, b"r%d" % i)
+                    await consumer.getone()
+                    await trio.sleep(0.06)
+    assert waits[0] == 0 and len(waits) > 6
+    assert waits[1:] == [50] * (len(waits) - 1)

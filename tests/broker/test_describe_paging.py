@@ -19,9 +19,10 @@ import trio
 from trio_coord import TopicPartition, open_admin, open_broker, open_consumer
 from trio_coord.broker.paging import page_members
 from trio_coord.protocol.connection import open_connection
-from trio_coord.protocol.errors import InvalidTopicError
+from trio_coord.protocol.errors import GroupNotFoundError, InvalidTopicError
 from trio_coord.protocol.framing import FrameCodec
 from trio_coord.protocol.messages import (
+    DeleteOffsetsRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupDescription,
@@ -29,6 +30,8 @@ from trio_coord.protocol.messages import (
     MemberCursor,
     MemberDescription,
     OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PartitionOffset,
     Response,
 )
@@ -190,3 +193,68 @@ async def test_an_assignment_larger_than_a_frame_reaches_a_consumer_in_parts(
                     ):
                         await trio.sleep(0.02)
                 assert not set(first.assignment) & set(second.assignment)
+
+
+@pytest.mark.parametrize("kind", ["offset-fetch", "describe"])
+async def test_offsets_paged_while_commits_go_on_are_each_listed_once(
+    tmp_path: Path, kind: str
+) -> None:
+    # A page lists the offsets after the last one of the page before, from an order kept
+    # until a partition comes or goes: commits between pages (a new partition before the
+    # cursor and one after, a recommit, a partition forgotten) lose none at a page's edge
+    # and repeat none. An unknown group has no offsets for OffsetFetch, as before, and is
+    # not found by DescribeGroup.
+    settings = dict(max_frame_size=FRAME, max_partitions=10_000)
+    async with open_broker(tmp_path, port=0, **settings) as broker:  # type: ignore[arg-type]
+        async with open_admin(broker.bootstrap) as admin:
+            await admin.create_topic("wide", PARTITIONS)
+        async with open_connection(*broker.address) as conn:
+
+            async def commit(*offsets: tuple[int, int]) -> None:
+                batch = [PartitionOffset("wide", p, o, "m" * 100) for p, o in offsets]
+                await conn.request(OffsetCommitRequest("g", "", -1, batch))
+
+            for first in range(0, 2000, 200):  # the even partitions below 4,000
+                await commit(*((p, p) for p in range(2 * first, 2 * first + 400, 2)))
+            listed: list[PartitionOffset] = []
+            cursor: TopicPartition | None = None
+            before: set[int] = set()  # added behind the cursor: not this listing's
+            after: set[int] = set()  # added or recommitted ahead of it: listed, as they are
+            forgotten: set[int] = set()
+            while True:
+                if kind == "offset-fetch":
+                    fetched = await conn.request(OffsetFetchRequest("g", after=cursor))
+                    assert isinstance(fetched, OffsetFetchResponse)
+                    page, cursor = fetched.offsets, fetched.next
+                else:
+                    described = await conn.request(DescribeGroupRequest("g", offsets_after=cursor))
+                    assert isinstance(described, DescribeGroupResponse)
+                    page, cursor = described.group.offsets, described.offsets_next
+                listed += page
+                if cursor is None:
+                    break
+                edge = cursor.partition
+                await commit((edge - 1, 7_000_000), (edge + 1, 1), (edge + 2, 5_000_000))
+                before.add(edge - 1)
+                after.update((edge + 1, edge + 2))
+                if len(before) % 2:  # (every other page: a page after only commits too)
+                    await conn.request(
+                        DeleteOffsetsRequest("g", [TopicPartition("wide", edge + 4)])
+                    )
+                    forgotten.add(edge + 4)
+            assert len(before) > 3  # (pages)
+            tps = [(o.topic, o.partition) for o in listed]
+            assert tps == sorted(set(tps))  # in order, none twice
+            got = {o.partition: o.offset for o in listed}
+            expected = {p: p for p in range(0, 4000, 2)}
+            expected.update((p, 1 if p % 2 else 5_000_000) for p in after)
+            for p in forgotten:
+                expected.pop(p, None)
+            assert not before & expected.keys()  # (edges are committed partitions)
+            assert got == expected
+
+            answer = await conn.request(OffsetFetchRequest("nobody"))
+            assert isinstance(answer, OffsetFetchResponse)
+            assert answer.offsets == [] and answer.next is None
+            with pytest.raises(GroupNotFoundError):
+                await conn.request(DescribeGroupRequest("nobody"))

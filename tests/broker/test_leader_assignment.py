@@ -11,6 +11,8 @@ proportion to a weight each member puts in its user data.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from contextlib import AsyncExitStack
 
 import pytest
@@ -25,8 +27,9 @@ from trio_coord import (
 )
 from trio_coord.broker.events import GroupEvent, Removed
 from trio_coord.core.assignors import Assignment, GroupSpec
+from trio_coord.protocol.errors import CoordError
 
-from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker
+from .harness import FakeMember, Recorder, Timeline, connected, ephemeral_broker, join_one_by_one
 
 S = 10.0
 
@@ -360,3 +363,63 @@ async def test_members_left_without_one_that_computes_their_assignor_wait_and_sa
                     with trio.fail_after(10):
                         while len(follower.assignment) + len(computer.assignment) < 4:
                             await trio.sleep(0.01)
+
+
+async def test_members_waiting_for_one_that_computes_their_assignor_are_logged_once_not_per_retry(
+    autojump_clock, caplog
+):
+    # Left without a member that computes "weighted", the group retries its rebalance
+    # after each backoff (up to 30 s), for as long as nobody that can joins: hours, in a
+    # deployment whose computing service is down. Each retry logged the same ERROR, 120
+    # an hour. The first says why; the same cause again is not repeated at each retry.
+    rec, timeline = Recorder(), Timeline()
+    async with ephemeral_broker(on_event=rec) as broker:
+        await broker.topics.create_topic("t", 4)
+        (computer,) = leaders(broker, timeline, "a")
+        waiter = FakeMember(
+            broker, "g", ["t"], session_timeout=S, timeline=timeline, name="b",
+            assignors=["weighted"],
+        )  # fmt: skip
+
+        async def alive(member: FakeMember) -> None:
+            while True:
+                with contextlib.suppress(CoordError):
+                    await member.heartbeat()
+                await trio.sleep(1.0)
+
+        async with connected(computer), connected(waiter), trio.open_nursery() as nursery:
+            await join_one_by_one(rec, computer, waiter)
+            nursery.start_soon(alive, waiter)
+            caplog.clear()
+            mark = rec.mark()
+            await computer.leave()
+            await trio.sleep(3 * 3600)
+            failures = rec.all("rebalance_failed", since=mark)
+            assert len(failures) > 300  # (it keeps retrying, every 30 s at most)
+            said = [
+                r for r in caplog.records if "no member of group g can compute" in r.getMessage()
+            ]
+            assert [r.levelname for r in said if r.levelno >= logging.ERROR] == ["ERROR"]
+            reminders = [r for r in said if r.levelno == logging.WARNING]
+            assert 3 <= len(reminders) <= 3 * 6  # (once per 10 minutes at most)
+            assert "still: " in reminders[-1].getMessage()
+            assert [r for r in said if logging.INFO <= r.levelno < logging.WARNING] == []
+            assert waiter.owned == []
+            # A member that can compute it joins: the group assigns at once, not after
+            # the rest of the backoff, and the next failure of that cause is said again.
+            (back,) = leaders(broker, timeline, "c")
+            async with connected(back):
+                joined = trio.current_time()
+                mark = rec.mark()
+                await back.join()
+                await rec.wait_for("stable", since=mark)
+                assert trio.current_time() - joined < 1.0  # (on the virtual clock)
+                assert len(waiter.owned) + len(back.owned) == 4
+                caplog.clear()
+                await back.leave()
+                await rec.wait_for("rebalance_failed", since=rec.mark())
+                assert any(
+                    r.levelno >= logging.ERROR and "can compute" in r.getMessage()
+                    for r in caplog.records
+                )
+            nursery.cancel_scope.cancel()

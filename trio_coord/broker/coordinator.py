@@ -291,17 +291,25 @@ class CoordinatorService:
         self, group_id: str, partitions: list[TopicPartition] | None
     ) -> list[PartitionOffset]:
         """A group's committed offsets (all, or those of ``partitions``)."""
+        if partitions is None:
+            return list(self.offsets_after(group_id, None))
         runner = self._runners.get(group_id)
         if runner is None:
             return []
-        if partitions is None:
-            return list(runner.group.offsets_after(None))
         offsets = runner.group.offsets
         return [
             PartitionOffset(tp.topic, tp.partition, offsets[tp].offset, offsets[tp].metadata)
             for tp in partitions
             if tp in offsets
         ]
+
+    def offsets_after(
+        self, group_id: str, after: TopicPartition | None
+    ) -> Iterator[PartitionOffset]:
+        """A group's committed offsets after ``after`` (None: all), in order, each built as
+        it is iterated (:meth:`Group.offsets_after`); none for a group not known here."""
+        runner = self._runners.get(group_id)
+        return iter(()) if runner is None else runner.group.offsets_after(after)
 
     def list_groups(self) -> list[GroupSummary]:
         """Every group this broker coordinates, sorted by id."""
@@ -555,6 +563,12 @@ class Coordinators:
     ) -> list[PartitionOffset]:
         """Committed offsets (see :meth:`CoordinatorService.fetch_offsets`)."""
         return self.service(group_id).fetch_offsets(group_id, partitions)
+
+    def offsets_after(
+        self, group_id: str, after: TopicPartition | None
+    ) -> Iterator[PartitionOffset]:
+        """A page's worth of offsets (see :meth:`CoordinatorService.offsets_after`)."""
+        return self.service(group_id).offsets_after(group_id, after)
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """One group (see :meth:`CoordinatorService.describe_group`)."""

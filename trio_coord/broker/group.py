@@ -103,6 +103,10 @@ _ENVELOPE_BYTES = 64
 """Room for a pushed request's envelope (its type and correlation id) around its body."""
 PENDING_JOIN_TIMEOUT = 30.0
 """The longest a member id handed out by a first-step join waits for its second step."""
+FAILURE_REPEAT_LOG_INTERVAL = 600.0
+"""A rebalance failing again for the cause last logged is logged at DEBUG, and at WARNING
+at most once per this many seconds: a group waiting for a member that computes its
+assignor retries every 30 s (``rebalance_retry_backoff_max``) for as long as it waits."""
 
 LogOffsets = Callable[[TopicPartition], tuple[int, int]]
 """A partition's (log start, log end) offsets, as the partition log knows them."""
@@ -350,6 +354,9 @@ class GroupRunner:
         self._retry_backoff = store_retry_backoff
         self._retry_backoff_max = max(store_retry_backoff, store_retry_backoff_max)
         self._failures = 0  # rebalances failed in a row (each backoff doubles)
+        self._failed: tuple[str, float, float] | None = None
+        """The cause of the failures in a row (its message), when it was first logged, and
+        when it was last logged above DEBUG (:meth:`_log_failure`)."""
         self._on_event = on_event
         self._detail = on_event is not None and event_detail
         """Whether events carry their partition lists (O(partitions) each: see .events)."""
@@ -914,12 +921,7 @@ class GroupRunner:
                 # cancelled arrives here as a plain exception (group), not mixed with
                 # Cancelled. A store outage or a bug stays within this group, which
                 # retries; the broker and every other group carry on.
-                if isinstance(exc, LeaderAssignmentError | InconsistentAssignorError):
-                    log.error("group %s: rebalance failed: %s", self.group_id, exc)
-                elif isinstance(exc, StoreError | trio.TooSlowError):
-                    log.error("group %s: rebalance could not persist: %r", self.group_id, exc)
-                else:
-                    log.exception("group %s: rebalance failed (a bug)", self.group_id)
+                self._log_failure(exc)
                 self._emit(ev.RebalanceFailed, error=repr(exc))
                 backoff = min(self._retry_backoff * 2**self._failures, self._retry_backoff_max)
                 self._failures += 1
@@ -929,6 +931,45 @@ class GroupRunner:
                 continue
             if scope.cancelled_caught:
                 self._emit(ev.RebalanceRestarted, cause=self._cause or "other")
+
+    def _log_failure(self, exc: Exception) -> None:
+        """Log why a rebalance failed: at ERROR the first time in a row for that cause, then
+        at DEBUG, and at WARNING once per ``FAILURE_REPEAT_LOG_INTERVAL`` while it lasts.
+
+        A group may fail for one cause for hours (its members wait for one that
+        computes their assignor, a leader's assignor is broken, the store is out):
+        it retries at each backoff, and the same ERROR at each, 120 an hour, hid
+        everything else in the log.
+        """
+        bug = False
+        if isinstance(exc, LeaderAssignmentError | InconsistentAssignorError):
+            what = f"rebalance failed: {exc}"
+        elif isinstance(exc, StoreError | trio.TooSlowError):
+            what = f"rebalance could not persist: {exc!r}"
+        else:
+            what, bug = f"rebalance failed (a bug): {exc!r}", True
+        now = trio.current_time()
+        if self._failed is None or self._failed[0] != what:
+            self._failed = (what, now, now)
+            if bug:  # (with its traceback)
+                log.exception("group %s: rebalance failed (a bug)", self.group_id)
+            else:
+                log.error("group %s: %s", self.group_id, what)
+            return
+        _, since, told = self._failed
+        if now - told < FAILURE_REPEAT_LOG_INTERVAL:
+            log.debug("group %s: %s (again: %d in a row)", self.group_id, what, self._failures + 1)
+            return
+        self._failed = (what, since, now)
+        log.warning(
+            "group %s: %s (still: %d failures in a row over %.0f minutes; retried within %g s "
+            "each time, and at once when a member joins or leaves)",
+            self.group_id,
+            what,
+            self._failures + 1,
+            (now - since) / 60,
+            self._retry_backoff_max,
+        )
 
     def _joins_go_on(self) -> bool:
         """A burst of joins is still arriving: new members joined while the last rebalance
@@ -1064,6 +1105,7 @@ class GroupRunner:
         self._late_joins.clear()
         self.rebalances += 1
         self._failures = 0
+        self._failed = None  # (a failure after this one is logged at ERROR again)
         cause = self._cause or "other"
         if not self._kick.is_set():
             self._cause = ""

@@ -23,7 +23,6 @@ from ..protocol.connection import Connection, RequestHandler
 from ..protocol.errors import (
     AuthorizationError,
     BrokerShuttingDownError,
-    GroupNotFoundError,
     InvalidRequestError,
     InvalidTopicError,
     UnsupportedMessageError,
@@ -339,8 +338,8 @@ class BrokerHandler(RequestHandler):
         cursor = body.members_after
         start = None if after is not None else cursor.member_id if cursor is not None else ""
         # (Only the members this page shows are described: see Group.describe_members.)
-        group, described, offsets = self._coordinator.describe_group_page(body.group, start, after)
-        bare = group  # (its members and offsets come from the iterators, page by page)
+        # (bare: without its members and offsets, which the iterators give page by page)
+        bare, described, offsets = self._coordinator.describe_group_page(body.group, start, after)
         room = self._broker.page_bytes - encoded_size(bare)
         members: list[MemberDescription] = []
         if after is None:  # members first; offsets once every member is given
@@ -367,12 +366,8 @@ class BrokerHandler(RequestHandler):
             if any(a >= b for a, b in itertools.pairwise(named)):
                 named = sorted(set(named))
             offsets: Iterable[PartitionOffset] = self._coordinator.fetch_offsets(body.group, named)
-        else:
-            # All of them, from a page's start on, built as the page takes them.
-            try:
-                _, _, offsets = self._coordinator.describe_group_page(body.group, None, after)
-            except GroupNotFoundError:
-                offsets = ()  # (an unknown group has no offsets: not an error)
+        else:  # all of them (none of an unknown group), built as the page takes them
+            offsets = self._coordinator.offsets_after(body.group, after)
         listed, following = page(offsets, _tp, self._broker.page_bytes)
         return OffsetFetchResponse(listed, following)
 

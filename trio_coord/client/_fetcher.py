@@ -95,6 +95,9 @@ class _Partition:
     failed: bool = False  # an error was raised to the application; a seek clears it
     buffer: deque[ConsumerRecord] = field(default_factory=deque)
     log_end: int | None = None
+    unanswered: bool = False
+    """A fetch without a wait, sent to learn ``log_end``, was answered without it (the
+    answer left the partition out): its fetches wait as any other's, not in a hot loop."""
 
     @property
     def resolved(self) -> bool:
@@ -617,11 +620,12 @@ class Fetcher:
             wanted, size, polls = self._take_from(state, state.hot, state.idle)
             if polls and 0 < len(wanted) < waiting:
                 wait = max(wait * len(wanted) / waiting, min(wait, _MIN_POLL_WAIT))
-        if not polls and any(part.log_end is None for _, part in wanted):
+        if not polls and any(part.log_end is None and not part.unanswered for _, part in wanted):
             # Placed where the group left them, not known to have records: the broker
             # answers at once, and says where each log ends. Waiting ``max_wait`` for
             # those with none held every partition of a large assignment behind them:
             # 100,000 took 70 fetches of 0.5 s, three at a time, before the last was read.
+            # (Once: an answer that leaves one out does not make it a hot loop.)
             wait = 0.0
         return wanted, size, polls, wait
 
@@ -691,6 +695,8 @@ class Fetcher:
             assert isinstance(response, FetchResponse)
             backoff.reset()
             self._absorb(response, epochs)
+            if not request.max_wait_ms:
+                self._left_out(broker, epochs)
         except CoordError as exc:
             if not self._fewer(broker, request, len(epochs), exc, state):
                 await self._fetch_failed(broker, list(epochs), exc, backoff)
@@ -832,6 +838,30 @@ class Fetcher:
                 arrived = True
         if arrived:
             self._records_arrived()
+
+    def _left_out(self, broker: BrokerInfo, epochs: dict[TopicPartition, int]) -> None:
+        """Mark the partitions a fetch without a wait still knows no log end of (its answer
+        left them out: a broker of another version, or a bug; ours answers each, or fails
+        the fetch): fetched without a wait again, each was answered at once again, a hot
+        loop of thousands of fetches a second. They wait as the others do."""
+        left = 0
+        for tp, epoch in epochs.items():
+            part = self._parts.get(tp)
+            if (
+                part is not None
+                and part.epoch == epoch
+                and part.log_end is None
+                and not part.failed  # (its answer was an error: told to the application)
+                and tp not in self._stale  # (its answer said it moved)
+            ):
+                left += not part.unanswered
+                part.unanswered = True
+        if left:
+            log.warning(
+                "%s answered a fetch without %d of its partitions; fetching them again",
+                broker.address,
+                left,
+            )
 
     def _partition_error(self, tp: TopicPartition, part: _Partition, error: CoordError) -> None:
         if isinstance(error, OffsetOutOfRangeError) and self._settings.offset_reset != "none":

@@ -195,19 +195,13 @@ class AssignmentPlanner:
         # choose_assignor over every member's list, from the group's running counts:
         computable = set(available).union(n for n, count in group.computable.items() if count)
         votes = group.assignor_votes
-        name = next(
-            (
-                n
-                for n in (members[0].assignors if members else ())
-                if votes.get(n, 0) == len(members) and n in computable
-            ),
-            None,
-        )
+        common = [
+            n for n in (members[0].assignors if members else ()) if votes.get(n, 0) == len(members)
+        ]
+        name = next((n for n in common if n in computable), None)
         if name is None:
             # A join is refused unless the group would have one; but the only member
             # that could compute the common assignor may leave, and the others wait.
-            first = members[0].assignors if members else ()
-            common = [n for n in first if votes.get(n, 0) == len(members)]
             raise InconsistentAssignorError(
                 f"no member of group {group.group_id} can compute its members' common "
                 f"assignor ({', '.join(common) or 'none'}), and the broker has none of them "
