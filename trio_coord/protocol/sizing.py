@@ -161,13 +161,16 @@ class Parts(Generic[T]):
     def __iter__(self) -> Iterator[list[T]]:
         rest = self._items
         while True:
-            part = next(in_parts(rest, self._budget(), self._size_of))
-            self._again = False
-            yield part
-            if not self._again:
+            # One cut of the rest, until a refusal lowers the budget (a cut per part
+            # encoded all the rest to see if it fit: quadratic in a long list's parts).
+            for part in in_parts(rest, self._budget(), self._size_of):
+                self._again = False
+                yield part
+                if self._again:
+                    break  # (this part and the rest, cut smaller)
                 rest = rest[len(part) :]
-                if not rest:
-                    return
+            else:
+                return
 
     def refused(self) -> bool:
         """The part just sent was refused as too large: True if it is to be cut smaller and
