@@ -227,7 +227,7 @@ async def test_an_assignment_larger_than_the_member_reads_is_pushed_in_parts(tmp
 
 
 async def test_a_stream_commits_and_looks_up_offsets_of_more_partitions_than_a_frame_holds(
-    tmp_path,
+    tmp_path, caplog
 ):
     # A Spark streaming query over 1,000 partitions of TOPIC plans each micro-batch with
     # ListOffsets and commits its progress to a group after it: each list was refused.
@@ -235,13 +235,20 @@ async def test_a_stream_commits_and_looks_up_offsets_of_more_partitions_than_a_f
         async with open_admin(broker.bootstrap) as admin:
             await admin.create_topic(TOPIC, COUNT)
 
+        def refusals() -> int:
+            return caplog.text.count("exceeds the maximum frame size")
+
         def stream() -> None:
             with BlockingClient(broker.bootstrap) as client:
                 ends = client.list_offsets(ALL, LATEST)
                 assert {tp: o.log_end for tp, o in ends.items()} == dict.fromkeys(ALL, 0)
+                learnt = refusals()
                 for batch in (1, 2):  # (one client per commit, as a micro-batch has)
                     with BlockingClient(broker.bootstrap) as committer:
                         commit_forward(committer, "stream", dict.fromkeys(ALL, batch))
+                    # Each micro-batch's client learnt the broker's frame again, refused
+                    # once more (a connection closed, a broker WARNING) at every batch.
+                    assert refusals() == learnt
                 assert client.committed("stream") == dict.fromkeys(ALL, 2)
 
         await trio.to_thread.run_sync(stream)

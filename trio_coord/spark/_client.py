@@ -89,6 +89,25 @@ RECEIVE_LIMIT = 64 * 1024 * 1024
 maximum frame size, which is far smaller by default)."""
 
 Address = tuple[str, int]
+
+_FRAME_GUESSES: dict[tuple[Address, ...], FrameGuess] = {}
+"""The brokers' frame as clients of this process learnt it, per bootstrap list: each Spark
+micro-batch opens a client of its own, which learnt it again from the default (each
+refusal costs a connection, and the broker a WARNING, at every micro-batch)."""
+_MOST_GUESSES = 64
+
+
+def _frame_guess(addresses: Sequence[Address]) -> FrameGuess:
+    """The frame guess shared by this process's clients of ``addresses``."""
+    key = tuple(addresses)
+    guess = _FRAME_GUESSES.get(key)
+    if guess is None:
+        if len(_FRAME_GUESSES) >= _MOST_GUESSES:  # (a job of many clusters: start over)
+            _FRAME_GUESSES.clear()
+        guess = _FRAME_GUESSES[key] = FrameGuess(RECEIVE_LIMIT)
+    return guess
+
+
 _R = TypeVar("_R", bound=ResponseBody)
 _T = TypeVar("_T")
 
@@ -273,7 +292,7 @@ class BlockingClient:
         self._routing = Routing()  # what is known of brokers, topics and leaders
         self._answered: Address | None = None  # the broker that last answered Metadata
         self._ahead: _Ahead | None = None  # the fetch sent ahead (see fetch)
-        self._frame_guess = FrameGuess(RECEIVE_LIMIT)  # the brokers' (learnt from refusals)
+        self._frame_guess = _frame_guess(self.addresses)  # the brokers' (learnt from refusals)
 
     def __enter__(self) -> BlockingClient:
         return self
