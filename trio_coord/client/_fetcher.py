@@ -64,6 +64,7 @@ from ..protocol.messages import (
     fetch_partition_bytes,
 )
 from ..protocol.records import ConsumerRecord, records_from
+from ..protocol.sizing import in_parts, listed_offset_bytes
 from ._bootstrap import Backoff
 from ._cluster import ClusterView
 
@@ -109,21 +110,6 @@ _MAX_REQUEST_PARTITION_BYTES = DEFAULT_MAX_FRAME_SIZE // 4 - FETCH_ENVELOPE_BYTE
 (a quarter of it, less the answer's envelope). A broker of a smaller frame refuses more,
 and the loop halves it until one is taken. An offsets lookup (ListOffsets) is cut by the
 same estimate, which is more than a partition takes in its request or its answer."""
-
-
-def _request_bytes(tps: Iterable[TopicPartition]) -> int:
-    """What ``tps`` take of a request, as a broker estimates it (``fetch_partition_bytes``)."""
-    return sum(fetch_partition_bytes(tp.topic) for tp in tps)
-
-
-def _holding(tps: list[TopicPartition], budget: int) -> int:
-    """How many of ``tps``, from the first, one request of ``budget`` holds (at least one)."""
-    used = 0
-    for count, tp in enumerate(tps):
-        used += fetch_partition_bytes(tp.topic)
-        if count and used > budget:
-            return count
-    return len(tps)
 
 
 @dataclass(slots=True)
@@ -915,9 +901,10 @@ class Fetcher:
         epochs = {tp: self._parts[tp].epoch for asked in todo.values() for tp in asked}
         for where, asked in todo.items():
             while asked:
-                some = asked[: _holding(asked, state.budget)]
+                some = next(in_parts(asked, state.budget, listed_offset_bytes))
                 request = ListOffsetsRequest(some, where)
-                state.flying[id(request)] = (_request_bytes(some), state.budget)
+                size = sum(map(listed_offset_bytes, some))
+                state.flying[id(request)] = (size, state.budget)
                 try:
                     response = await self._request(broker, request)
                 except CoordError as exc:
