@@ -53,8 +53,8 @@ from ..protocol.errors import (
     UnknownMemberError,
     UnknownTopicError,
 )
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
-    DEFAULT_FRAME,
     BrokerInfo,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
@@ -1228,7 +1228,7 @@ class GroupRunner:
             dict(input.spec.partitions),
         )
         conn = self._conn_of(leader)
-        reads = self._frames.get(leader.member_id, DEFAULT_FRAME)
+        reads = self._frames.get(leader.member_id, DEFAULT_MAX_FRAME_SIZE)
         if reads < conn.max_frame_size and encoded_size(request) + _ENVELOPE_BYTES > reads:
             # Pushed, the leader would refuse the frame and close its connection: it
             # would be expelled, and the next leader after it.
@@ -1484,7 +1484,7 @@ class GroupRunner:
     def _push_bytes(self, member: Member, conn: MemberLink) -> int:
         """What one push's partitions may take: half the smaller frame of the link and of
         the member (the rest is its brokers and leaders)."""
-        frame = self._frames.get(member.member_id, DEFAULT_FRAME)
+        frame = self._frames.get(member.member_id, DEFAULT_MAX_FRAME_SIZE)
         return min(conn.max_frame_size, frame) // 2
 
     def _start_requests(

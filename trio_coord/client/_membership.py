@@ -46,8 +46,8 @@ from ..protocol.errors import (
     UnknownMemberError,
     UnknownServerError,
 )
+from ..protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from ..protocol.messages import (
-    DEFAULT_FRAME,
     ComputeAssignmentRequest,
     ComputeAssignmentResponse,
     HeartbeatRequest,
@@ -277,7 +277,7 @@ class GroupMembership:
         self._lease_moved = trio.Event()
         self._member_ready = trio.Event()
         self._conn: Connection | None = None
-        self._coordinator_frame = DEFAULT_FRAME  # (what its last JoinGroup answer said)
+        self._coordinator_frame = DEFAULT_MAX_FRAME_SIZE  # (what its last JoinGroup answer said)
         self._session_scope: trio.CancelScope | None = None
         self._handler = _PushHandler(self)
         self._push_lock = trio.Lock()
@@ -419,7 +419,7 @@ class GroupMembership:
         smaller frame of this member's connection and of its coordinator's."""
         conn = self._conn
         return list_budget(
-            DEFAULT_FRAME if conn is None else conn.max_frame_size, self._coordinator_frame
+            DEFAULT_MAX_FRAME_SIZE if conn is None else conn.max_frame_size, self._coordinator_frame
         )
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from .messages import DEFAULT_FRAME, TopicPartition, fetch_partition_bytes
+from .framing import DEFAULT_MAX_FRAME_SIZE
+from .messages import TopicPartition, fetch_partition_bytes
 
 __all__ = [
     "FrameGuess",
@@ -122,7 +123,7 @@ class FrameGuess:
 
     def __init__(self, own_frame: int) -> None:
         self.own_frame = own_frame
-        self.broker_frame = DEFAULT_FRAME
+        self.broker_frame = DEFAULT_MAX_FRAME_SIZE
 
     def budget(self) -> int:
         """What one request's list may take now."""
