@@ -134,6 +134,8 @@ class FakeMember(RequestHandler):
         self.compute = compute  # an assignor this member runs as the group's leader
         self.stops: list[tuple[float, list[TopicPartition] | None]] = []
         self.parts: list[StartFetchersRequest] = []  # of an assignment cut in parts
+        self.start_requests = 0  # StartFetchers received, every part counted
+        self.frame: int | None = None  # the frame its joins say it reads (None: not said)
         # The timeline's name for this member: its member id, unless it is one of
         # several processes of one static member (which share their member id).
         self.process = process
@@ -158,6 +160,7 @@ class FakeMember(RequestHandler):
                 self.owned = [tp for tp in self.owned if tp not in body.partitions]
             return StopFetchersResponse()
         if isinstance(body, StartFetchersRequest):
+            self.start_requests += 1
             self.parts.append(body)
             if body.more:  # the assignment continues in the next part
                 return StartFetchersResponse()
@@ -230,6 +233,7 @@ class FakeMember(RequestHandler):
                 client_assignors=[self.compute.name] if self.compute is not None else [],
                 rack=self.rack,
                 owned=self.owned if self.member_id else None,
+                **({} if self.frame is None else {"max_frame_size": self.frame}),
             )
         )
         assert isinstance(response, JoinGroupResponse)

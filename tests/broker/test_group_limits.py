@@ -29,6 +29,8 @@ from trio_coord import (
 )
 from trio_coord.broker.group import PENDING_JOIN_TIMEOUT
 from trio_coord.protocol.errors import CoordError
+from trio_coord.protocol.messages import PartitionOffset
+from trio_coord.protocol.sizing import in_parts
 
 from .harness import FakeMember, Recorder, connected, ephemeral_broker
 
@@ -232,3 +234,30 @@ async def test_a_rogue_rebalance_timeout_is_refused_and_the_bound_holds(autojump
                 owners = set(stable["ownership"].values())
                 assert owners == {healthy.member_id, newcomer.member_id}
                 nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("said", "reads"),
+    [(0, 64 * 1024), (-1, 64 * 1024), (64 * 1024, 64 * 1024), (1 << 40, 1024 * 1024)],
+    ids=["zero", "negative", "64KiB", "a-terabyte"],
+)
+async def test_the_frame_a_member_says_it_reads_cuts_its_pushes_within_bounds(
+    autojump_clock, said, reads
+):
+    # A member's join says the largest frame it reads, and its assignment is pushed in
+    # parts of half of it. Taken as said, 0 or less would have cut 3,000 partitions into
+    # a push each, and a terabyte would have been pushed past the broker's own frame: it
+    # takes at least 64 KiB (a consumer's least fetch_max_bytes) and at most its own.
+    topic = "t" * 40
+    async with ephemeral_broker() as broker:
+        await broker.topics.create_topic(topic, 3000)
+        member = FakeMember(broker, "g", [topic], session_timeout=S, rebalance_timeout=R)
+        member.frame = said
+        async with connected(member):
+            await member.join()
+            with trio.fail_after(S):
+                while len(member.owned) < 3000:
+                    await trio.sleep(0.01)
+            offsets = [PartitionOffset(topic, p, 0) for p in range(3000)]
+            assert member.start_requests == len(list(in_parts(offsets, reads // 2)))
+            assert member.start_requests == (1 if reads > 64 * 1024 else 5)
